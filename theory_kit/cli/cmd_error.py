@@ -1,0 +1,53 @@
+"""``theory-kit error`` and ``theory-kit bayes-error``."""
+from __future__ import annotations
+
+import argparse
+
+from .. import error as err
+from ..model import check_state_for_task
+from .common import (add_activation_args, add_task_args, build_activation, build_state,
+                     build_task, print_json)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("error", help="population error E(M, Q, a, b) of an activation")
+    add_activation_args(p)
+    add_task_args(p)
+    p.add_argument("--M", required=True, help="H x F overlaps as JSON, e.g. '[[1,0.8],[0.9,-0.7]]'")
+    p.add_argument("--Q", required=True, help="H x H Gram matrix as JSON")
+    p.add_argument("--a", help="output weights a_h as JSON (default: the preset's)")
+    p.add_argument("--b", help="score biases b_h as JSON (default: the preset's)")
+    p.add_argument("--method", default="auto", help="auto, quad, mc or mpmath")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run_error)
+
+    q = sub.add_parser("bayes-error", help="Bayes-optimal error E_Bayes of the task")
+    add_task_args(q)
+    q.add_argument("--method", default="auto", help="auto, quad, mc or mpmath")
+    q.add_argument("--json", action="store_true", help="print one JSON object")
+    q.set_defaults(func=run_bayes)
+
+
+def _report(result: err.ErrorResult, label: str, as_json: bool, extra: dict) -> None:
+    if as_json:
+        print_json({**result.to_dict(), **extra})
+    else:
+        print(f"{label} = {result.value:.12g} +/- {result.abs_err:.2g} (method: {result.method})")
+
+
+def run_error(args: argparse.Namespace) -> int:
+    task = build_task(args)
+    act = build_activation(args)
+    state = build_state(args, act, task)
+    check_state_for_task(state, task)
+    result = err.population_error(task, act, state, method=args.method)
+    _report(result, f"E[{act.name}]", args.json,
+            {"params": {"activation": act.params(), "task": task.params(), "state": state.to_dict()}})
+    return 0
+
+
+def run_bayes(args: argparse.Namespace) -> int:
+    task = build_task(args)
+    result = err.bayes_error(task, method=args.method)
+    _report(result, "E_Bayes", args.json, {"params": {"task": task.params()}})
+    return 0

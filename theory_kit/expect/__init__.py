@@ -1,0 +1,2 @@
+"""Expectation engines: Monte Carlo (``montecarlo``), quadrature (``quadrature``) and
+high-precision references (``precise``)."""

@@ -1,0 +1,14 @@
+"""Progress bars for long runs (ODE integration, simulations, sweeps)."""
+from __future__ import annotations
+
+import os
+import sys
+
+from tqdm.auto import tqdm
+
+
+def progress_bar(total: float, desc: str, unit: str = "it", initial: float = 0) -> tqdm:
+    """A tqdm bar on stderr; silenced when THEORY_KIT_NO_PROGRESS=1 (e.g. inside tests)."""
+    disable = os.environ.get("THEORY_KIT_NO_PROGRESS") == "1"
+    return tqdm(total=total, desc=desc, unit=unit, initial=initial, file=sys.stderr,
+                disable=disable, dynamic_ncols=True, leave=False)
