@@ -1,0 +1,84 @@
+"""``theory-kit ode``: integrate the order-parameter ODEs and write the trajectory as JSON."""
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+from ..expect.drift import ENGINES, MonteCarloDrift, QuadratureDrift
+from ..model import check_int, fail
+from ..ode import METHODS, initial_condition, integrate_ode
+from .common import (add_activation_args, add_task_args, build_activation, build_task,
+                     parse_float_list, parse_json_array)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("ode", help="integrate the order-parameter ODEs of online SGD",
+                       description="Integrate dM/dt, dQ/dt (and da/dt, db/dt when trained) from "
+                                   "given overlaps (--M0 --Q0) or from keys drawn at finite D "
+                                   "(--D --eta --seed); write t, M, Q, a, b and the population "
+                                   "error at the requested times to --out (JSON). An interrupted "
+                                   "run resumes when the same command is run again.")
+    add_activation_args(p)
+    add_task_args(p)
+    p.add_argument("--H", type=int, help="number of heads (>= 1; taken from --M0 if omitted)")
+    p.add_argument("--gamma", type=float, required=True, help="learning rate gamma > 0")
+    p.add_argument("--T", type=float, required=True, help="final time (t = steps / D)")
+    p.add_argument("--M0", help="initial H x F overlaps as JSON")
+    p.add_argument("--Q0", help="initial H x H Gram matrix as JSON")
+    p.add_argument("--D", type=int, help="draw M0, Q0 at dimension D (k_h ~ N(0, eta^2/D I))")
+    p.add_argument("--eta", type=float, default=1.0, help="initialisation scale (with --D)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the initial draw (with --D)")
+    p.add_argument("--a0", help="initial output weights a_h as JSON (default: the preset's)")
+    p.add_argument("--b0", help="initial score biases b_h as JSON (default: the preset's)")
+    p.add_argument("--train-a", action=argparse.BooleanOptionalAction, default=None,
+                   help="train a (default: the activation's convention)")
+    p.add_argument("--train-b", action=argparse.BooleanOptionalAction, default=None,
+                   help="train b (default: the activation's convention; softmax1 trains b)")
+    p.add_argument("--gamma-a", type=float, help="learning rate of a (default gamma)")
+    p.add_argument("--gamma-b", type=float, help="learning rate of b (default gamma)")
+    p.add_argument("--gradient-flow", action="store_true",
+                   help="drop the gamma^2 noise term (gradient flow)")
+    p.add_argument("--times", help="output times, e.g. 0,10,30 (default 101 points on [0, T])")
+    p.add_argument("--method", default="rk4", help=f"one of {', '.join(METHODS)}")
+    p.add_argument("--dt", type=float, default=0.05, help="RK4 step (solve_ivp: first step)")
+    p.add_argument("--engine", default="mc", help=f"drift expectations: {', '.join(ENGINES)}")
+    p.add_argument("--samples", type=int, default=20_000,
+                   help="Monte Carlo noise draws (each paired with every theta stratum)")
+    p.add_argument("--mc-seed", type=int, default=0, help="seed of the Monte Carlo samples")
+    p.add_argument("--fresh", action="store_true",
+                   help="redraw the Monte Carlo samples at every evaluation (rk4 only)")
+    p.add_argument("--out", required=True, help="output JSON file")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.set_defaults(func=run_ode)
+
+
+def _engine(args: argparse.Namespace) -> MonteCarloDrift | QuadratureDrift:
+    if args.engine == "mc":
+        return MonteCarloDrift(check_int(args.samples, "samples", 2), args.mc_seed, args.fresh)
+    if args.engine == "quad":
+        return QuadratureDrift(seed=args.mc_seed)
+    fail("engine", f"must be one of {', '.join(ENGINES)}", args.engine)
+    raise AssertionError  # unreachable
+
+
+def run_ode(args: argparse.Namespace) -> int:
+    task = build_task(args)
+    act = build_activation(args)
+    if args.H is not None:
+        check_int(args.H, "H", 1)
+    ic = initial_condition(act, task, H=args.H, M0=parse_json_array(args.M0, "M0", 2),
+                           Q0=parse_json_array(args.Q0, "Q0", 2),
+                           a0=parse_json_array(args.a0, "a0", 1),
+                           b0=parse_json_array(args.b0, "b0", 1), D=args.D, eta=args.eta,
+                           seed=args.seed)
+    times = None if args.times is None else parse_float_list(args.times, "times")
+    traj = integrate_ode(task, act, ic, args.gamma, args.T, times=times, method=args.method,
+                         dt=args.dt, engine=_engine(args), train_a=args.train_a,
+                         train_b=args.train_b, gamma_a=args.gamma_a, gamma_b=args.gamma_b,
+                         gradient_flow=args.gradient_flow, out=args.out,
+                         progress=not args.no_progress)
+    last = np.round(traj.M[-1], 4).tolist()
+    print(f"wrote {args.out}: {len(traj.t)} times up to t = {traj.t[-1]:g}; "
+          f"E(T) = {traj.error[-1]:.6g} +/- {traj.error_stderr[-1]:.2g}; M(T) = {last}")
+    return 0

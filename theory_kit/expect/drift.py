@@ -1,0 +1,284 @@
+"""Expectations of the order-parameter drifts (THEORY §5) over (θ, scores).
+
+Every engine reduces the drift to a weighted sum over a *sample set* — θ values and
+whitened scores g (n×H×L) with weights — mapped through the current (M, Q) as
+ζ_l = Q^{1/2} g_l, s_{:,0} = M θ + ζ_0 (``expect.montecarlo.scores``):
+
+    E[X] ≈ Σ_i w_i X(θ_i, Q^{1/2} g_i),   X = a per-sample drift integrand.
+
+* :class:`MonteCarloDrift` — random g with θ stratified (atoms enumerated or sign patterns),
+  held fixed along a trajectory (common random numbers) or redrawn at every evaluation
+  (``fresh=True``, the paper's Fig. 8 comparison).
+* :class:`QuadratureDrift` — tensor Gauss–Hermite nodes for the H·L whitened scores (times the
+  prior's atoms, or positive Gauss–Hermite nodes × sign patterns for a Gaussian prior) when the
+  dimension is small, otherwise scrambled Sobol points.
+
+θ_f → −θ_f symmetry is exact in every sample set: the θ strata of one noise draw are laid out
+as a product of sign axes, and each axis is summed as a pair (x + (−x) = 0 in floating point),
+before anything else is added.  So with a flipping prior and m_{:,f} = 0 the drift of m_{:,f}
+is exactly zero.
+
+The per-sample integrand is a parameter (default :func:`integrands.reference_drift_integrands`),
+so switching to the code-generated one is one line::
+
+    MonteCarloDrift(20_000, integrand=codegen.drift_integrand(act, "conditional"))
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+from scipy import special, stats
+
+from ..activations import Activation
+from ..integrands import DriftSamples, reference_drift_integrands
+from ..model import FlippingPrior, GaussianPrior, Prior, Task, check_int, fail
+from . import montecarlo as mc
+
+Integrand = Callable[..., DriftSamples]
+DRIFT_FIELDS = ("dM", "dQ_lin", "dQ_noise", "da", "db", "sq_err")
+CHUNK_BYTES = 64_000_000  # rough bound on the memory of one batch of integrands
+
+
+@dataclass
+class DriftMeans:
+    """Expected drift integrands at one state, with standard errors (0 for quadrature nodes).
+
+    ``error`` is the population error E = Δ + E|e|² from the same samples."""
+
+    dM: np.ndarray
+    dQ_lin: np.ndarray
+    dQ_noise: np.ndarray
+    da: np.ndarray
+    db: np.ndarray
+    error: float
+    stderr: dict = field(default_factory=dict)
+
+
+# ----------------------------------------------------------------------------- reduction
+def stratum_shape(prior: Prior, reps: int) -> tuple[int, ...]:
+    """Layout of the θ strata of one noise draw: (2, 2, …) sign axes when the strata are the
+    product of sign patterns (flipping atoms, Gaussian sign patterns), else (reps,)."""
+    n_axes = int(round(np.log2(reps))) if reps > 1 else 0
+    if isinstance(prior, (FlippingPrior, GaussianPrior)) and reps == 2 ** n_axes and n_axes:
+        return (2,) * n_axes
+    return (reps,)
+
+
+def per_group_sums(values: np.ndarray, weights: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """Σ_strata w·X for each noise draw, summing each sign axis as a pair (exact symmetry)."""
+    v = (weights.reshape((-1,) + (1,) * (values.ndim - 1)) * values)
+    v = v.reshape((-1,) + shape + values.shape[1:])
+    for _ in shape:
+        v = v[:, 0] + v[:, 1] if v.shape[1] == 2 else v.sum(axis=1)
+    return v
+
+
+class _Accumulator:
+    """Running Σ and Σ² of per-group sums, for means and standard errors over noise draws."""
+
+    def __init__(self) -> None:
+        self.total: dict[str, np.ndarray] = {}
+        self.square: dict[str, np.ndarray] = {}
+        self.groups = 0
+
+    def add(self, name: str, group_sums: np.ndarray) -> None:
+        s, q = group_sums.sum(axis=0), (group_sums ** 2).sum(axis=0)
+        self.total[name] = self.total.get(name, 0.0) + s
+        self.square[name] = self.square.get(name, 0.0) + q
+
+    def stderr(self, name: str, weight_per_group: float | None) -> np.ndarray:
+        """Standard error of the mean, assuming groups of equal total weight (Monte Carlo)."""
+        n = self.groups
+        if weight_per_group is None or n < 2:
+            return np.zeros_like(np.asarray(self.total[name]))
+        # per-group means are group_sum / weight_per_group; their variance over groups
+        mean_g = self.total[name] / (n * weight_per_group)
+        var = (self.square[name] / weight_per_group ** 2 - n * mean_g ** 2) / (n - 1)
+        return np.sqrt(np.clip(var, 0.0, None) / n)
+
+
+# ----------------------------------------------------------------------------- engines
+class SampleDrift:
+    """Common machinery: a weighted sample set, evaluated in memory-bounded chunks."""
+
+    integrand: Integrand
+    fresh: bool = False
+
+    def sample_set(self, task: Task, H: int) -> mc.Samples:
+        """The (θ, g, weights, group) set for this task and H heads."""
+        raise NotImplementedError
+
+    def has_stderr(self) -> bool:
+        """Whether the groups are independent draws of equal weight (then stderrs are real)."""
+        return False
+
+    def params(self) -> dict:
+        raise NotImplementedError
+
+    def _samples(self, task: Task, H: int) -> mc.Samples:
+        key = (repr(task.params()), H)
+        if self.fresh or getattr(self, "_cache_key", None) != key:
+            self._cache = self.sample_set(task, H)
+            self._cache_key = key
+        return self._cache
+
+    def evaluate(self, task: Task, act: Activation, M: np.ndarray, Q: np.ndarray,
+                 a: np.ndarray, b: np.ndarray) -> DriftMeans:
+        """E[dM], E[dQ_lin], E[dQ_noise], E[da], E[db] and E = Δ + E|e|² at (M, Q, a, b)."""
+        smp = self._samples(task, M.shape[0])
+        reps = len(smp.weights) // smp.n_groups
+        shape = stratum_shape(task.prior, reps)
+        acc = _Accumulator()
+        groups_per_chunk = max(1, CHUNK_BYTES // (8 * 12 * reps * M.shape[0] ** 2 * task.L))
+        for start in range(0, smp.n_groups, groups_per_chunk):
+            rows = slice(start * reps, min(smp.n_groups, start + groups_per_chunk) * reps)
+            part = mc.Samples(smp.theta[rows], smp.weights[rows], smp.g[rows], smp.group[rows])
+            S, zeta = mc.scores(part, M, Q)
+            out = self.integrand(act, S, zeta, part.theta, M, Q, a, b, task.delta)
+            for name in DRIFT_FIELDS:
+                acc.add(name, per_group_sums(getattr(out, name), part.weights, shape))
+            acc.groups += len(part.weights) // reps
+        w_group = 1.0 / smp.n_groups if self.has_stderr() else None
+        stderr = {name: acc.stderr(name, w_group) for name in DRIFT_FIELDS}
+        stderr["error"] = stderr.pop("sq_err")
+        return DriftMeans(acc.total["dM"], acc.total["dQ_lin"], acc.total["dQ_noise"],
+                          acc.total["da"], acc.total["db"],
+                          task.delta + float(acc.total["sq_err"]), stderr)
+
+
+class MonteCarloDrift(SampleDrift):
+    """Monte Carlo with ``n_samples`` noise draws (each replicated over the θ strata).
+
+    ``fresh=False``: one sample set, fixed for the whole integration (smooth right-hand side).
+    ``fresh=True``: a new sample set at every evaluation, from one seeded generator whose
+    state can be saved and restored (:meth:`rng_state`) for exact resumption."""
+
+    def __init__(self, n_samples: int = 20_000, seed: int = 0, fresh: bool = False,
+                 integrand: Integrand = reference_drift_integrands) -> None:
+        self.n_samples = check_int(n_samples, "samples", 2)
+        self.seed = int(seed)
+        self.fresh = bool(fresh)
+        self.integrand = integrand
+        self.rng = np.random.default_rng(self.seed)
+
+    def sample_set(self, task: Task, H: int) -> mc.Samples:
+        rng = self.rng if self.fresh else np.random.default_rng(self.seed)
+        return mc.draw_samples(task.prior, H, task.L, self.n_samples, rng)
+
+    def has_stderr(self) -> bool:
+        return True
+
+    def rng_state(self) -> dict:
+        """The generator state (used only by fresh sampling), for checkpoints."""
+        return self.rng.bit_generator.state
+
+    def set_rng_state(self, state: dict) -> None:
+        self.rng.bit_generator.state = state
+
+    def params(self) -> dict:
+        return {"engine": "mc", "n_samples": self.n_samples, "seed": self.seed,
+                "fresh": self.fresh, "integrand": getattr(self.integrand, "__name__", "custom")}
+
+
+class QuadratureDrift(SampleDrift):
+    """Deterministic nodes: tensor Gauss–Hermite with ``points`` nodes per dimension when the
+    Gaussian dimension (H·L, plus F for a Gaussian prior) is at most ``max_tensor_dim``;
+    otherwise ``qmc_points`` scrambled Sobol points (seeded).  Discrete priors are summed over
+    their atoms; other non-Gaussian priors are refused."""
+
+    def __init__(self, points: int = 8, max_tensor_dim: int = 6, qmc_points: int = 2 ** 15,
+                 seed: int = 0, integrand: Integrand = reference_drift_integrands) -> None:
+        self.points = check_int(points, "points", 1)
+        self.max_tensor_dim = check_int(max_tensor_dim, "max_tensor_dim", 1)
+        self.qmc_points = check_int(qmc_points, "qmc_points", 2)
+        self.seed = int(seed)
+        self.integrand = integrand
+
+    def rule(self, task: Task, H: int) -> str:
+        """``gauss-hermite`` or ``sobol`` for this task and H."""
+        dim = H * task.L + (task.F if isinstance(task.prior, GaussianPrior) else 0)
+        return "gauss-hermite" if dim <= self.max_tensor_dim else "sobol"
+
+    def sample_set(self, task: Task, H: int) -> mc.Samples:
+        prior = task.prior
+        if not (prior.is_discrete or isinstance(prior, GaussianPrior)):
+            fail("engine", "quadrature needs a discrete or Gaussian prior", prior.name)
+        n_gauss = H * task.L
+        extra = task.F if isinstance(prior, GaussianPrior) else 0
+        if self.rule(task, H) == "gauss-hermite":
+            nodes, weights = gauss_hermite_tensor(n_gauss, self.points)
+            theta_nodes, theta_w = (gauss_hermite_tensor(task.F, 2 * self.points, positive=True)
+                                    if extra else (None, None))
+        else:
+            m = int(np.ceil(np.log2(self.qmc_points)))  # Sobol balance needs 2^m points
+            u = stats.qmc.Sobol(n_gauss + extra, scramble=True, seed=self.seed).random_base2(m)
+            z = special.ndtri(np.clip(u, 1e-15, 1 - 1e-15))
+            nodes, weights = z[:, :n_gauss], np.full(len(z), 1.0 / len(z))
+            theta_nodes = np.abs(z[:, n_gauss:]) if extra else None
+        g = nodes.reshape(-1, H, task.L)
+        if extra and theta_nodes is not None and self.rule(task, H) == "gauss-hermite":
+            # outer product of score nodes and |θ| nodes
+            g = np.repeat(g, len(theta_nodes), axis=0)
+            weights = np.repeat(weights, len(theta_nodes)) * np.tile(theta_w, len(nodes))
+            theta_nodes = np.tile(theta_nodes, (len(nodes), 1))
+        return stratify_theta(prior, g, weights, theta_nodes)
+
+    def params(self) -> dict:
+        return {"engine": "quad", "points": self.points, "max_tensor_dim": self.max_tensor_dim,
+                "qmc_points": self.qmc_points, "seed": self.seed,
+                "integrand": getattr(self.integrand, "__name__", "custom")}
+
+
+def gauss_hermite_tensor(dim: int, points: int, positive: bool = False
+                         ) -> tuple[np.ndarray, np.ndarray]:
+    """Tensor Gauss–Hermite rule for N(0, I_dim): nodes (points^dim × dim), weights summing to 1.
+
+    ``positive=True`` keeps the positive half of an even rule with doubled weights — the rule
+    for |z|, to be combined with sign patterns."""
+    x, w = special.roots_hermitenorm(points)
+    w = w / w.sum()
+    if positive:
+        if points % 2:
+            fail("points", "must be even for a half rule", points)
+        keep = x > 0
+        x, w = x[keep], 2 * w[keep]
+    grids = np.meshgrid(*([x] * dim), indexing="ij")
+    wgrids = np.meshgrid(*([w] * dim), indexing="ij")
+    nodes = np.stack([gr.ravel() for gr in grids], axis=1)
+    weights = np.prod(np.stack([gr.ravel() for gr in wgrids], axis=1), axis=1)
+    return nodes, weights
+
+
+def stratify_theta(prior: Prior, g: np.ndarray, weights: np.ndarray,
+                   abs_theta: np.ndarray | None) -> mc.Samples:
+    """Replicate each score node over the θ strata: the atoms of a discrete prior, or all
+    sign patterns of |θ|·√ν for a Gaussian prior (same layout as ``montecarlo.draw_samples``)."""
+    if prior.is_discrete:
+        atoms, pi = prior.atoms()
+        theta = np.tile(atoms, (len(g), 1))
+        strata_w = pi
+    else:
+        F = prior.F
+        signs = np.array(list(itertools.product([1.0, -1.0], repeat=F)))
+        base = abs_theta * np.sqrt(prior.second_moments())
+        theta = (base[:, None, :] * signs[None]).reshape(-1, F)
+        strata_w = np.full(len(signs), 1.0 / len(signs))
+    reps = len(strata_w)
+    return mc.Samples(theta, np.outer(weights, strata_w).ravel(), np.repeat(g, reps, axis=0),
+                      np.repeat(np.arange(len(g)), reps))
+
+
+ENGINES = ("mc", "quad")
+
+
+def make_engine(name: str, **kwargs: object) -> SampleDrift:
+    """An engine by name: ``mc`` (:class:`MonteCarloDrift`) or ``quad`` (:class:`QuadratureDrift`)."""
+    if name == "mc":
+        return MonteCarloDrift(**kwargs)  # type: ignore[arg-type]
+    if name == "quad":
+        return QuadratureDrift(**kwargs)  # type: ignore[arg-type]
+    fail("engine", f"must be one of {', '.join(ENGINES)}", name)
+    raise AssertionError  # unreachable
