@@ -1,0 +1,346 @@
+"""Lower the SymPy derivation (:mod:`theory_kit.derive`) to vectorised NumPy source, with CSE.
+
+The structured expressions carry free indices h, g (heads) and l (token) and sums over
+dummy indices.  They are lowered onto arrays of layout (n, H, H, L): index h lives on axis 1,
+g on axis 2, l on axis 3; a summation index takes a free axis of its kind and becomes
+``numpy.sum(..., axis, keepdims=True)``.  Every block (the sums of one nesting level, then
+the outputs) goes through ``sympy.cse``.  The concrete φ enters through W, D, D2, computed
+from the SymPy derivatives of φ — in the log domain when φ = e^ψ, so scores of ±10³ stay
+finite.
+
+The generated module is cached as a ``.py`` file under ``$THEORY_KIT_CACHE`` (default
+``platformdirs.user_cache_dir("theory_kit")``)/codegen, named by a hash of
+``act.fingerprint()``, the toolkit version and the generator's own source; it is written
+atomically and never edited by hand.  Entry point::
+
+    integrand = drift_integrand(act, projection="conditional" | "stein")
+    samples = integrand(S, zeta, theta, M, Q, a, b, delta)      # -> DriftSamples
+
+with S, ζ of shape (n, H, L) (signal at token 0), θ (n, F), M (H, F), Q (H, H), a, b (H,).
+The per-sample fields are those of :class:`theory_kit.integrands.DriftSamples`; in the Stein
+form dM uses Σ_{l,g} m_{gf} ∂(J_{hl}·e)/∂s_{gl} + θ_f J_{hε}·e instead of the conditional
+mean of u_f·x_l (both have the same expectation; Stein needs φ'' to be a function).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import types
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import platformdirs
+import sympy as sp
+from sympy.printing.numpy import SciPyPrinter
+
+from . import __version__
+from . import derive as dv
+from .activations import S_SYMBOL, Activation
+from .integrands import DriftSamples, conditional_projections
+from .model import as_finite_array, fail
+from .results import _atomic_replace
+
+PROJECTIONS = ("conditional", "stein")
+AXIS_OF_FREE = {dv.h: 1, dv.g: 2, dv.l: 3}
+ARRAY_BASES = {dv.W_: "W", dv.D_: "D", dv.D2_: "D2"}
+FIRST_ORDER_OUTPUTS = ("Je", "JJsum", "Ae", "Be", "Qe")
+PRINTER = SciPyPrinter({"fully_qualified_modules": True, "allow_unknown_functions": True})
+
+# counters for tests and diagnostics: modules generated / loaded from the cache file
+STATS = {"generated": 0, "loaded": 0}
+_MODULES: dict[str, types.ModuleType] = {}
+
+
+# ----------------------------------------------------------------------------- lowering
+class _Lowering:
+    """Turns index expressions into expressions over array views and reduction symbols."""
+
+    def __init__(self) -> None:
+        self.views: dict[str, str] = {}
+        self.reductions: list[tuple[sp.Symbol, sp.Expr, int, int]] = []  # symbol, body, axis, level
+        self._memo: dict[tuple[sp.Expr, int], tuple[sp.Symbol, int]] = {}
+
+    def _view(self, name: str, code: str) -> sp.Symbol:
+        self.views[name] = code
+        return sp.Symbol(name)
+
+    def _indexed(self, z: sp.Indexed, axes: dict) -> sp.Symbol:
+        if z.base in ARRAY_BASES:
+            head, token = z.indices
+            if axes[token] != 3:
+                raise NotImplementedError(f"token index of {z} not on the token axis")
+            base = ARRAY_BASES[z.base]
+            code = {1: f"{base}[:, :, None, :]", 2: f"{base}[:, None, :, :]"}[axes[head]]
+            return self._view(f"{base}_{axes[head]}", code)
+        if z.base == dv.a_:
+            ax = axes[z.indices[0]]
+            return self._view(f"a_{ax}", {1: "a[None, :, None, None]", 2: "a[None, None, :, None]"}[ax])
+        if z.base == dv.e_:
+            return self._view("e_3", "e[:, None, None, :]")
+        raise NotImplementedError(f"no array for {z}")
+
+    def lower(self, expr: sp.Expr, axes: dict) -> tuple[sp.Expr, int]:
+        """(lowered expression, nesting level of the reductions it uses)."""
+        if isinstance(expr, sp.Indexed):
+            return self._indexed(expr, axes), 0
+        if isinstance(expr, sp.KroneckerDelta):
+            if sorted(axes[v] for v in expr.args) != [1, 2]:
+                raise NotImplementedError(f"delta {expr} not between the two head axes")
+            return self._view("eye_12", "numpy.eye(a.shape[0])[None, :, :, None]"), 0
+        if isinstance(expr, sp.Sum):
+            return self._reduction(expr, axes)
+        if not expr.args:
+            return expr, 0
+        parts = [self.lower(arg, axes) for arg in expr.args]
+        return expr.func(*(p for p, _ in parts)), max((lv for _, lv in parts), default=0)
+
+    def _reduction(self, expr: sp.Sum, axes: dict) -> tuple[sp.Symbol, int]:
+        (dummy, _, _), = expr.limits
+        used = {axes[v] for v in expr.function.free_symbols & dv.INDEX_SYMBOLS if v != dummy}
+        choices = (1, 2) if dummy in dv.HEAD_INDICES else (3,)
+        free = [ax for ax in choices if ax not in used]
+        if not free:
+            raise NotImplementedError(f"no free axis for the sum over {dummy} in {expr}")
+        body, level = self.lower(expr.function, {**axes, dummy: free[0]})
+        key = (body, free[0])
+        if key not in self._memo:
+            symbol = sp.Symbol(f"r{len(self.reductions)}")
+            self.reductions.append((symbol, body, free[0], level))
+            self._memo[key] = (symbol, level + 1)
+        return self._memo[key]
+
+
+def _cse_lines(exprs: list[sp.Expr], prefix: str) -> tuple[list[str], list[str]]:
+    """(assignment lines of the common subexpressions, code of the reduced expressions)."""
+    replacements, reduced = sp.cse(exprs, symbols=sp.numbered_symbols(prefix), order="none")
+    lines = [f"{sym} = {PRINTER.doprint(val)}" for sym, val in replacements]
+    return lines, [PRINTER.doprint(r) for r in reduced]
+
+
+def _function_source(name: str, outputs: dict[str, sp.Expr], free: dict[str, str], doc: str) -> str:
+    """A generated function ``name(W, D, D2, e, a)`` returning a dict of output arrays."""
+    low = _Lowering()
+    lowered = {key: low.lower(expr, AXIS_OF_FREE)[0] for key, expr in outputs.items()}
+    body: list[str] = []
+    for level in range(max((r[3] for r in low.reductions), default=-1) + 1):
+        block = [r for r in low.reductions if r[3] == level]
+        lines, codes = _cse_lines([r[1] for r in block], f"c{level}_")
+        body += lines + [f"{sym} = numpy.sum({code}, axis={ax}, keepdims=True)"
+                         for (sym, _, ax, _), code in zip(block, codes)]
+    lines, codes = _cse_lines(list(lowered.values()), "o_")
+    body += lines
+    views = [f"{name_} = {code}" for name_, code in sorted(low.views.items())]
+    result = ", ".join(f"{key!r}: _out({code}, W, {free[key]!r})" for key, code in zip(lowered, codes))
+    head = [f"def {name}(W, D, D2, e, a):", f'    """{doc}"""']
+    return "\n".join(head + [f"    {line}" for line in views + body]
+                     + [f"    return {{{result}}}", ""])
+
+
+# ----------------------------------------------------------------------------- module source
+_HEADER = '''"""Generated by theory_kit.codegen from the SymPy derivation in theory_kit.derive.
+
+DO NOT EDIT: regenerate instead (the cache key covers the activation, the toolkit version
+and the generator source).  Activation: {name}; phi(s) = {phi}; norm = {norm};
+kappa = {kappa}; offsets = {offset}; fingerprint = {fingerprint}.
+"""
+import functools
+import numpy
+import scipy.constants
+import scipy.special
+from theory_kit.activations import NUMPY_NAMESPACE as _NS, _log_normalise
+from theory_kit.model import ValidationError
+
+Sigmoid, Softplus = _NS["Sigmoid"], _NS["Softplus"]
+NAME = {name!r}
+NORM = {norm!r}
+KAPPA = {kappa!r}
+OFFSET = {offset!r}
+LOG_PI = {log_pi!r}
+LOG_DOMAIN = {log_domain!r}
+STEIN_VALID = {stein_valid!r}
+AXES = {axes!r}
+
+
+def _full(value, T):
+    return numpy.broadcast_to(numpy.asarray(value, dtype=float), T.shape)
+
+
+def _out(value, W, free):
+    """Broadcast a lowered (n, H, H, L) expression and keep the axes of its free indices."""
+    n, H, L = W.shape
+    shape = (n, H if "h" in free else 1, H if "g" in free else 1, L if "l" in free else 1)
+    full = numpy.broadcast_to(numpy.asarray(value, dtype=float), shape)
+    index = tuple(slice(None) if c in free else 0 for c in " hgl")
+    return numpy.array(full[(slice(None),) + index[1:]])
+
+'''
+
+
+def _offsets_source(act: Activation) -> str:
+    """o_h from the derived offset expression (−q_h/2 + log π_h, or 0)."""
+    expr = dv.offset(act.offset, dv.h)
+    code = PRINTER.doprint(expr.subs({dv.q_[dv.h]: sp.Symbol("qdiag"),
+                                      dv.logpi_[dv.h]: sp.Symbol("log_pi")}))
+    return "\n".join([
+        "def offsets(qdiag):",
+        '    """o_h as a function of the head norms Q_hh (shape (..., H))."""',
+        "    qdiag = numpy.asarray(qdiag, dtype=float)",
+        "    H = qdiag.shape[-1]",
+        "    log_pi = numpy.full(H, -numpy.log(H)) if LOG_PI is None else numpy.asarray(LOG_PI)",
+        f"    return qdiag * 0 + {code}", ""])
+
+
+def _normalised_source(act: Activation) -> str:
+    """W, D, D2 at biased scores T from the SymPy derivatives of φ (log domain if φ = e^ψ)."""
+    sc = dv.scalar_functions(act)
+    T = sp.Symbol("T")
+    f0, f1, f2 = (PRINTER.doprint(e.subs(S_SYMBOL, T)) for e in sc.exprs)
+    lines = ["def normalised(T):",
+             '    """(W, D, D2) = (phi, phi\', phi\'\')(T) / N for biased scores T (n, H, L)."""',
+             "    with numpy.errstate(over='ignore', under='ignore', invalid='ignore', divide='ignore'):"]
+    if sc.log_domain:
+        lines += [f"        logphi = _full({f0}, T)", f"        r1 = _full({f1}, T)",
+                  f"        r2 = _full({f2}, T)",
+                  "        W = numpy.exp(logphi) if AXES is None else _log_normalise(logphi, AXES, KAPPA)",
+                  "    return W, W * r1, W * r2", ""]
+        return "\n".join(lines)
+    lines += [f"        phi = _full({f0}, T)", f"        d1 = _full({f1}, T)", f"        d2 = _full({f2}, T)",
+              "    if AXES is None:", "        return phi, d1, d2",
+              "    N = KAPPA + phi.sum(axis=AXES, keepdims=True)",
+              "    if numpy.any(N <= 0):",
+              "        raise ValidationError(f'activation {NAME!r}: the normaliser N = kappa + sum phi '",
+              "                              'must be > 0 (phi must be non-negative and not all zero)')",
+              "    return phi / N, d1 / N, d2 / N", ""]
+    return "\n".join(lines)
+
+
+def generate_source(act: Activation) -> str:
+    """The complete generated module for ``act`` (derivation → lowering → CSE → source)."""
+    st = dv.derive_structured(act.norm, act.offset)
+    sc = dv.scalar_functions(act)
+    axes = {"elementwise": None, "per-head": (-1,), "joint": (-2, -1)}[act.norm]
+    header = _HEADER.format(name=act.name, phi=act.phi, norm=act.norm, kappa=float(act.kappa),
+                            offset=act.offset, fingerprint=act.fingerprint(),
+                            log_pi=None if act.log_pi is None else tuple(act.log_pi),
+                            log_domain=sc.log_domain, stein_valid=not sc.singular, axes=axes)
+    free = dv.Structured.FREE
+    parts = [
+        header, _offsets_source(act), "", _normalised_source(act), "",
+        _function_source("token_weights", {"w": st.w}, free, "w_l = sum_h a_h W_hl, shape (n, L)."),
+        "",
+        _function_source("first_order", {key: getattr(st, key) for key in FIRST_ORDER_OUTPUTS}, free,
+                         "J.e (n,H,L), sum_l J.J (n,H,H), dw/da.e, dw/db.e, dw/dQ_hh.e (n,H)."),
+        "",
+        _function_source("stein_kernel", {"stein": st.stein}, free,
+                         "d(J_hl.e)/ds_gl = He - JJ, shape (n, H, H, L)."),
+    ]
+    return "\n".join(parts)
+
+
+# ----------------------------------------------------------------------------- cache
+def _generator_digest() -> str:
+    sources = [Path(__file__).read_bytes(), Path(dv.__file__).read_bytes()]
+    return hashlib.sha256(b"\0".join(sources)).hexdigest()
+
+
+def cache_key(act: Activation) -> str:
+    """Hash of the activation's fingerprint, the toolkit version and the generator source."""
+    text = f"{act.fingerprint()}|{__version__}|{_generator_digest()}"
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def cache_dir() -> Path:
+    """Where generated modules live: $THEORY_KIT_CACHE or the user cache dir, /codegen."""
+    root = os.environ.get("THEORY_KIT_CACHE") or platformdirs.user_cache_dir("theory_kit")
+    return Path(root) / "codegen"
+
+
+def cache_path(act: Activation) -> Path:
+    return cache_dir() / f"integrands_{cache_key(act)}.py"
+
+
+def load_module(act: Activation) -> types.ModuleType:
+    """The generated module for ``act``: from memory, else the cache file, else generated now."""
+    key = cache_key(act)
+    if key in _MODULES:
+        return _MODULES[key]
+    path = cache_path(act)
+    if path.is_file():
+        source = path.read_text()
+        STATS["loaded"] += 1
+    else:
+        source = generate_source(act)
+        STATS["generated"] += 1
+        try:
+            _atomic_replace(path, lambda handle: handle.write(source.encode()), ".py")
+        except OSError:
+            pass  # an unwritable cache only costs regeneration next time
+    module = types.ModuleType(f"theory_kit_generated_{key}")
+    module.__file__ = str(path)
+    exec(compile(source, str(path), "exec"), module.__dict__)
+    _MODULES[key] = module
+    return module
+
+
+def clear_memory_cache() -> None:
+    """Forget loaded modules (the cache files stay)."""
+    _MODULES.clear()
+
+
+# ----------------------------------------------------------------------------- entry point
+def _checked(S, zeta, theta, M, Q, a, b, delta) -> tuple:
+    S = as_finite_array(S, "S", ndim=3)
+    n, H, L = S.shape
+    zeta = as_finite_array(zeta, "zeta", ndim=3)
+    theta = as_finite_array(theta, "theta", ndim=2)
+    M = as_finite_array(M, "M", ndim=2)
+    Q = as_finite_array(Q, "Q", ndim=2)
+    a = as_finite_array(a, "a", ndim=1)
+    b = as_finite_array(b, "b", ndim=1)
+    F = M.shape[1]
+    for name, arr, shape in (("zeta", zeta, (n, H, L)), ("theta", theta, (n, F)), ("M", M, (H, F)),
+                             ("Q", Q, (H, H)), ("a", a, (H,)), ("b", b, (H,))):
+        if arr.shape != shape:
+            fail(name, f"must have shape {shape} to match S (n, H, L) = {S.shape} and M", arr.shape)
+    if not np.isfinite(delta) or delta < 0:
+        fail("delta", "must be a finite number >= 0", delta)
+    return S, zeta, theta, M, Q, a, b, float(delta)
+
+
+def drift_integrand(act: Activation, projection: str = "conditional") -> Callable[..., DriftSamples]:
+    """Per-sample drift integrands of THEORY §5 from the generated code.
+
+    Returns ``integrand(S, zeta, theta, M, Q, a, b, delta=0.0) -> DriftSamples``:
+    dM (n,H,F), dQ_lin (n,H,H), dQ_noise (n,H,H), da (n,H), db (n,H), sq_err (n,), with
+
+      dM_hf = Σ_l Je_hl P_fl + 2 Qe_h m_hf,  P_fl = (Mᵀ Q⁺ ζ_l)_f + δ_{l0} θ_f  (conditional)
+      dM_hf = Σ_{l,g} m_gf (He − JJ)_hgl + θ_f Je_h0 + 2 Qe_h m_hf               (stein)
+      dQ_lin = Σ_l Je_hl s_gl + 2 Qe_h Q_hg + (h ↔ g),
+      dQ_noise = (|e|² + Δ) Σ_l JJ_hgl + 2 Σ_l Je_hl Je_gl,  da = Ae, db = Be.
+    """
+    if projection not in PROJECTIONS:
+        fail("projection", f"must be one of {', '.join(PROJECTIONS)}", projection)
+    module = load_module(act)
+    stein = projection == "stein"
+
+    def integrand(S, zeta, theta, M, Q, a, b, delta=0.0) -> DriftSamples:
+        S, zeta, theta, M, Q, a, b, delta = _checked(S, zeta, theta, M, Q, a, b, delta)
+        W, D, D2 = module.normalised(S + (b + module.offsets(np.diag(Q)))[:, None])
+        e = -module.token_weights(W, D, D2, None, a)["w"]
+        e[:, 0] += 1.0
+        p = module.first_order(W, D, D2, e, a)
+        Je, Qe = p["Je"], p["Qe"]
+        if stein:
+            dM = np.einsum("nhgl,gf->nhf", module.stein_kernel(W, D, D2, e, a)["stein"], M)
+            dM += Je[:, :, 0, None] * theta[:, None, :]
+        else:
+            dM = np.einsum("nhl,nfl->nhf", Je, conditional_projections(theta, zeta, M, Q))
+        dM += 2 * Qe[:, :, None] * M[None]
+        half = np.einsum("nhl,ngl->nhg", Je, S) + 2 * Qe[:, :, None] * Q[None]
+        sq = np.sum(e * e, axis=-1)
+        noise = (sq + delta)[:, None, None] * p["JJsum"] + 2 * np.einsum("nhl,ngl->nhg", Je, Je)
+        return DriftSamples(dM, half + np.swapaxes(half, 1, 2), noise, p["Ae"], p["Be"], sq)
+
+    integrand.__doc__ = drift_integrand.__doc__
+    return integrand
