@@ -279,8 +279,14 @@ def load_module(act: Activation) -> types.ModuleType:
     module = types.ModuleType(f"theory_kit_generated_{key}")
     module.__file__ = str(path)
     exec(compile(source, str(path), "exec"), module.__dict__)
+    module.SOURCE = source
     _MODULES[key] = module
     return module
+
+
+def module_source(act: Activation) -> str:
+    """The generated Python source for ``act`` (generated and cached on first use)."""
+    return load_module(act).SOURCE
 
 
 def clear_memory_cache() -> None:
@@ -344,3 +350,35 @@ def drift_integrand(act: Activation, projection: str = "conditional") -> Callabl
 
     integrand.__doc__ = drift_integrand.__doc__
     return integrand
+
+
+# ----------------------------------------------------------------------------- expanded check
+def lambdify_expanded(ex: "dv.Expanded", cse: bool = False) -> Callable[..., dict]:
+    """NumPy callable of the fully expanded derivation (no structure; optional SymPy CSE).
+
+    ``f(S, a, b, qdiag, E)`` with S (n, H, L), E (n, L) the fixed e, returns
+    w (n,L), Je (n,H,L), JJsum (n,H,H), stein (n,H,H,L) [h,g,l], Ae, Be, Qe (n,H)."""
+    from .activations import NUMPY_NAMESPACE
+    H, L = ex.H, ex.L
+    names = ("w", "Je", "JJsum", "Ae", "Be", "Qe")
+    flat = [z for key in names for z in ex.outputs[key]]
+    flat += [z for mat in ex.outputs["stein"] for z in mat]          # [g][h, l]
+    fn = sp.lambdify(ex.args, flat, modules=[NUMPY_NAMESPACE, "numpy", "scipy"], cse=cse)
+    shapes = {"w": (L,), "Je": (H, L), "JJsum": (H, H), "Ae": (H,), "Be": (H,), "Qe": (H,)}
+
+    def call(S: np.ndarray, a: np.ndarray, b: np.ndarray, qdiag: np.ndarray, E: np.ndarray) -> dict:
+        n = S.shape[0]
+        cols = ([S[:, r, c] for r in range(H) for c in range(L)] + [np.full(n, v) for v in a]
+                + [np.full(n, v) for v in b] + [np.full(n, v) for v in qdiag] + [E[:, c] for c in range(L)])
+        with np.errstate(all="ignore"):
+            values = [np.broadcast_to(np.asarray(v, dtype=float), (n,)) for v in fn(*cols)]
+        out, pos = {}, 0
+        for key in names:
+            size = int(np.prod(shapes[key]))
+            out[key] = np.stack(values[pos:pos + size], axis=-1).reshape((n,) + shapes[key])
+            pos += size
+        stein = np.stack(values[pos:], axis=-1).reshape(n, H, H, L)   # [g, h, l]
+        out["stein"] = np.swapaxes(stein, 1, 2)
+        return out
+
+    return call
