@@ -36,6 +36,7 @@ from .results import Checkpoint, read_json, write_json
 
 METHODS = ("rk4", "solve_ivp")
 PSD_BLOWUP_TOL = 1e-7
+DIVERGENCE_BOUND = 1e8  # |Q_hh'| beyond this is a divergence, long before overflow
 
 
 class BlowUpError(ValidationError):
@@ -112,12 +113,16 @@ class OdeSystem:
 
 def check_admissible(t: float, M: np.ndarray, Q: np.ndarray, a: np.ndarray,
                      b: np.ndarray) -> None:
-    """Raise :class:`BlowUpError` at time t on non-finite values or a non-PSD Q."""
+    """Raise :class:`BlowUpError` at time t on non-finite values, a non-PSD Q, or
+    max |Q_hh'| > DIVERGENCE_BOUND."""
     for name, arr in (("M", M), ("Q", Q), ("a", a), ("b", b)):
         if not np.all(np.isfinite(arr)):
             raise BlowUpError(f"gamma: the integration blew up at t = {t:.6g}: {name} is not "
                               "finite; reduce gamma (or dt)")
     scale = max(1.0, float(np.max(np.abs(Q))))
+    if scale > DIVERGENCE_BOUND:
+        raise BlowUpError(f"gamma: the integration blew up at t = {t:.6g}: |Q| reached "
+                          f"{scale:.3g} > {DIVERGENCE_BOUND:.0e} (diverging); reduce gamma")
     low = float(np.linalg.eigvalsh(0.5 * (Q + Q.T)).min())
     if low < -PSD_BLOWUP_TOL * scale:
         raise BlowUpError(f"gamma: the integration blew up at t = {t:.6g}: Q lost positive "

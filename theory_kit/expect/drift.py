@@ -85,7 +85,8 @@ class _Accumulator:
         self.groups = 0
 
     def add(self, name: str, group_sums: np.ndarray) -> None:
-        s, q = group_sums.sum(axis=0), (group_sums ** 2).sum(axis=0)
+        with np.errstate(over="ignore", invalid="ignore"):  # diverging runs are caught upstream
+            s, q = group_sums.sum(axis=0), (group_sums ** 2).sum(axis=0)
         self.total[name] = self.total.get(name, 0.0) + s
         self.square[name] = self.square.get(name, 0.0) + q
 
@@ -95,8 +96,9 @@ class _Accumulator:
         if weight_per_group is None or n < 2:
             return np.zeros_like(np.asarray(self.total[name]))
         # per-group means are group_sum / weight_per_group; their variance over groups
-        mean_g = self.total[name] / (n * weight_per_group)
-        var = (self.square[name] / weight_per_group ** 2 - n * mean_g ** 2) / (n - 1)
+        with np.errstate(over="ignore", invalid="ignore"):
+            mean_g = self.total[name] / (n * weight_per_group)
+            var = (self.square[name] / weight_per_group ** 2 - n * mean_g ** 2) / (n - 1)
         return np.sqrt(np.clip(var, 0.0, None) / n)
 
 

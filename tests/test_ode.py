@@ -1,0 +1,192 @@
+"""ODE integration: descent in gradient flow, exact symmetry, integrators, blow-up, resume, CLI."""
+import json
+
+import numpy as np
+import pytest
+
+from theory_kit.activations import get_activation
+from theory_kit.cli import main
+from theory_kit.expect.drift import MonteCarloDrift, QuadratureDrift
+from theory_kit.model import Task, ValidationError, make_prior
+from theory_kit.ode import (BlowUpError, Trajectory, check_admissible, initial_condition,
+                            integrate_ode)
+
+TASK = Task(4, make_prior("flipping", nu=[2.0, 2.0]))
+SOFTMAX = get_activation("softmax")
+M0 = [[0.3, 0.1], [0.2, -0.15]]
+Q0 = [[1.0, 0.1], [0.1, 0.9]]
+
+
+def _ic(act=SOFTMAX, task=TASK, M=M0, Q=Q0):
+    return initial_condition(act, task, M0=np.array(M), Q0=np.array(Q))
+
+
+@pytest.mark.parametrize("engine", [MonteCarloDrift(1500, seed=1), QuadratureDrift(qmc_points=1024)])
+def test_gradient_flow_never_increases_the_error(engine):
+    traj = integrate_ode(TASK, SOFTMAX, _ic(), gamma=1.0, T=8.0, times=np.linspace(0, 8, 17),
+                         dt=0.25, engine=engine, gradient_flow=True, progress=False)
+    assert np.all(np.diff(traj.error) <= 1e-9), np.diff(traj.error)
+    assert traj.error[-1] < traj.error[0] - 0.05  # it does descend
+
+
+def test_sgd_noise_term_changes_q():
+    kw = dict(T=2.0, times=[0, 2.0], dt=0.25, engine=MonteCarloDrift(1000), progress=False)
+    flow = integrate_ode(TASK, SOFTMAX, _ic(), gamma=1.0, gradient_flow=True, **kw)
+    sgd = integrate_ode(TASK, SOFTMAX, _ic(), gamma=1.0, **kw)
+    assert np.allclose(flow.Q[0], sgd.Q[0])
+    # the γ² term pumps variance into the keys: the trace of Q grows faster
+    assert np.trace(sgd.Q[-1]) > np.trace(flow.Q[-1]) + 1e-3
+
+
+def test_rescaled_gradient_flow_is_gamma_independent():
+    kw = dict(T=2.0, times=[0, 1.0, 2.0], dt=0.25, engine=MonteCarloDrift(500), progress=False,
+              gradient_flow=True, rescale_time=True)
+    slow = integrate_ode(TASK, SOFTMAX, _ic(), gamma=0.01, **kw)
+    unit = integrate_ode(TASK, SOFTMAX, _ic(), gamma=1.0, **kw)
+    assert np.allclose(slow.M, unit.M, atol=1e-12) and np.allclose(slow.Q, unit.Q, atol=1e-12)
+    plain = integrate_ode(TASK, SOFTMAX, _ic(), gamma=0.01, T=2.0, times=[0, 2.0], dt=0.25,
+                          engine=MonteCarloDrift(500), progress=False, gradient_flow=True)
+    assert np.abs(plain.M[-1] - plain.M[0]).max() < 0.05 * np.abs(unit.M[-1] - unit.M[0]).max()
+
+
+@pytest.mark.parametrize("method", ["rk4", "solve_ivp"])
+def test_flipping_direction_stays_exactly_zero(method):
+    task = Task(3, make_prior("flipping", nu=[2.0, 2.0, 1.0]))
+    M = [[0.3, 0.0, 0.2], [0.1, 0.0, -0.25]]
+    traj = integrate_ode(task, SOFTMAX, _ic(task=task, M=M), gamma=1.0, T=3.0, times=[0, 1.5, 3],
+                         method=method, dt=0.25, engine=MonteCarloDrift(1000), progress=False)
+    assert np.all(traj.M[:, :, 1] == 0.0)
+    assert np.abs(traj.M[-1, :, 0] - traj.M[0, :, 0]).max() > 0.05
+
+
+def test_rk4_and_solve_ivp_agree_with_fixed_samples():
+    kw = dict(gamma=1.0, T=3.0, times=[0, 1.5, 3.0], engine=MonteCarloDrift(1000, seed=2),
+              progress=False)
+    rk4 = integrate_ode(TASK, SOFTMAX, _ic(), method="rk4", dt=0.1, **kw)
+    ivp = integrate_ode(TASK, SOFTMAX, _ic(), method="solve_ivp", rtol=1e-8, atol=1e-10, **kw)
+    assert np.allclose(rk4.M, ivp.M, atol=2e-5) and np.allclose(rk4.Q, ivp.Q, atol=2e-5)
+    assert np.allclose(rk4.error, ivp.error, atol=2e-5)
+
+
+def test_trained_scalars_follow_flags():
+    act = get_activation("softmax1")
+    kw = dict(gamma=1.0, T=1.0, times=[0, 1.0], dt=0.25, engine=MonteCarloDrift(500),
+              progress=False)
+    default = integrate_ode(TASK, act, _ic(act), **kw)
+    assert np.all(default.a[-1] == default.a[0]) and np.any(default.b[-1] != default.b[0])
+    frozen = integrate_ode(TASK, act, _ic(act), train_b=False, train_a=True, **kw)
+    assert np.all(frozen.b[-1] == frozen.b[0]) and np.any(frozen.a[-1] != frozen.a[0])
+    faster = integrate_ode(TASK, act, _ic(act), gamma_b=3.0, **kw)
+    step, fast_step = default.b[-1] - default.b[0], faster.b[-1] - faster.b[0]
+    assert np.all(np.abs(fast_step) > 2 * np.abs(step))
+
+
+def test_blow_up_is_reported_with_its_time():
+    act = get_activation("linear")
+    with pytest.raises(BlowUpError, match=r"blew up at t = [0-9.]+"):
+        integrate_ode(TASK, act, _ic(act), gamma=60.0, T=20.0, times=[0, 20.0], dt=0.5,
+                      engine=MonteCarloDrift(200), progress=False)
+    relu = get_activation("relu")  # overflows to inf within T
+    with pytest.raises(BlowUpError, match=r"blew up at t = [0-9.]+"):
+        integrate_ode(TASK, relu, _ic(relu), gamma=20.0, T=20.0, times=[0, 20.0], dt=0.5,
+                      engine=MonteCarloDrift(200), progress=False)
+    with pytest.raises(BlowUpError, match="positive semi-definiteness"):
+        check_admissible(1.5, np.zeros((2, 2)), np.array([[1.0, 2.0], [2.0, 1.0]]),
+                         np.ones(2), np.zeros(2))
+    with pytest.raises(BlowUpError, match="M is not finite"):
+        check_admissible(1.5, np.full((2, 2), np.nan), np.eye(2), np.ones(2), np.zeros(2))
+
+
+class _Interrupting(MonteCarloDrift):
+    """The same engine (same params), interrupted after a number of evaluations."""
+
+    def __init__(self, *args, stop_after, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.stop_after, self.calls = stop_after, 0
+
+    def evaluate(self, *args):
+        self.calls += 1
+        if self.calls > self.stop_after:
+            raise KeyboardInterrupt
+        return super().evaluate(*args)
+
+
+class _Counting(MonteCarloDrift):
+    def evaluate(self, *args):
+        self.calls = getattr(self, "calls", 0) + 1
+        return super().evaluate(*args)
+
+
+@pytest.mark.parametrize("fresh", [False, True])
+def test_resume_reproduces_the_uninterrupted_run(tmp_path, fresh):
+    kw = dict(gamma=1.0, T=2.0, times=[0, 1.0, 2.0], dt=0.1, progress=False, checkpoint_every=3)
+    full = integrate_ode(TASK, SOFTMAX, _ic(), engine=MonteCarloDrift(300, 7, fresh), **kw)
+    out = tmp_path / "run.json"
+    with pytest.raises(KeyboardInterrupt):
+        integrate_ode(TASK, SOFTMAX, _ic(), engine=_Interrupting(300, 7, fresh, stop_after=60),
+                      out=out, **kw)
+    assert not out.exists() and (tmp_path / "run.json.partial.json").exists()
+    engine = _Counting(300, 7, fresh)
+    resumed = integrate_ode(TASK, SOFTMAX, _ic(), engine=engine, out=out, **kw)
+    assert engine.calls < 60  # it did not start over (a full run takes 83 evaluations)
+    for key in ("t", "M", "Q", "a", "b", "error"):
+        assert np.array_equal(getattr(full, key), getattr(resumed, key)), key
+    loaded = Trajectory.load(out)
+    assert np.array_equal(loaded.M, full.M) and loaded.params["engine"]["fresh"] == fresh
+    assert not (tmp_path / "run.json.partial.json").exists()
+
+
+def test_bad_arguments_raise_validation_errors():
+    with pytest.raises(ValidationError, match="gamma"):
+        integrate_ode(TASK, SOFTMAX, _ic(), gamma=-1.0, T=1.0, progress=False)
+    with pytest.raises(ValidationError, match="times"):
+        integrate_ode(TASK, SOFTMAX, _ic(), gamma=1.0, T=1.0, times=[0, 2.0], progress=False)
+    with pytest.raises(ValidationError, match="method"):
+        integrate_ode(TASK, SOFTMAX, _ic(), gamma=1.0, T=1.0, method="euler", progress=False)
+    with pytest.raises(ValidationError, match="fresh"):
+        integrate_ode(TASK, SOFTMAX, _ic(), gamma=1.0, T=1.0, method="solve_ivp",
+                      engine=MonteCarloDrift(10, fresh=True), progress=False)
+    with pytest.raises(ValidationError, match="Q0"):
+        _ic(Q=[[1.0, 2.0], [2.0, 1.0]])
+
+
+BASE = ["ode", "--activation", "softmax", "--H", "2", "--L", "4", "--prior", "flipping",
+        "--nu", "2,2", "--gamma", "1", "--T", "2", "--times", "0,1,2", "--samples", "300",
+        "--dt", "0.25", "--no-progress"]
+
+
+def test_cli_writes_all_fields(tmp_path, capsys):
+    out = tmp_path / "run.json"
+    assert main(BASE + ["--D", "10000", "--eta", "1", "--seed", "0", "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["t"] == [0.0, 1.0, 2.0]
+    assert np.array(data["M"]).shape == (3, 2, 2) and np.array(data["Q"]).shape == (3, 2, 2)
+    assert np.array(data["a"]).shape == (3, 2) and np.array(data["b"]).shape == (3, 2)
+    assert len(data["error"]) == 3 and data["error"][-1] < data["error"][0]
+    assert data["params"]["initial"]["D"] == 10000 and data["params"]["gamma"] == 1.0
+    assert data["params"]["task"]["nu"] == [2.0, 2.0] and "version" in data
+    given = tmp_path / "given.json"
+    assert main(BASE + ["--M0", json.dumps(M0), "--Q0", json.dumps(Q0), "--out", str(given)]) == 0
+    assert json.loads(given.read_text())["M"][0] == M0
+
+
+@pytest.mark.parametrize("bad", [
+    ["--nu", "2,0", "--D", "100"],
+    ["--H", "0", "--D", "100"],
+    ["--activation", "nope", "--D", "100"],
+    ["--M0", "[[0,0],[0,0]]", "--Q0", "[[1,2],[2,1]]"],
+    ["--M0", "[[0,0],[0,0]]"],
+    ["--gamma", "0", "--D", "100"],
+    [],
+])
+def test_cli_bad_input_exits_2(tmp_path, capsys, bad):
+    args = list(BASE)
+    for flag, value in zip(bad[::2], bad[1::2]):
+        if flag in args:
+            args[args.index(flag) + 1] = value
+        else:
+            args += [flag, value]
+    assert main(args + ["--out", str(tmp_path / "x.json")]) == 2
+    err = capsys.readouterr().err
+    assert "error:" in err and "Traceback" not in err
+    assert not (tmp_path / "x.json").exists()
