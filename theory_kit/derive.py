@@ -341,7 +341,7 @@ def derive_expanded(act: Activation, H: int = 2, L: int = 3) -> Expanded:
 
 # ----------------------------------------------------------------------------- rendering
 def _latex(expr: sp.Expr) -> str:
-    return sp.latex(expr, symbol_names={KAPPA: r"\kappa"}).replace("D2_", "D^{(2)}_")
+    return sp.latex(expr).replace("{D_{2}}", "D^{(2)}")
 
 
 def _tex_block(lhs: str, rhs: str) -> str:
