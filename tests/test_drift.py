@@ -162,3 +162,21 @@ def test_bad_engine_input():
         MonteCarloDrift(1)
     with pytest.raises(ValidationError, match="points"):
         QuadratureDrift(points=0)
+
+
+def test_generated_integrand_is_a_one_line_switch():
+    """The code-generated integrands (conditional mean and Stein's lemma) through the same
+    engine: conditional agrees with the reference to round-off, Stein within MC error."""
+    from theory_kit.expect.drift import generated_integrand
+    task = Task(3, make_prior("flipping", nu=[2.0, 2.0]))
+    act = get_activation("bsoftmax")
+    args = (task, act, M_TEST, Q_TEST, act.a_default(2, 3), act.b_default(2, 3))
+    ref = MonteCarloDrift(2000, seed=6).evaluate(*args)
+    gen = MonteCarloDrift(2000, seed=6, integrand=generated_integrand(act)).evaluate(*args)
+    stein = MonteCarloDrift(2000, seed=6,
+                            integrand=generated_integrand(act, "stein")).evaluate(*args)
+    assert np.allclose(gen.dM, ref.dM, atol=1e-12) and np.allclose(gen.dQ_noise, ref.dQ_noise)
+    assert np.all(np.abs(stein.dM - ref.dM) <= 4.5 * np.sqrt(2) * ref.stderr["dM"])
+    with pytest.raises(ValidationError, match="integrand"):
+        MonteCarloDrift(10, integrand=generated_integrand(act)).evaluate(
+            task, get_activation("softmax"), M_TEST, Q_TEST, np.ones(2), np.zeros(2))

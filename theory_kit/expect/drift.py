@@ -21,7 +21,7 @@ is exactly zero.
 The per-sample integrand is a parameter (default :func:`integrands.reference_drift_integrands`),
 so switching to the code-generated one is one line::
 
-    MonteCarloDrift(20_000, integrand=codegen.drift_integrand(act, "conditional"))
+    MonteCarloDrift(20_000, integrand=generated_integrand(act, "conditional"))
 """
 from __future__ import annotations
 
@@ -271,6 +271,25 @@ def stratify_theta(prior: Prior, g: np.ndarray, weights: np.ndarray,
     reps = len(strata_w)
     return mc.Samples(theta, np.outer(weights, strata_w).ravel(), np.repeat(g, reps, axis=0),
                       np.repeat(np.arange(len(g)), reps))
+
+
+def generated_integrand(act: Activation, projection: str = "conditional") -> Integrand:
+    """The code-generated integrand of ``codegen.drift_integrand`` (bound to ``act``), with the
+    engines' calling convention ``(act, S, zeta, theta, M, Q, a, b, delta)``."""
+    from ..codegen import drift_integrand
+
+    bound = drift_integrand(act, projection)
+    fingerprint = act.fingerprint()
+
+    def integrand(act_: Activation, S: np.ndarray, zeta: np.ndarray, theta: np.ndarray,
+                  M: np.ndarray, Q: np.ndarray, a: np.ndarray, b: np.ndarray,
+                  delta: float = 0.0) -> DriftSamples:
+        if act_.fingerprint() != fingerprint:
+            fail("integrand", f"was generated for activation '{act.name}'", act_.name)
+        return bound(S, zeta, theta, M, Q, a, b, delta)
+
+    integrand.__name__ = f"generated[{act.name}, {projection}]"
+    return integrand
 
 
 ENGINES = ("mc", "quad")
