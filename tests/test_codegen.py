@@ -116,6 +116,22 @@ def test_stein_agrees_with_conditional_mean(name):
     assert np.array_equal(stein.dQ_noise, cond.dQ_noise)
 
 
+def test_stein_agrees_for_singular_q():
+    """Parallel heads (k_2 = k_1/2): Q is singular; the conditional mean uses Q⁺."""
+    act = get_activation("softmax1")
+    H, L = 2, 4
+    samples = draw_samples(make_prior("flipping", nu=[2.0, 1.5]), H, L, 12000,
+                           np.random.default_rng(8))
+    M = np.array([[0.8, 0.5], [0.4, 0.25]])
+    Q = 1.5 * np.array([[1.0, 0.5], [0.5, 0.25]])
+    S, zeta = scores(samples, M, Q)
+    a, b = act.a_default(H, L), act.b_default(H, L)
+    cond = codegen.drift_integrand(act, "conditional")(S, zeta, samples.theta, M, Q, a, b)
+    stein = codegen.drift_integrand(act, "stein")(S, zeta, samples.theta, M, Q, a, b)
+    diff, err = weighted_mean(samples, stein.dM - cond.dM)
+    assert np.all(np.abs(diff) < 4.5 * err + 1e-12), (diff, err)
+
+
 def test_cache_reuses_file_and_key_tracks_activation(tmp_path, monkeypatch):
     monkeypatch.setenv("THEORY_KIT_CACHE", str(tmp_path))
     act = get_activation("sigmoid")
