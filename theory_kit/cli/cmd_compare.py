@@ -1,0 +1,70 @@
+"""``theory-kit compare``: a user's own training log against the ODE and the finite-D spread."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..comparison import THRESHOLD, CompareSettings, compare_log, write_report
+from ..model import ValidationError
+from ..userdata import TIME_UNITS, load_training_log
+from .common import add_activation_args, add_task_args, build_activation, build_task
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "compare", help="check a training log of your own code against the theory",
+        description="Read a training log (overlaps t, M, Q[, a, b, loss] or raw keys K with the "
+                    "signal directions U; NPZ, JSON or long-format CSV), integrate the ODE from its "
+                    "first state over its time span, run the exact reduced simulation at its D "
+                    "for the expected finite-D spread, and write compare.png (overlay) and "
+                    "compare.json (largest deviation of each order parameter, when it occurs, "
+                    "in units of the spread, and the verdict consistent/inconsistent).")
+    p.add_argument("--data", required=True, help="training log (.npz, .json or .csv)")
+    add_activation_args(p)
+    add_task_args(p)
+    p.add_argument("--gamma", type=float, help="step size gamma, k -= (gamma/D) grad "
+                                               "(default: the file's gamma or lr*D)")
+    p.add_argument("--D", type=int, help="dimension D (needed unless the file gives it or K)")
+    p.add_argument("--time-unit", choices=TIME_UNITS,
+                   help="unit of the file's times (default: 'steps' if the file names its times "
+                        "'steps', else 't' = steps/D)")
+    p.add_argument("--runs", type=int, default=8, help="reduced-simulation runs for the spread")
+    p.add_argument("--samples", type=int, default=20_000, help="ODE Monte Carlo samples per seed")
+    p.add_argument("--ode-seeds", type=int, default=2,
+                   help="independent ODE sample sets (their spread is the ODE's MC error)")
+    p.add_argument("--dt", type=float, default=0.1, help="RK4 step of the ODE (at most)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the simulation and the ODE samples")
+    p.add_argument("--threshold", type=float, default=THRESHOLD,
+                   help="largest |deviation| / spread still called consistent")
+    p.add_argument("--out", default="compare", help="output folder (default ./compare)")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    p.set_defaults(func=run_compare)
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    task = build_task(args)
+    act = build_activation(args)
+    log = load_training_log(args.data, D=args.D, time_unit=args.time_unit)
+    gamma = args.gamma if args.gamma is not None else log.gamma
+    if gamma is None:
+        raise ValidationError("gamma: the step size is required: pass --gamma or store gamma "
+                              "(or lr) in the file")
+    D = log.D
+    if D is None:
+        raise ValidationError("D: the dimension of the run is required for the finite-D spread: "
+                              "pass --D or store D in the file")
+    settings = CompareSettings(gamma=gamma, D=D, runs=args.runs, samples=args.samples,
+                               ode_seeds=args.ode_seeds, dt=args.dt, seed=args.seed,
+                               threshold=args.threshold)
+    out = Path(args.out)
+    report = compare_log(log, task, act, settings, workdir=out / "work",
+                         progress=not args.no_progress)
+    js, png = write_report(report, out)
+    worst = report["worst"]
+    print(f"{report['verdict']}: largest deviation {worst['quantity']} = "
+          f"{worst['deviation_at_max_z']:+.4g} at t = {worst['t_max_z']:.4g}, "
+          f"{report['max_abs_z']:.2f} x the expected spread (threshold {settings.threshold:g})")
+    for note in report["notes"]:
+        print(f"note: {note}")
+    print(f"wrote {js}\nwrote {png}")
+    return 0
