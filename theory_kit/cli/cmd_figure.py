@@ -1,0 +1,33 @@
+"""``theory-kit figure N``: reproduce figure N of the paper (figN.png + figN.json)."""
+from __future__ import annotations
+
+import argparse
+
+from ..figures import runner
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "figure", help="reproduce a figure of the paper (writes figN.png and figN.json)",
+        description="Reproduce figure N of arXiv 2603.03993 with this toolkit. Prints an "
+                    "estimate of the run time first; a stopped run resumes when started "
+                    "again with the same options.")
+    p.add_argument("number", type=int, metavar="N", help="figure number, 1 to 14")
+    p.add_argument("--quick", action="store_true",
+                   help="fewer runs/samples and smaller D: under a minute, same layout")
+    p.add_argument("--out", default="figures", help="output folder (default ./figures)")
+    p.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
+    p.add_argument("--redraw", action="store_true",
+                   help="only redraw figN.png from an existing figN.json")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    number = runner.check_number(args.number)
+    if args.redraw:
+        written = [runner.redraw(number, args.out)]
+    else:
+        written = runner.run_figure(number, quick=args.quick, out=args.out, jobs=args.jobs)
+    for path in written:
+        print(f"wrote {path}")
+    return 0

@@ -1,0 +1,358 @@
+"""Building blocks shared by the figure modules: settings, cached ODE/simulation pieces run
+in parallel, cost estimates, and the two recurring drawings (ODE-vs-SGD overlay rows and
+head trajectories with their specialisation times).
+
+A *piece* is one ODE integration or one batch of simulation runs.  Its result is written to
+``workdir/<name>.json`` (the ODE and the simulation also checkpoint inside a piece), so a
+stopped figure resumes where it stopped.  Figure modules only choose parameters and layout.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+from matplotlib.axes import Axes
+
+from .. import analysis
+from ..activations import Activation, get_activation
+from ..expect.drift import MonteCarloDrift
+from ..initial import InitialCondition
+from ..model import Task, make_prior
+from ..ode import initial_condition, integrate_ode
+from ..progress import progress_bar
+from ..results import read_json, to_jsonable, write_json
+from ..simulate import SimConfig, simulate_to_file
+from . import compare
+from .style import label_axes, new_figure, series_colors
+
+# rough costs measured on the 2-core development machine under load (seconds)
+ODE_COST_PER_ELEMENT = 6e-7     # per drift evaluation and sample row × H² × L
+SIM_COST_PER_STEP = 2.5e-4      # Python overhead of one SGD step, all runs together
+SIM_COST_PER_ELEMENT = 3e-7     # per step and run × H² × L
+ACT_LABELS = {"softmax": "softmax", "softmax1": "softmax-1", "bsoftmax": "B-softmax"}
+
+
+# ----------------------------------------------------------------------------- settings
+@dataclass(frozen=True)
+class Setting:
+    """One training setting: task, activation, heads, step size, horizon, initialisation.
+
+    The initial condition is drawn at dimension ``D_init`` (k_h ~ N(0, η²/D I), seed
+    ``seed``); the ODE and every simulation run of an overlay start from that same state."""
+
+    activation: str
+    L: int
+    H: int
+    prior: str
+    nu: tuple[float, ...]
+    gamma: float = 1.0
+    T: float = 100.0
+    eta: float = 1.0
+    D_init: int = 10_000
+    seed: int = 0
+
+    def task(self) -> Task:
+        return Task(self.L, make_prior(self.prior, nu=list(self.nu)))
+
+    def act(self) -> Activation:
+        return get_activation(self.activation)
+
+    def initial(self) -> InitialCondition:
+        return initial_condition(self.act(), self.task(), H=self.H, D=self.D_init, eta=self.eta,
+                                 seed=self.seed)
+
+    def with_(self, **changes: object) -> "Setting":
+        return replace(self, **changes)
+
+    def params(self) -> dict:
+        return {**asdict(self), "nu": list(self.nu)}
+
+    def label(self) -> str:
+        nu = ", ".join(f"{v:g}" for v in self.nu)
+        return (f"{ACT_LABELS.get(self.activation, self.activation)}, H = {self.H}, "
+                f"L = {self.L}, {self.prior} ν = ({nu})")
+
+    def key(self, *extra: object) -> str:
+        text = json.dumps([self.params(), *map(to_jsonable, extra)], sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def n_rows(setting: Setting, n_samples: int) -> int:
+    """Sample rows of the Monte Carlo drift: noise draws × θ strata."""
+    prior = setting.task().prior
+    reps = len(prior.atoms()[1]) if prior.is_discrete else 2 ** len(setting.nu)
+    return n_samples * reps
+
+
+def ode_seconds(setting: Setting, n_samples: int, dt: float) -> float:
+    """Estimated run time of one RK4 integration (4 drift evaluations per step)."""
+    evals = 4 * setting.T / dt
+    return evals * n_rows(setting, n_samples) * setting.H ** 2 * setting.L * ODE_COST_PER_ELEMENT
+
+
+def sim_seconds(setting: Setting, D: int, runs: int) -> float:
+    """Estimated run time of ``runs`` vectorised reduced simulations at dimension D."""
+    per_step = SIM_COST_PER_STEP + SIM_COST_PER_ELEMENT * runs * setting.H ** 2 * setting.L
+    return setting.T * D * per_step
+
+
+# ----------------------------------------------------------------------------- pieces
+@dataclass(frozen=True)
+class OdePiece:
+    """An ODE integration with a fixed-sample (or fresh-sample) Monte Carlo drift."""
+
+    setting: Setting
+    n_samples: int
+    dt: float
+    n_times: int = 101
+    mc_seed: int = 1
+    fresh: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"ode-{self.setting.key(self.n_samples, self.dt, self.n_times, self.mc_seed, self.fresh)}"
+
+    def seconds(self) -> float:
+        return ode_seconds(self.setting, self.n_samples, self.dt)
+
+    def run(self, path: Path, progress: bool) -> dict:
+        s = self.setting
+        engine = MonteCarloDrift(self.n_samples, seed=self.mc_seed, fresh=self.fresh)
+        traj = integrate_ode(s.task(), s.act(), s.initial(), s.gamma, s.T,
+                             times=np.linspace(0.0, s.T, self.n_times), dt=self.dt,
+                             engine=engine, out=path, progress=progress)
+        return {**traj.to_dict(), "setting": s.params()}
+
+
+@dataclass(frozen=True)
+class SimPiece:
+    """``runs`` reduced simulations at dimension D, all from the setting's initial condition
+    (``shared_start``) or each from its own draw at D."""
+
+    setting: Setting
+    D: int
+    runs: int
+    n_times: int = 26
+    sim_seed: int = 2
+    shared_start: bool = True
+
+    @property
+    def name(self) -> str:
+        return f"sim-{self.setting.key(self.D, self.runs, self.n_times, self.sim_seed, self.shared_start)}"
+
+    def seconds(self) -> float:
+        return sim_seconds(self.setting, self.D, self.runs)
+
+    def run(self, path: Path, progress: bool) -> dict:
+        s = self.setting
+        cfg = SimConfig(s.task(), s.act(), s.H, self.D,
+                        times=tuple(np.linspace(0.0, s.T, self.n_times)), runs=self.runs,
+                        gamma=s.gamma, eta=s.eta, seed=self.sim_seed, method="reduced",
+                        initial=s.initial() if self.shared_start else None)
+        return {**simulate_to_file(cfg, str(path)).to_dict(), "setting": s.params()}
+
+
+def _run_piece(piece: OdePiece | SimPiece, workdir: Path, progress: bool) -> dict:
+    """Result of a piece, from its file when an earlier (stopped) run finished it."""
+    path = workdir / f"{piece.name}.json"
+    if path.exists():
+        return read_json(path)
+    result = piece.run(path, progress)
+    if not path.exists():   # integrate_ode writes its own file; simulate_to_file too
+        write_json(path, result)
+    saved = read_json(path)
+    if "setting" not in saved:
+        saved["setting"] = piece.setting.params()
+        write_json(path, saved)
+    return read_json(path)
+
+
+def _quiet_worker() -> None:
+    os.environ["THEORY_KIT_NO_PROGRESS"] = "1"
+
+
+def run_pieces(pieces: Sequence[OdePiece | SimPiece], workdir: Path, jobs: int = 1,
+               desc: str = "pieces") -> list[dict]:
+    """Results of all pieces (in order), ``jobs`` at a time in worker processes; each finished
+    piece is on disk, so a rerun skips it."""
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    results: list[dict | None] = [None] * len(pieces)
+    with progress_bar(len(pieces), desc, unit="piece") as bar:
+        if jobs <= 1 or len(pieces) == 1:
+            for i, piece in enumerate(pieces):
+                results[i] = _run_piece(piece, workdir, progress=True)
+                bar.update(1)
+        else:
+            with ProcessPoolExecutor(max_workers=jobs, initializer=_quiet_worker) as pool:
+                futures = [pool.submit(_run_piece, p, workdir, False) for p in pieces]
+                for i, fut in enumerate(futures):
+                    results[i] = fut.result()
+                    bar.update(1)
+    return results  # type: ignore[return-value]
+
+
+def pieces_seconds(pieces: Sequence[OdePiece | SimPiece]) -> float:
+    return float(sum(p.seconds() for p in pieces))
+
+
+# ----------------------------------------------------------------------------- summaries
+def trajectory_summary(traj: dict, delta: float = analysis.DEFAULT_DELTA) -> dict:
+    """What the figures keep of an ODE trajectory: t, M, Q, error, τ_f, phases."""
+    t, M, Q = analysis.trajectory_arrays(traj)
+    return {"t": t, "M": M, "Q": Q, "error": traj["error"], "setting": traj.get("setting"),
+            "tau": analysis.specialisation_times(t, M, delta),
+            "phases": analysis.phases(t, M, Q, delta).to_dict(), "delta": delta,
+            "final_error": float(traj["error"][-1])}
+
+
+def overlay_summary(ode: dict, sim: dict, delta: float = analysis.DEFAULT_DELTA) -> dict:
+    """ODE against simulation (``compare.compare``) plus the τ of the ODE and of each run."""
+    comp = compare.compare(sim, ode)
+    t_ode, M_ode, _ = analysis.trajectory_arrays(ode)
+    t_sim, M_sim, _ = analysis.trajectory_arrays(sim)
+    tau_sim = analysis.specialisation_times(t_sim, M_sim, delta)
+    stats = analysis.tau_statistics(tau_sim)
+    return {"comparison": comp.to_dict(), "setting": ode.get("setting"), "delta": delta,
+            "tau_ode": analysis.specialisation_times(t_ode, M_ode, delta),
+            "tau_sim": tau_sim, "tau_sim_mean": stats["mean"], "tau_sim_std": stats["std"],
+            "final_error_ode": float(np.asarray(ode["error"])[-1]),
+            "final_error_sim": float(np.mean(np.asarray(sim["error"])[:, -1])),
+            "D": sim["params"]["D"], "runs": sim["params"]["runs"],
+            # the sign of the flipping direction each head takes differs between runs, so
+            # that panel shows every run rather than a mean over both branches
+            "sim_m_f2": M_sim[..., 1] if M_sim.shape[-1] > 1 else None}
+
+
+# ----------------------------------------------------------------------------- drawing
+def _mark_taus(ax: Axes, taus: Sequence[float], style: str = "--", color: str = "0.35",
+               label: str | None = None) -> None:
+    """Vertical lines at the finite specialisation times."""
+    for i, tau in enumerate(taus):
+        if np.isfinite(tau):
+            ax.axvline(tau, ls=style, color=color, lw=1, label=label if i == 0 else None)
+
+
+def _sim_points(ax: Axes, t: np.ndarray, mean: np.ndarray, spread: np.ndarray,
+                runs_values: np.ndarray | None, color: object, label: str) -> None:
+    """SGD as dots: every run (faint) when given, else mean ± std over runs."""
+    if runs_values is not None:
+        for r, run in enumerate(runs_values):
+            ax.plot(t, run, "o", ms=2.2, color=color, alpha=0.45, label=label if r == 0 else None)
+        return
+    ax.errorbar(t, mean, yerr=np.nan_to_num(spread), fmt="o", ms=3, color=color, capsize=1.5,
+                elinewidth=0.8, alpha=0.85, label=label)
+
+
+def draw_overlay_row(axes: Sequence[Axes], overlay: dict, row_title: str | None = None) -> None:
+    """One row of the Fig. 1 layout: error, m_{h1}, m_{h2}, diag(Q − MMᵀ); ODE lines, SGD
+    dots (mean ± std over runs; every run for m_{h2}, whose sign differs between runs);
+    dashed line at the ODE's τ_2, dotted at the runs' mean τ_2."""
+    comp = overlay["comparison"]
+    t_ode, t_sim = np.asarray(comp["t_ode"]), np.asarray(comp["t_sim"])
+    names = [p for p in compare.PANELS if p in comp["sim_mean"]]
+    for ax, name in zip(axes, names):
+        ode = np.asarray(comp["ode"][name])
+        mean, spread = np.asarray(comp["sim_mean"][name]), np.asarray(comp["sim_spread"][name])
+        per_run = overlay.get("sim_m_f2") if name == "m_f2" else None
+        colors = series_colors(ode.shape[-1])
+        for j in range(ode.shape[-1]):
+            head = "" if name == "error" else f" h = {j + 1}"
+            ax.plot(t_ode, ode[:, j], color=colors[j], label=f"theory{head}")
+            runs_j = None if per_run is None else np.asarray(per_run)[:, :, j]
+            what = "each run" if runs_j is not None else "mean ± std"
+            _sim_points(ax, t_sim, mean[:, j], spread[:, j], runs_j, colors[j],
+                        f"SGD{head} ({what})")
+        if name != "error" and len(overlay["tau_ode"]) > 1:
+            _mark_taus(ax, [overlay["tau_ode"][1]], "--", label=r"$\tau_2$ theory")
+            _mark_taus(ax, [overlay["tau_sim_mean"][1]], ":", "0.6", label=r"$\tau_2$ SGD mean")
+        title = row_title if (row_title and name == names[0]) else None
+        label_axes(ax, r"$t$ = steps / $D$", compare.PANEL_LABELS[name], title, legend=False)
+        if name in ("error", "m_f2"):
+            ax.legend(fontsize=6.5, loc="upper right" if name == "error" else "upper left",
+                      framealpha=0.6)
+
+
+def draw_head_panels(axes: Sequence[Axes], traj: dict, title: str | None = None,
+                     show_legend: bool = True) -> None:
+    """Head trajectories: one panel per direction f with m_{hf}(t) for every head, and the
+    specialisation time τ_f (dashed) where the heads part."""
+    t, M = np.asarray(traj["t"]), np.asarray(traj["M"])
+    H, F = M.shape[1:]
+    colors = series_colors(H)
+    for f, ax in enumerate(axes[:F]):
+        for h in range(H):
+            ax.plot(t, M[:, h, f], color=colors[h], label=f"head {h + 1}")
+        _mark_taus(ax, [traj["tau"][f]], label=rf"$\tau_{f + 1}$ = {traj['tau'][f]:.3g}")
+        label_axes(ax, r"$t$", rf"$m_{{h{f + 1}}}$", title if f == 0 else None,
+                   legend=show_legend and (f == 0 or np.isfinite(traj["tau"][f])))
+
+
+def artist_data(fig: object) -> list[np.ndarray]:
+    """Every line's and collection's data in a figure (for redraw checks)."""
+    out: list[np.ndarray] = []
+    for ax in fig.axes:  # type: ignore[attr-defined]
+        out += [np.asarray(line.get_xydata(), dtype=float) for line in ax.get_lines()]
+        for coll in ax.collections:
+            arr = coll.get_array() if hasattr(coll, "get_array") else None
+            if arr is not None:
+                out.append(np.asarray(arr, dtype=float))
+            out += [np.asarray(p.vertices, dtype=float) for p in coll.get_paths()]
+        out += [np.asarray(im.get_array(), dtype=float) for im in ax.get_images()]
+    return out
+
+
+# ----------------------------------------------------------------------------- overlay figures
+@dataclass(frozen=True)
+class OverlayPlan:
+    """Figs. 1, 9, 10: for every setting, one ODE and ``runs`` reduced simulations at D."""
+
+    settings: tuple[Setting, ...]
+    D: int
+    runs: int
+    n_samples: int
+    dt: float
+    n_times_ode: int = 101
+    n_times_sim: int = 26
+
+    def pieces(self) -> list[OdePiece | SimPiece]:
+        out: list[OdePiece | SimPiece] = []
+        for s in self.settings:
+            out += [OdePiece(s, self.n_samples, self.dt, self.n_times_ode),
+                    SimPiece(s, self.D, self.runs, self.n_times_sim)]
+        return out
+
+    def seconds(self) -> float:
+        return pieces_seconds(self.pieces())
+
+    def params(self) -> dict:
+        return {"settings": [s.params() for s in self.settings], "D": self.D, "runs": self.runs,
+                "ode_engine": {"kind": "mc", "n_samples": self.n_samples, "fresh": False},
+                "ode_method": "rk4", "dt": self.dt, "simulation": "reduced",
+                "n_times_ode": self.n_times_ode, "n_times_sim": self.n_times_sim}
+
+
+def overlay_compute(plan: OverlayPlan, workdir: Path, jobs: int = 1) -> dict:
+    """Run the plan's pieces and keep, per setting, the comparison and the τ's."""
+    results = run_pieces(plan.pieces(), workdir, jobs, desc="ODE + SGD")
+    rows = [overlay_summary(ode, sim) for ode, sim in zip(results[::2], results[1::2])]
+    return {"params": plan.params(), "rows": rows}
+
+
+def overlay_draw(data: dict, suptitle: str) -> object:
+    """Rows of four panels (one row per setting), ODE lines against SGD dots."""
+    rows = data["rows"]
+    fig, axes = new_figure(len(rows), 4, panel_size=(3.3, 2.6))
+    for r, row in enumerate(rows):
+        s = row["setting"]
+        draw_overlay_row(axes[4 * r:4 * r + 4], row,
+                         ACT_LABELS.get(s["activation"], s["activation"]))
+    fig.suptitle(suptitle, fontsize=9)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,115 @@
+"""Run one figure module: estimate, compute (resumable), write figN.json and figN.png atomically.
+
+Every figure module ``theory_kit.figures.fig<N>`` follows one contract: ``NUMBER``,
+``CAPTION``, ``estimate_seconds(quick)``, ``compute(quick, workdir, jobs) -> dict`` and
+``draw(data) -> Figure``.  The runner draws from the data *as reloaded from the JSON file*,
+so ``--redraw`` (draw again from figN.json) gives the same figure as the original run.
+
+Finished pieces of a long computation live in ``<out>/.work/fig<N>[-quick]/``; a stopped
+run started again with the same command resumes from them, and the folder is removed once
+figN.json is written (kept when THEORY_KIT_KEEP_WORK=1, e.g. to change only the summaries).
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import shutil
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Callable
+
+import matplotlib.pyplot as plt
+
+from ..model import ValidationError, check_int
+from ..results import _atomic_replace, read_json, write_json
+
+FIGURE_NUMBERS = tuple(range(1, 15))
+CONTRACT = ("NUMBER", "CAPTION", "estimate_seconds", "compute", "draw")
+
+
+def check_number(number: object) -> int:
+    """A figure number of the paper, 1 to 14."""
+    n = check_int(number, "figure", 1)
+    if n not in FIGURE_NUMBERS:
+        raise ValidationError(f"figure: must be one of 1..14 (got {n})")
+    return n
+
+
+def figure_module(number: int) -> ModuleType:
+    """The module ``theory_kit.figures.fig<N>``; ValidationError when it is not there yet or
+    does not follow the figure contract."""
+    name = f"{__package__}.fig{check_number(number)}"
+    if importlib.util.find_spec(name) is None:
+        raise ValidationError(f"figure: figure {number} is not available in this installation "
+                              f"(module {name} is missing)")
+    try:
+        module = importlib.import_module(name)
+    except ImportError as exc:
+        raise ValidationError(f"figure: figure {number} cannot be built here: {exc}") from exc
+    missing = [attr for attr in CONTRACT if not hasattr(module, attr)]
+    if missing:
+        raise ValidationError(f"figure: module {name} lacks {', '.join(missing)} "
+                              "(see the figure-module contract in theory_kit/figures/runner.py)")
+    return module
+
+
+def output_paths(out: str | Path, number: int) -> tuple[Path, Path]:
+    """(figN.png, figN.json) in the output folder."""
+    out = Path(out)
+    return out / f"fig{number}.png", out / f"fig{number}.json"
+
+
+def work_folder(out: str | Path, number: int, quick: bool) -> Path:
+    """Where finished pieces are kept until the figure is written."""
+    return Path(out) / ".work" / f"fig{number}{'-quick' if quick else ''}"
+
+
+def save_png(fig: plt.Figure, path: Path) -> Path:
+    """Write a figure as PNG atomically and close it."""
+    _atomic_replace(path, lambda handle: fig.savefig(handle, format="png"), ".png")
+    plt.close(fig)
+    return path
+
+
+def describe_estimate(module: ModuleType, quick: bool, jobs: int) -> str:
+    seconds = float(module.estimate_seconds(quick))
+    if jobs > 1:
+        seconds /= min(jobs, 2) ** 0.8  # rough: most figures split into independent pieces
+    text = f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+    return (f"figure {module.NUMBER} ({'quick' if quick else 'full'}): estimated {text} "
+            f"with {jobs} job(s)")
+
+
+def redraw(number: int, out: str | Path = "figures") -> Path:
+    """Draw figN.png again from figN.json (no computation)."""
+    module = figure_module(number)
+    png, js = output_paths(out, module.NUMBER)
+    if not js.exists():
+        raise ValidationError(f"redraw: {js} does not exist; run `theory-kit figure {number}` "
+                              "first")
+    payload = read_json(js)
+    return save_png(module.draw(payload["data"]), png)
+
+
+def run_figure(number: int, quick: bool = False, out: str | Path = "figures", jobs: int = 1,
+               log: Callable[[str], None] = print) -> list[Path]:
+    """Compute figure ``number`` and write figN.json then figN.png; returns the paths."""
+    module = figure_module(number)
+    jobs = check_int(jobs, "jobs", 1)
+    log(describe_estimate(module, quick, jobs))
+    workdir = work_folder(out, module.NUMBER, quick)
+    workdir.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    data = module.compute(quick=quick, workdir=workdir, jobs=jobs)
+    elapsed = time.monotonic() - start
+    png, js = output_paths(out, module.NUMBER)
+    write_json(js, {"figure": module.NUMBER, "caption": module.CAPTION, "quick": bool(quick),
+                    "seconds": elapsed, "data": data})
+    # draw from the reloaded file, so that --redraw reproduces exactly this picture
+    save_png(module.draw(read_json(js)["data"]), png)
+    if os.environ.get("THEORY_KIT_KEEP_WORK") != "1":
+        shutil.rmtree(workdir, ignore_errors=True)
+    log(f"figure {module.NUMBER}: computed in {elapsed:.0f} s")
+    return [png, js]
