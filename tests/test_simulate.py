@@ -1,0 +1,271 @@
+"""Finite-D SGD: reduced vs brute force in law, determinism and resume, ODE agreement, CLI."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from theory_kit import simulate as sim
+from theory_kit.activations import get_activation
+from theory_kit.cli import main
+from theory_kit.expect.drift import MonteCarloDrift
+from theory_kit.figures.compare import compare, comparison_figure, write_comparison
+from theory_kit.model import Task, ValidationError, make_prior
+from theory_kit.ode import initial_condition, integrate_ode
+from theory_kit.results import Checkpoint, write_json
+
+FLIP = Task(4, make_prior("flipping", nu=[2.0, 2.0]))
+Z_MAX = 4.0
+
+
+def config(act: str = "softmax", task: Task = FLIP, **kw: object) -> sim.SimConfig:
+    base = dict(H=2, D=300, times=(0.0, 1.0, 2.0), runs=4, seed=3)
+    base.update(kw)
+    return sim.SimConfig(task, get_activation(act), **base)
+
+
+# ----------------------------------------------------------------------------- law
+def moment_z_scores(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """z-scores of the differences of means and of variances of two samples (axis 0).
+
+    The variance's standard error uses the fourth moment, so heavy tails are allowed for."""
+    n_x, n_y = len(x), len(y)
+    z_mean = (x.mean(0) - y.mean(0)) / np.sqrt(x.var(0) / n_x + y.var(0) / n_y)
+
+    def var_se2(v: np.ndarray) -> np.ndarray:
+        c = v - v.mean(0)
+        return (np.mean(c ** 4, 0) - np.mean(c ** 2, 0) ** 2) / len(v)
+
+    z_var = (x.var(0) - y.var(0)) / np.sqrt(var_se2(x) + var_se2(y))
+    return np.concatenate([np.ravel(z_mean), np.ravel(z_var)])
+
+
+def law_statistics(res: sim.SimResult) -> np.ndarray:
+    """m_h1(t) and Q_hh(t) at the two non-zero recorded times: (runs, times, 2H)."""
+    qdiag = np.diagonal(res.Q, axis1=-2, axis2=-1)
+    return np.concatenate([res.M[:, 1:, :, 0], qdiag[:, 1:]], axis=-1)
+
+
+def max_law_z(act: str, task: Task, runs: int, wishart_dof: int | None = None) -> float:
+    reduced = sim.simulate(config(act, task, runs=runs, seed=11, wishart_dof=wishart_dof))
+    brute = sim.simulate(config(act, task, runs=runs, seed=12, method="brute"))
+    return float(np.max(np.abs(moment_z_scores(law_statistics(reduced), law_statistics(brute)))))
+
+
+@pytest.mark.parametrize("act,task", [
+    ("bsoftmax", FLIP),  # norm-dependent offsets: the 2 R_h k_h term
+    ("softmax1", FLIP),  # trained b
+    ("softmax", Task(3, make_prior("gaussian", nu=[3.0, 1.0]))),
+])
+def test_reduced_and_brute_force_agree_in_law(act: str, task: Task) -> None:
+    assert max_law_z(act, task, runs=300) < Z_MAX
+
+
+def test_wrong_wishart_degrees_of_freedom_are_detected() -> None:
+    """The same check must fail when the orthogonal Gram matrix of the tokens is wrong."""
+    D, F, H = 300, 2, 2
+    assert max_law_z("bsoftmax", FLIP, runs=300, wishart_dof=(D - F - H) // 3) > Z_MAX
+
+
+def test_wishart_factor_moments() -> None:
+    rng = np.random.default_rng(0)
+    for dof in (9, 2):  # Bartlett and the direct Gaussian branch
+        A = sim.wishart_factor(rng, dof, (100_000,), 3)
+        W = A @ np.swapaxes(A, -1, -2)
+        expected_var = dof * (1 + np.eye(3))  # Var W_ij = dof (1 + δ_ij)
+        np.testing.assert_allclose(W.mean(0), dof * np.eye(3), atol=6 * np.sqrt(2 * dof / 1e5))
+        np.testing.assert_allclose(W.var(0), expected_var, rtol=0.05)
+
+
+@pytest.mark.parametrize("act", ["bsoftmax", "softmax"])
+def test_per_run_a_uses_linearity_of_the_kernel(act: str) -> None:
+    """Trained a differs between runs: the linear combination must equal a per-run kernel."""
+    activation = get_activation(act)
+    rng = np.random.default_rng(1)
+    R, H, L = 5, 3, 4
+    S, c = rng.standard_normal((R, H, L)), rng.standard_normal((R, L))
+    a, b, Qd = rng.uniform(0.2, 2, (R, H)), rng.standard_normal((R, H)), rng.uniform(1, 2, (R, H))
+    w, G, ga, Rq = sim._kernel_products(activation, S, a, b, Qd, c, a_shared=False)
+    for r in range(R):
+        kern = activation.kernel(S[r], a[r], b[r], Qd[r])
+        np.testing.assert_allclose(w[r], kern.w, rtol=1e-12)
+        np.testing.assert_allclose(G[r], kern.jvp_tokens(c[r]), rtol=1e-10, atol=1e-14)
+        np.testing.assert_allclose(ga[r], kern.grad_a(c[r]), rtol=1e-12)
+        np.testing.assert_allclose(Rq[r], kern.grad_qdiag(kern.jvp_tokens(c[r])), atol=1e-14)
+
+
+def test_trained_a_moves_and_matches_brute_force_mean() -> None:
+    cfg = dict(runs=200, train_a=True, times=(0.0, 2.0))
+    red = sim.simulate(config("relu", seed=5, **cfg))
+    bru = sim.simulate(config("relu", seed=6, method="brute", **cfg))
+    assert np.all(np.abs(red.a[:, -1] - red.a[:, 0]) > 0)
+    assert np.max(np.abs(moment_z_scores(red.a[:, -1], bru.a[:, -1]))) < Z_MAX
+
+
+# ----------------------------------------------------------------------------- numbers
+@pytest.mark.parametrize("method", ["reduced", "brute"])
+def test_same_seed_same_numbers_and_seed_matters(method: str) -> None:
+    one = sim.simulate(config(method=method)).to_dict()
+    two = sim.simulate(config(method=method)).to_dict()
+    other = sim.simulate(config(method=method, seed=4))
+    for key in ("M", "Q", "a", "b", "error", "error_running"):
+        np.testing.assert_array_equal(one[key], two[key])
+    assert not np.array_equal(one["M"][:, -1], other.M[:, -1])
+
+
+@pytest.mark.parametrize("method", ["reduced", "brute"])
+def test_resume_is_bit_identical(method: str, tmp_path, monkeypatch) -> None:
+    cfg = config("softmax1", method=method, D=50, times=(0.0, 2.5, 6.0))
+    full = sim.simulate(cfg)
+    ckpt = Checkpoint(tmp_path / "out.json")
+    monkeypatch.setattr(sim, "CHECKPOINT_SECONDS", -1.0)  # save at every chunk
+    real_advance, calls = sim._Run.advance, {"n": 0}
+
+    def interrupted(self: sim._Run, n: int) -> None:
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise KeyboardInterrupt
+        real_advance(self, n)
+
+    monkeypatch.setattr(sim._Run, "advance", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        sim.simulate(cfg, ckpt)
+    saved = ckpt.load(cfg.params())
+    assert saved is not None and 0 < saved["step"] < 300
+    monkeypatch.setattr(sim._Run, "advance", real_advance)
+    resumed = sim.simulate(cfg, ckpt)
+    for key in ("M", "Q", "a", "b", "error", "error_running"):
+        np.testing.assert_array_equal(getattr(resumed, key), getattr(full, key))
+
+
+def test_given_initial_condition_and_recorded_error() -> None:
+    """All runs start at the given overlaps; the recorded error at t = 0 is the population
+    error there (Monte Carlo with error_samples draws per run)."""
+    act = get_activation("softmax")
+    ic = initial_condition(act, FLIP, M0=[[0.5, 0.2], [0.1, -0.3]], Q0=[[1.0, 0.1], [0.1, 0.8]])
+    res = sim.simulate(config(initial=ic, runs=50, error_samples=400, times=(0.0, 0.1)))
+    np.testing.assert_allclose(res.M[:, 0], np.broadcast_to(ic.state.M, (50, 2, 2)), atol=1e-12)
+    np.testing.assert_allclose(res.Q[:, 0], np.broadcast_to(ic.state.Q, (50, 2, 2)), atol=1e-12)
+    from theory_kit.error import population_error_mc
+    ref = population_error_mc(FLIP, act, ic.state, n=100_000)
+    pooled = res.error[:, 0]
+    assert abs(pooled.mean() - ref.value) < 5 * (pooled.std() / np.sqrt(50) + ref.abs_err)
+    assert np.isnan(res.error_running[0, 0]) and np.all(np.isfinite(res.error_running[:, 1]))
+
+
+# ----------------------------------------------------------------------------- ODE
+def ode_vs_reduced(act_name: str, D: int, T: float, runs: int, samples: int, dt: float
+                   ) -> tuple[float, float]:
+    """Largest |mean_sim − ODE| − (ODE MC tolerance), in run-to-run stds, over m, Q and t."""
+    act = get_activation(act_name)
+    ic = initial_condition(act, FLIP, H=2, D=D, eta=1.0, seed=0)
+    times = np.linspace(0.0, T, 5)
+    ode = integrate_ode(FLIP, act, ic, 1.0, T, times=times, dt=dt,
+                        engine=MonteCarloDrift(samples, seed=0), progress=False)
+    res = sim.simulate(sim.SimConfig(FLIP, act, H=2, D=D, times=tuple(times), runs=runs,
+                                     initial=ic, seed=1))
+    comp = compare(res.to_dict(), ode.to_dict())
+    tol = 0.5 / np.sqrt(samples)  # ODE Monte Carlo error: integrand std O(0.3) over t = O(1)
+    worst = 0.0
+    for name in ("m_f1", "m_f2", "orthogonal"):
+        excess = np.abs(comp.sim_mean[name] - comp.ode_at_sim[name]) - tol
+        spread = comp.sim_spread[name][1:]
+        worst = max(worst, float(np.max(excess[1:] / spread)))
+    return worst, comp.max_deviation
+
+
+@pytest.mark.parametrize("act", ["softmax", "softmax1", "bsoftmax"])
+def test_ode_agrees_with_reduced_simulation_cheap(act: str) -> None:
+    worst, _ = ode_vs_reduced(act, D=4000, T=1.5, runs=8, samples=3000, dt=0.25)
+    assert worst < 4.0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("act", ["softmax", "softmax1", "bsoftmax"])
+def test_ode_agrees_with_reduced_simulation_at_D_1e4(act: str) -> None:
+    worst, _ = ode_vs_reduced(act, D=10_000, T=8.0, runs=10, samples=20_000, dt=0.1)
+    assert worst < 4.0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("act,task", [
+    ("relu", FLIP), ("linear", FLIP), ("sigmoid", FLIP),
+    ("bsoftmax", Task(3, make_prior("discrete", atoms=[[1.5, 0.5], [-1.0, 1.0], [0.2, -2.0]],
+                                    weights=[0.5, 0.3, 0.2]))),
+    ("softmax", Task(3, make_prior("empirical", data=np.random.default_rng(0).normal(
+        size=(7, 2)) * 1.5))),
+])
+def test_reduced_and_brute_force_agree_in_law_more_cases(act: str, task: Task) -> None:
+    assert max_law_z(act, task, runs=400) < Z_MAX
+
+
+# ----------------------------------------------------------------------------- comparison
+def test_comparison_deviation_in_run_to_run_stds(tmp_path) -> None:
+    t = np.linspace(0, 2, 5)
+    ode = {"t": t, "M": np.zeros((5, 2, 2)) + t[:, None, None], "Q": np.tile(np.eye(2), (5, 1, 1)) * 2,
+           "a": np.ones((5, 2)), "b": np.zeros((5, 2)), "error": 1 - 0.1 * t, "params": {}}
+    offsets = np.array([-1.0, 1.0, 0.0])  # three runs: mean 0, std 1
+    simd = {"t": t[::2], "M": ode["M"][None, ::2] + offsets[:, None, None, None] * 0.01 + 0.03,
+            "Q": np.broadcast_to(ode["Q"][None, ::2], (3, 3, 2, 2)).copy(),
+            "a": np.ones((3, 3, 2)), "b": np.zeros((3, 3, 2)),
+            "error": np.broadcast_to(ode["error"][None, ::2], (3, 3)) + offsets[:, None] * 0.02,
+            "params": {}}
+    comp = compare(simd, ode)
+    # M is off by 0.03 with spread 0.01: 3 stds; the error panel matches exactly
+    assert comp.max_deviation == pytest.approx(3.0)
+    assert comp.worst()["panel"] in ("m_f1", "m_f2")
+    np.testing.assert_allclose(comp.deviation["error"], 0.0, atol=1e-9)
+    fig = comparison_figure(comp)
+    assert len(fig.axes) == 4 and all(ax.get_xlabel() and ax.get_ylabel() for ax in fig.axes)
+    write_json(tmp_path / "sim.json", simd)
+    write_json(tmp_path / "ode.json", ode)
+    png, js, _ = write_comparison(tmp_path / "sim.json", tmp_path / "ode.json", tmp_path / "cmp")
+    assert png.stat().st_size > 1000 and json.loads(js.read_text())["max_deviation"] == pytest.approx(3.0)
+    with pytest.raises(ValidationError, match="t:"):
+        compare({**simd, "t": t[::2] + 5}, ode)
+
+
+# ----------------------------------------------------------------------------- CLI and input
+def test_cli_writes_the_documented_file(tmp_path, capsys) -> None:
+    out = tmp_path / "sim.json"
+    args = ["simulate", "--method", "reduced", "--D", "200", "--runs", "3", "--seed", "0",
+            "--activation", "softmax1", "--H", "2", "--L", "4", "--prior", "flipping",
+            "--nu", "2,2", "--gamma", "1", "--eta", "1", "--T", "1", "--times", "0,0.5,1",
+            "--out", str(out)]
+    assert main(args) == 0
+    data = json.loads(out.read_text())
+    assert np.shape(data["M"]) == (3, 3, 2, 2) and np.shape(data["Q"]) == (3, 3, 2, 2)
+    assert np.shape(data["a"]) == (3, 3, 2) and np.shape(data["error"]) == (3, 3)
+    assert data["params"]["train_b"] is True and data["version"]
+    assert not Checkpoint(out).path.exists()
+    assert main(args[:-2] + ["--no-train-b", "--out", str(tmp_path / "nb.json")]) == 0
+    b = np.array(json.loads((tmp_path / "nb.json").read_text())["b"])
+    assert np.all(b == b[0, 0, 0])
+
+
+@pytest.mark.parametrize("extra", [
+    ["--method", "exact"], ["--D", "3"], ["--runs", "0"], ["--times", "1,0.5"],
+    ["--gamma", "-1"], ["--eta", "nan"], ["--prior", "uniform"], ["--nu", "2,-1"],
+    ["--M0", "[[0.1,0.2],[0.3,0.4]]"], ["--T", "-2", "--times", "0,1"],
+    ["--M0", "[[0.1,0.2]]", "--Q0", "[[1.0]]"], ["--M0", "[[2,0],[0,0]]", "--Q0", "[[1,0],[0,1]]"],
+])
+def test_bad_input_exits_2(extra: list[str], tmp_path, capsys) -> None:
+    base = {"--method": "reduced", "--D": "100", "--runs": "2", "--H": "2", "--L": "4",
+            "--nu": "2,2", "--activation": "softmax", "--T": "0.1", "--gamma": "1",
+            "--eta": "1", "--prior": "flipping"}
+    for flag, val in zip(extra[::2], extra[1::2]):
+        base[flag] = val
+    argv = ["simulate", *[x for kv in base.items() for x in kv], "--out", str(tmp_path / "o.json")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "error:" in err and "Traceback" not in err
+
+
+def test_bad_config_raises_validation_error() -> None:
+    with pytest.raises(ValidationError, match="H"):
+        config(H=0)
+    with pytest.raises(ValidationError, match="times"):
+        config(times=(0.0, -1.0))
+    with pytest.raises(ValidationError, match="gamma"):
+        config(gamma=float("inf"))
