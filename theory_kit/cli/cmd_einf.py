@@ -1,0 +1,74 @@
+"""``theory-kit einf``: asymptotic error E∞ of an activation, with the global minimum and E_Bayes."""
+from __future__ import annotations
+
+import argparse
+
+from .. import einf
+from ..model import check_int
+from .common import add_activation_args, add_task_args, build_activation, build_task, print_json
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "einf", help="asymptotic error E-infinity (several runs), global minimum, Bayes error",
+        description="Integrate the order-parameter ODE from --runs initialisations drawn at "
+                    "dimension --D until the state stops moving (relative speed < --tol for "
+                    "--window chunks of --chunk time units, at most --T-max), evaluate E at the "
+                    "end points with the precise error engine, group runs by end point, and "
+                    "report them with the global minimum of E and the Bayes error. With "
+                    "--workdir finished runs are kept there and a stopped command resumes.")
+    add_activation_args(p)
+    add_task_args(p)
+    p.add_argument("--H", type=int, required=True, help="number of heads (>= 1)")
+    p.add_argument("--runs", type=int, default=5, help="independent initialisations (>= 1)")
+    p.add_argument("--gamma", type=float, default=1.0, help="learning rate gamma > 0")
+    p.add_argument("--gradient-flow", action="store_true",
+                   help="gradient-flow limit: drop the gamma^2 term, clock tau = gamma t")
+    p.add_argument("--eta", type=float, default=1.0, help="initialisation scale eta >= 0")
+    p.add_argument("--D", type=int, default=10_000, help="dimension of the initial draw")
+    p.add_argument("--seed", type=int, default=0, help="seed of the first initialisation")
+    p.add_argument("--samples", type=int, default=10_000,
+                   help="Monte Carlo noise draws of the ODE drift (fixed along the run)")
+    p.add_argument("--mc-seed", type=int, default=0, help="seed of those samples")
+    p.add_argument("--tol", type=float, default=1e-4, help="relative speed that counts as stopped")
+    p.add_argument("--chunk", type=float, default=20.0, help="time between speed checks")
+    p.add_argument("--window", type=int, default=3, help="consecutive slow chunks required")
+    p.add_argument("--T-min", type=float, default=0.0, help="never stop before this time")
+    p.add_argument("--T-max", type=float, default=4000.0, help="give up (unconverged) here")
+    p.add_argument("--method", default="solve_ivp", help="ODE integrator: rk4 or solve_ivp")
+    p.add_argument("--error-method", default="auto", help="E engine: auto, quad, mc, mpmath")
+    p.add_argument("--no-global-min", action="store_true", help="skip the global minimum")
+    p.add_argument("--min-starts", type=int, default=8, help="random starts of the minimiser")
+    p.add_argument("--workdir", help="folder for per-run results (resume)")
+    p.add_argument("--jobs", type=int, default=1, help="runs in parallel processes")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run_einf)
+
+
+def settings_from_args(args: argparse.Namespace) -> einf.RunSettings:
+    """RunSettings (γ, stop rule, integrator, drift samples) from the command line."""
+    rule = einf.StopRule(args.tol, args.chunk, check_int(args.window, "window", 1), args.T_min,
+                         args.T_max)
+    return einf.RunSettings(gamma=args.gamma, gradient_flow=args.gradient_flow, rule=rule,
+                            method=args.method, n_samples=check_int(args.samples, "samples", 2),
+                            mc_seed=args.mc_seed, error_method=args.error_method)
+
+
+def run_einf(args: argparse.Namespace) -> int:
+    task = build_task(args)
+    act = build_activation(args)
+    settings = settings_from_args(args)
+    check_int(args.min_starts, "min-starts", 1)
+    result = einf.asymptotic_error(task, act, check_int(args.H, "H", 1), settings,
+                                   runs=check_int(args.runs, "runs", 1),
+                                   D=check_int(args.D, "D", task.F + args.H), eta=args.eta,
+                                   seed=args.seed, workdir=args.workdir,
+                                   jobs=check_int(args.jobs, "jobs", 1),
+                                   with_minimum=not args.no_global_min,
+                                   minimum_starts=args.min_starts)
+    data = result.to_dict()
+    if args.json:
+        print_json(data)
+        return 0
+    print(einf.summary(result))
+    return 0

@@ -1,0 +1,608 @@
+"""Asymptotic error E∞, the global minimum of E, and the Bayes floor (THEORY §4, §6).
+
+Three questions about one task and activation:
+
+* **E∞** — where training ends.  The ODE of THEORY §5 is integrated from several finite-D
+  initialisations (``InitialCondition.draw`` with different seeds) until the state stops
+  moving (:class:`StopRule`), and E is evaluated at the final order parameters with the
+  most accurate error engine available.  Runs that end at different fixed points are
+  reported as separate groups (:func:`group_runs`), never silently averaged.  At finite γ the
+  γ² term keeps pumping noise into the keys, so E∞(γ) sits above the minimum gradient flow
+  reaches; ``gradient_flow=True`` drops that term (time τ = γ t).
+* **The floor** — the global minimum of E over the order parameters, by local optimisation
+  from many starts in a parametrisation where every point is valid: keys in an
+  (F+H)-dimensional space, K = [M | P] ∈ R^{H×(F+H)}, so Q = K Kᵀ and Q − M Mᵀ = P Pᵀ ⪰ 0.
+  The objective is E on fixed samples (common random numbers) with its exact gradient
+  (:class:`SampledError`); the minimiser is then re-evaluated with the precise engine.
+* **Bayes-softmax optimality** — with the heads at the atoms of a discrete prior
+  (k_h = U θ^(h), extra heads duplicating atoms with log π_h split among the copies),
+  B-softmax weights are the Bayes posterior, so E = E_Bayes (:func:`bayes_softmax_at_atoms`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from dataclasses import dataclass, field
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+from scipy import optimize
+from scipy.optimize import linear_sum_assignment
+
+from .activations import Activation, get_activation
+from .error import METHODS as ERROR_METHODS, ErrorResult, bayes_error, population_error, squared_residual
+from .expect import montecarlo as mc
+from .expect.drift import MonteCarloDrift
+from .initial import InitialCondition
+from .model import Prior, State, Task, ValidationError, check_int, fail
+from .ode import METHODS as ODE_METHODS, integrate_ode
+from .progress import progress_bar
+from .results import Checkpoint, read_json, to_jsonable, write_json
+
+MAX_SIGN_PATTERNS = 256
+
+
+# ----------------------------------------------------------------------------- precise E
+def precise_error(task: Task, act: Activation, state: State, method: str = "auto",
+                  mc_samples: int = 400_000, seed: int = 12345) -> ErrorResult:
+    """E at ``state`` by ``method``; when that engine is unavailable, a large Monte Carlo.
+
+    The fallback keeps E∞ usable while a quadrature engine is missing for some case
+    (e.g. many heads); its ``method`` field then says ``mc`` and ``abs_err`` is the
+    standard error."""
+    try:
+        return population_error(task, act, state, method=method)
+    except ValidationError as exc:
+        if method == "mc" or "not available" not in str(exc):
+            raise
+    return population_error(task, act, state, method="mc", n=mc_samples, seed=seed)
+
+
+# ----------------------------------------------------------------------------- Bayes-softmax
+def bayes_softmax_at_atoms(prior: Prior, H: int,
+                           act: Activation | None = None) -> tuple[Activation, State]:
+    """B-softmax heads at the atoms of a discrete prior, and the activation that makes them Bayes.
+
+    Head h sits at atom j(h) = h mod K (K atoms, H ≥ K): m_h = θ^(j(h)), Q = M Mᵀ (no
+    orthogonal part), a_h = 1, b_h = 0.  With o_h = −Q_hh/2 + log π_h and
+    log π_h = log(π_{j(h)} / #copies of j(h)), the joint weights are
+
+        w_l = Σ_h π_h e^{θ^(h)·p_l − |θ^(h)|²/2} / Σ_{h',l'} (…) = P(ε = l | X),
+
+    the Bayes posterior, so E = E_Bayes exactly.  Returns (activation with those log π, state)."""
+    if not prior.is_discrete:
+        fail("prior", "must be discrete (flipping, discrete, empirical) to have atoms", prior.name)
+    atoms, pi = prior.atoms()
+    n_atoms = len(pi)
+    check_int(H, "H", n_atoms)
+    base = get_activation("bsoftmax") if act is None else act
+    if base.offset != "bayes" or base.norm != "joint":
+        fail("activation", "must be jointly normalised with Bayes offsets (bsoftmax)", base.name)
+    owner = np.arange(H) % n_atoms
+    copies = np.bincount(owner, minlength=n_atoms)
+    with np.errstate(divide="ignore"):
+        log_pi = np.log(pi[owner] / copies[owner])
+    M = atoms[owner]
+    state = State(M, M @ M.T, np.ones(H), np.zeros(H))
+    return dataclasses.replace(base, log_pi=tuple(float(x) for x in log_pi)), state
+
+
+# ----------------------------------------------------------------------------- sampled E
+@dataclass
+class SampledError:
+    """E(K, a, b) on fixed samples (common random numbers) with its exact gradient.
+
+    Keys live in R^{F+H}: K = [M | P], Q = K Kᵀ.  A token's projections on that space are
+    G_l ~ N(0, I_{F+H}) plus θ on the first F coordinates of the signal token, so the scores
+    S_{hl} = K_h · G_l have exactly the law of THEORY §4.  With g_{hl} = J_{hl}·e and
+    ρ_h = ∂w/∂Q_hh·e,
+
+        ∂E/∂K_h = −2 E[Σ_l g_{hl} G_l] − 4 E[ρ_h] K_h,
+        ∂E/∂a_h = −2 E[∂w/∂a_h·e],   ∂E/∂b_h = −2 E[Σ_l g_{hl}].
+
+    The flat parameter vector is (K, a if trained, b if trained); untrained a, b stay at
+    ``a0``, ``b0``.  Gradient flow on K, τ = γ t, is dK/dτ = −½ ∂E/∂K."""
+
+    task: Task
+    act: Activation
+    H: int
+    a0: np.ndarray
+    b0: np.ndarray
+    train_a: bool
+    train_b: bool
+    n: int = 20_000
+    seed: int = 0
+    samples: mc.Samples = field(init=False, repr=False)
+    tokens: np.ndarray = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        F, H, L = self.task.F, self.H, self.task.L
+        self.samples = mc.draw_samples(self.task.prior, F + H, L, self.n,
+                                       np.random.default_rng(self.seed))
+        self.tokens = self.samples.g.copy()
+        self.tokens[:, :F, 0] += self.samples.theta
+
+    @property
+    def dim(self) -> int:
+        return self.H * (self.task.F + self.H) + self.H * (int(self.train_a) + int(self.train_b))
+
+    def pack(self, K: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        parts = [np.ravel(K)] + ([a] if self.train_a else []) + ([b] if self.train_b else [])
+        return np.concatenate(parts)
+
+    def unpack(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        H, width = self.H, self.task.F + self.H
+        K = x[:H * width].reshape(H, width)
+        rest = x[H * width:]
+        a = rest[:H] if self.train_a else self.a0
+        b = rest[-H:] if self.train_b else self.b0
+        return K, np.asarray(a, float), np.asarray(b, float)
+
+    def pack_state(self, state: State) -> np.ndarray:
+        """A flat vector realising ``state`` (the orthogonal part factorised by eigh)."""
+        vals, vecs = np.linalg.eigh(state.orthogonal_part())
+        P = vecs * np.sqrt(np.clip(vals, 0.0, None))
+        return self.pack(np.hstack([state.M, P]), state.a, state.b)
+
+    def state(self, x: np.ndarray) -> State:
+        K, a, b = self.unpack(x)
+        return State(K[:, :self.task.F], K @ K.T, a, b)
+
+    def value_and_grad(self, x: np.ndarray) -> tuple[float, np.ndarray]:
+        """(E, ∂E/∂x) on the fixed samples."""
+        K, a, b = self.unpack(x)
+        S = np.einsum("hk,nkl->nhl", K, self.tokens)
+        kern = self.act.kernel(S, a, b, np.sum(K * K, axis=1))
+        e = -kern.w
+        e[:, 0] += 1.0
+        g = kern.jvp_tokens(e)
+        wts = self.samples.weights
+        value = self.task.delta + float(wts @ squared_residual(kern.w))
+        dK = (-2.0 * np.einsum("n,nhl,nkl->hk", wts, g, self.tokens)
+              - 4.0 * (wts @ kern.grad_qdiag(g))[:, None] * K)
+        da = -2.0 * wts @ kern.grad_a(e)
+        db = -2.0 * wts @ kern.grad_b(g)
+        return value, self.pack(dK, da, db)
+
+
+# ----------------------------------------------------------------------------- global minimum
+@dataclass(frozen=True)
+class MinimumResult:
+    """The lowest E found, where, and every local minimum the starts reached."""
+
+    error: ErrorResult
+    state: State
+    sampled_value: float
+    local_minima: list[dict]
+    params: dict
+
+    def to_dict(self) -> dict:
+        return {"global_min": self.error.value, "global_min_abs_err": self.error.abs_err,
+                "global_min_method": self.error.method, "global_min_sampled": self.sampled_value,
+                "argmin": self.state.to_dict(), "local_minima": self.local_minima,
+                "params": self.params}
+
+
+def _starting_points(obj: SampledError, n_starts: int, rng: np.random.Generator,
+                     extra: list[State]) -> list[np.ndarray]:
+    """Random keys at the prior's scale, heads near random atoms (discrete priors), and
+    any given states (e.g. the end points of E∞ runs)."""
+    F, H = obj.task.F, obj.H
+    scale = float(np.sqrt(np.mean(obj.task.prior.second_moments())))
+    atoms = obj.task.prior.atoms()[0] if obj.task.prior.is_discrete else None
+    starts = [obj.pack_state(s) for s in extra]
+    for i in range(n_starts):
+        K = rng.standard_normal((H, F + H)) * scale / np.sqrt(F + H) * rng.uniform(0.3, 1.5)
+        if atoms is not None and i % 2 == 1:
+            K[:, :F] = atoms[rng.integers(len(atoms), size=H)] * rng.uniform(0.5, 1.2)
+            K[:, F:] *= 0.1
+        starts.append(obj.pack(K, obj.a0, obj.b0))
+    return starts
+
+
+def global_minimum(task: Task, act: Activation, H: int, n_starts: int = 12, n: int = 20_000,
+                   seed: int = 0, train_a: bool | None = None, train_b: bool | None = None,
+                   extra_starts: list[State] | None = None, method: str = "auto",
+                   maxiter: int = 500) -> MinimumResult:
+    """min E over (M, Q with Q − M Mᵀ ⪰ 0, trained a, b): L-BFGS from many starts.
+
+    Each start is minimised on the same fixed samples (:class:`SampledError`, exact
+    gradient), so all starts see one deterministic function; the best minimiser is then
+    re-evaluated by :func:`precise_error`.  The reported value is E at a point that was
+    found, so it bounds the true minimum from above up to that engine's error."""
+    check_int(H, "H", 1)
+    check_int(n_starts, "n_starts", 1)
+    train_a = act.train_a if train_a is None else train_a
+    train_b = act.train_b if train_b is None else train_b
+    obj = SampledError(task, act, H, act.a_default(H, task.L), act.b_default(H, task.L),
+                       train_a, train_b, n=n, seed=seed)
+    found = []
+    for x0 in _starting_points(obj, n_starts, np.random.default_rng(seed + 1), extra_starts or []):
+        res = optimize.minimize(obj.value_and_grad, x0, jac=True, method="L-BFGS-B",
+                                options={"maxiter": maxiter})
+        found.append((float(res.fun), res.x, bool(res.success)))
+    found.sort(key=lambda item: item[0])
+    best = obj.state(found[0][1])
+    minima = [{"sampled_error": v, "converged": ok, "state": obj.state(x).to_dict()}
+              for v, x, ok in found]
+    params = {"task": task.params(), "activation": act.params(), "H": H, "n_starts": n_starts,
+              "n_samples": n, "seed": seed, "train_a": train_a, "train_b": train_b,
+              "parametrisation": "K = [M | P] in R^{H x (F+H)}, Q = K K^T"}
+    return MinimumResult(precise_error(task, act, best, method), best, found[0][0], minima, params)
+
+
+# ----------------------------------------------------------------------------- grouping runs
+def _sign_patterns(prior: Prior) -> np.ndarray:
+    """Sign flips of the features that leave the prior (hence E) invariant."""
+    sym = np.flatnonzero(prior.sign_symmetric())
+    pats = []
+    for signs in itertools.product([1.0, -1.0], repeat=len(sym)):
+        s = np.ones(prior.F)
+        s[sym] = signs
+        pats.append(s)
+        if len(pats) >= MAX_SIGN_PATTERNS:
+            break
+    return np.array(pats)
+
+
+def state_distance(s1: State, s2: State, signs: np.ndarray | None = None) -> float:
+    """Distance between two states up to the symmetries of E: head permutations and the
+    sign flips of invariant features (rows of ``signs``).
+
+    For each sign pattern, heads are matched by the Hungarian algorithm on
+    |m_h − m'_π(h)|² + (Q_hh − Q'_π(h)π(h))² + |a_h − a'|² + |b_h − b'|², then the
+    distance is the Frobenius norm of the differences of (M, Q, a, b) after matching,
+    relative to 1 + the size of the states."""
+    signs = np.ones((1, s1.F)) if signs is None else signs
+    scale = 1.0 + max(np.linalg.norm(s1.Q), np.linalg.norm(s2.Q))
+    best = np.inf
+    for sg in signs:
+        M2 = s2.M * sg
+        desc1 = np.column_stack([s1.M, np.diag(s1.Q), s1.a, s1.b])
+        desc2 = np.column_stack([M2, np.diag(s2.Q), s2.a, s2.b])
+        cost = np.sum((desc1[:, None, :] - desc2[None, :, :]) ** 2, axis=-1)
+        _, perm = linear_sum_assignment(cost)
+        diff = np.sqrt(np.sum((s1.M - M2[perm]) ** 2) + np.sum((s1.Q - s2.Q[np.ix_(perm, perm)]) ** 2)
+                       + np.sum((s1.a - s2.a[perm]) ** 2) + np.sum((s1.b - s2.b[perm]) ** 2))
+        best = min(best, diff / scale)
+    return float(best)
+
+
+def group_runs(states: list[State], errors: list[ErrorResult], prior: Prior,
+               state_tol: float = 0.05, error_rtol: float = 1e-3) -> list[list[int]]:
+    """Indices of runs grouped by the fixed point they reached.
+
+    Two runs are linked when their errors agree (within 4 combined error estimates or a
+    relative ``error_rtol``) and their states agree up to symmetry
+    (:func:`state_distance` ≤ ``state_tol``); groups are the connected components."""
+    n = len(states)
+    signs = _sign_patterns(prior)
+    parent = list(range(n))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for i, j in itertools.combinations(range(n), 2):
+        ei, ej = errors[i], errors[j]
+        err_tol = max(4.0 * np.hypot(ei.abs_err, ej.abs_err),
+                      error_rtol * max(abs(ei.value), abs(ej.value)))
+        if abs(ei.value - ej.value) <= err_tol and \
+                state_distance(states[i], states[j], signs) <= state_tol:
+            parent[root(i)] = root(j)
+    groups: dict[int, list[int]] = {}
+    for i in range(n):
+        groups.setdefault(root(i), []).append(i)
+    return sorted(groups.values(), key=lambda g: (min(errors[i].value for i in g), g[0]))
+
+
+# ----------------------------------------------------------------------------- E∞ of one run
+@dataclass(frozen=True)
+class StopRule:
+    """When a run has stopped moving.
+
+    The state vector y = (M, Q, a, b) is integrated in chunks of ``chunk`` time units; after
+    each chunk the relative speed
+
+        v = ‖y(t) − y(t − chunk)‖ / (chunk · max(1, ‖y(t)‖))
+
+    (a chunk-averaged, relative drift norm) is recorded.  A run has converged when v < ``tol``
+    for ``window`` consecutive chunks and t ≥ ``T_min``; it stops unconverged at ``T_max``
+    (reported, never hidden).  Requiring a window guards against stopping inside a slowly
+    moving plateau (the unspecialised phase), whose speed grows again as heads specialise;
+    ``T_min`` adds a further guard.  Times are in the ODE's clock: t, or τ = γ t in the
+    gradient-flow limit."""
+
+    tol: float = 1e-4
+    chunk: float = 20.0
+    window: int = 3
+    T_min: float = 0.0
+    T_max: float = 4000.0
+
+    def __post_init__(self) -> None:
+        for name in ("tol", "chunk", "T_max"):
+            if not (np.isfinite(getattr(self, name)) and getattr(self, name) > 0):
+                fail(name, "must be a finite number > 0", getattr(self, name))
+        check_int(self.window, "window", 1)
+        if not (0 <= self.T_min <= self.T_max):
+            fail("T_min", f"must lie in [0, T_max = {self.T_max:g}]", self.T_min)
+
+    def converged(self, t: float, speeds: list[float]) -> bool:
+        recent = speeds[-self.window:]
+        return t >= self.T_min and len(recent) == self.window and max(recent) < self.tol
+
+    def params(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class EinfRun:
+    """One run: its seed, final state, E there (precise engine), and how it stopped."""
+
+    seed: int
+    state: State
+    error: ErrorResult
+    T: float
+    converged: bool
+    speeds: list[float]
+    history: dict
+
+    def to_dict(self) -> dict:
+        return {"seed": self.seed, "einf": self.error.value, "abs_err": self.error.abs_err,
+                "method": self.error.method, "T": self.T, "converged": self.converged,
+                "final_speed": self.speeds[-1] if self.speeds else None,
+                **self.state.to_dict(), "history": self.history}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "EinfRun":
+        err = ErrorResult(d["einf"], d["abs_err"], d["method"])
+        speeds = d["history"]["speed"]
+        return cls(d["seed"], State(d["M"], d["Q"], d["a"], d["b"]), err, d["T"],
+                   d["converged"], speeds, d["history"])
+
+
+def admissible_state(M: np.ndarray, Q: np.ndarray, a: np.ndarray, b: np.ndarray,
+                     clip_tol: float = 1e-3) -> State:
+    """A :class:`State` from integrated arrays, clipping round-off negative eigenvalues of the
+    orthogonal part Q − M Mᵀ (≥ −clip_tol·scale); larger violations raise ValidationError.
+
+    Gradient flow drives Q − M Mᵀ to zero, so integration error can leave it slightly
+    indefinite; clipping moves Q by at most clip_tol·scale."""
+    Q = 0.5 * (Q + Q.T)
+    perp = Q - M @ M.T
+    vals, vecs = np.linalg.eigh(perp)
+    scale = max(1.0, float(np.max(np.abs(Q))))
+    if vals.min() < -clip_tol * scale:
+        fail("Q - M M^T", "left the admissible set during integration (reduce gamma or dt)",
+             vals.min())
+    perp = (vecs * np.clip(vals, 0.0, None)) @ vecs.T
+    return State(M, M @ M.T + perp, a, b)
+
+
+def _flat(state: State) -> np.ndarray:
+    return np.concatenate([state.M.ravel(), state.Q.ravel(), state.a, state.b])
+
+
+@dataclass
+class RunSettings:
+    """Everything that defines an E∞ run except the initial condition."""
+
+    gamma: float = 1.0
+    gradient_flow: bool = False
+    rule: StopRule = field(default_factory=StopRule)
+    method: str = "solve_ivp"
+    dt: float = 0.1
+    rtol: float = 1e-5
+    atol: float = 1e-8
+    n_samples: int = 10_000
+    mc_seed: int = 0
+    error_method: str = "auto"
+
+    def __post_init__(self) -> None:
+        for name in ("gamma", "dt", "rtol", "atol"):
+            value = getattr(self, name)
+            if not (np.isfinite(value) and value > 0):
+                fail(name, "must be a finite number > 0", value)
+        if self.method not in ODE_METHODS:
+            fail("method", f"must be one of {', '.join(ODE_METHODS)}", self.method)
+        if self.error_method not in ERROR_METHODS:
+            fail("error_method", f"must be one of {', '.join(ERROR_METHODS)}", self.error_method)
+        check_int(self.n_samples, "samples", 2)
+
+    def engine(self) -> MonteCarloDrift:
+        return MonteCarloDrift(self.n_samples, self.mc_seed, fresh=False)
+
+    def params(self) -> dict:
+        return {**{k: v for k, v in dataclasses.asdict(self).items() if k != "rule"},
+                "rule": self.rule.params(),
+                "time_unit": "gamma*t (gradient flow)" if self.gradient_flow else "t"}
+
+
+def run_to_convergence(task: Task, act: Activation, ic: InitialCondition,
+                       settings: RunSettings, out: str | None = None,
+                       progress: bool = True) -> EinfRun:
+    """Integrate from ``ic`` until ``settings.rule`` says the state stopped, then E there.
+
+    The ODE (``ode.integrate_ode``; fixed Monte Carlo samples, so the right-hand side is
+    smooth and its fixed points are well defined) runs chunk by chunk; in the gradient-flow
+    limit the γ² term is dropped and the clock is τ = γ t.  E at the final state comes from
+    :func:`precise_error` (quadrature when available) with its error estimate.  With ``out``
+    the finished run is written there and the progress after every chunk is checkpointed
+    next to it, so an interrupted run resumes."""
+    params = {"task": task.params(), "activation": act.params(), "initial": ic.params(),
+              "settings": settings.params()}
+    if out is not None and _finished(out, params):
+        return EinfRun.from_dict(read_json(out)["run"])
+    checkpoint = Checkpoint(out) if out is not None else None
+    saved = checkpoint.load(params) if checkpoint else None
+    state, t = ic.state, 0.0
+    hist: dict = {"t": [0.0], "error_ode": [], "speed": []}
+    if saved:
+        state, t, hist = State(**saved["state"]), saved["t"], saved["history"]
+    engine, rule = settings.engine(), settings.rule
+    bar = progress_bar(rule.T_max, f"einf seed {ic.seed}", unit="t", initial=t) if progress else None
+    try:
+        while t < rule.T_max and not rule.converged(t, hist["speed"]):
+            span = min(rule.chunk, rule.T_max - t)
+            traj = integrate_ode(task, act, InitialCondition(state), settings.gamma, span,
+                                 times=[0.0, span], method=settings.method, dt=settings.dt,
+                                 engine=engine, gradient_flow=settings.gradient_flow,
+                                 rescale_time=settings.gradient_flow, rtol=settings.rtol,
+                                 atol=settings.atol, progress=False)
+            new = admissible_state(traj.M[-1], traj.Q[-1], traj.a[-1], traj.b[-1])
+            speed = np.linalg.norm(_flat(new) - _flat(state)) / (span * max(1.0, np.linalg.norm(_flat(new))))
+            state, t = new, t + span
+            for key, val in (("t", t), ("error_ode", float(traj.error[-1])), ("speed", float(speed))):
+                hist[key].append(val)
+            if bar is not None:
+                bar.update(span)
+            if checkpoint:
+                checkpoint.save(params, {"state": state.to_dict(), "t": t, "history": hist})
+    finally:
+        if bar is not None:
+            bar.close()
+    run = EinfRun(int(ic.seed or 0), state, precise_error(task, act, state, settings.error_method),
+                  t, rule.converged(t, hist["speed"]), hist["speed"], hist)
+    if out is not None:
+        write_json(out, {"params": params, "run": run.to_dict()})
+        checkpoint.clear()
+    return run
+
+
+def _finished(out: str, params: dict) -> bool:
+    path = Path(out)
+    return path.exists() and read_json(path).get("params") == to_jsonable(params)
+
+
+# ----------------------------------------------------------------------------- Bayes floor
+def bayes_floor(task: Task, method: str = "auto") -> ErrorResult:
+    """E_Bayes of the task (``error.bayes_error``).
+
+    Where that engine is not available for a discrete prior, E_Bayes is computed as the
+    error of B-softmax with one head at each atom (:func:`bayes_softmax_at_atoms`), which
+    is the Bayes predictor exactly; ``details["via"]`` then says so."""
+    try:
+        return bayes_error(task, method=method)
+    except ValidationError as exc:
+        if "not available" not in str(exc) or not task.prior.is_discrete:
+            raise
+    act, state = bayes_softmax_at_atoms(task.prior, len(task.prior.atoms()[1]))
+    res = precise_error(task, act, state, method)
+    return ErrorResult(res.value, res.abs_err, res.method,
+                       {**res.details, "via": "bsoftmax at the atoms"})
+
+
+# ----------------------------------------------------------------------------- E∞ of many runs
+@dataclass(frozen=True)
+class EinfResult:
+    """E∞ over several runs, grouped by end point, with the floors alongside."""
+
+    runs: list[EinfRun]
+    groups: list[list[int]]
+    bayes: ErrorResult | None
+    minimum: MinimumResult | None
+    params: dict
+
+    @property
+    def mean(self) -> float:
+        return float(np.mean([r.error.value for r in self.runs]))
+
+    @property
+    def abs_err(self) -> float:
+        """Numerical error of the mean (from the per-run estimates; not the spread)."""
+        return float(np.sqrt(np.sum([r.error.abs_err ** 2 for r in self.runs])) / len(self.runs))
+
+    def to_dict(self) -> dict:
+        values = [r.error.value for r in self.runs]
+        best = self.runs[int(np.argmin(values))]
+        out = {"einf": self.mean, "einf_runs": values, "abs_err": self.abs_err,
+               "einf_std": float(np.std(values, ddof=1)) if len(values) > 1 else 0.0,
+               "converged": [r.converged for r in self.runs],
+               "groups": [{"runs": g, "einf": float(np.mean([values[i] for i in g])),
+                           "M": self.runs[g[0]].state.M, "Q": self.runs[g[0]].state.Q}
+                          for g in self.groups],
+               "M": best.state.M, "Q": best.state.Q, "a": best.state.a, "b": best.state.b,
+               "gamma": self.params["settings"]["gamma"],
+               "gradient_flow": self.params["settings"]["gradient_flow"],
+               "bayes": None if self.bayes is None else self.bayes.value,
+               "bayes_abs_err": None if self.bayes is None else self.bayes.abs_err,
+               "global_min": None if self.minimum is None else self.minimum.error.value,
+               "global_min_abs_err": None if self.minimum is None else self.minimum.error.abs_err,
+               "runs": [r.to_dict() for r in self.runs], "params": self.params}
+        return to_jsonable(out)
+
+
+def _one_run(job: tuple) -> EinfRun:
+    task, act, ic, settings, out, progress = job
+    return run_to_convergence(task, act, ic, settings, out=out, progress=progress)
+
+
+def asymptotic_error(task: Task, act: Activation, H: int, settings: RunSettings,
+                     runs: int = 5, D: int = 10_000, eta: float = 1.0, seed: int = 0,
+                     workdir: str | Path | None = None, jobs: int = 1,
+                     with_bayes: bool = True, with_minimum: bool = False,
+                     minimum_starts: int = 8, progress: bool = True) -> EinfResult:
+    """E∞ from ``runs`` initialisations drawn at dimension D (seeds seed, seed+1, …).
+
+    Each run is :func:`run_to_convergence`; runs go to ``jobs`` processes and, with a
+    ``workdir``, each finished run is a file there (``run_<seed>.json``) so a stopped call
+    resumes.  The runs are grouped by end point (:func:`group_runs`).  Optionally the Bayes
+    error and the global minimum of E (started also from the runs' end points) come along."""
+    check_int(runs, "runs", 1)
+    check_int(jobs, "jobs", 1)
+    wd = None if workdir is None else Path(workdir)
+    jobs_list = []
+    for r in range(runs):
+        ic = InitialCondition.draw(act, H, task.F, task.L, D, eta, seed + r)
+        out = None if wd is None else str(wd / f"run_{seed + r}.json")
+        jobs_list.append((task, act, ic, settings, out, progress and jobs == 1))
+    results = map_jobs(_one_run, jobs_list, jobs, desc=f"einf {act.name} H={H}")
+    groups = group_runs([r.state for r in results], [r.error for r in results], task.prior)
+    bayes = bayes_floor(task, settings.error_method) if with_bayes else None
+    minimum = (global_minimum(task, act, H, n_starts=minimum_starts, seed=seed,
+                              extra_starts=[r.state for r in results],
+                              method=settings.error_method) if with_minimum else None)
+    params = {"task": task.params(), "activation": act.params(), "H": H, "runs": runs, "D": D,
+              "eta": eta, "seed": seed, "settings": settings.params()}
+    return EinfResult(results, groups, bayes, minimum, params)
+
+
+def map_jobs(fn: Callable, items: list, jobs: int, desc: str = "jobs") -> list:
+    """[fn(x) for x in items], in ``jobs`` processes when jobs > 1, with a progress bar."""
+    if jobs == 1 or len(items) <= 1:
+        return [fn(x) for x in items]
+    out: list = [None] * len(items)
+    bar = progress_bar(len(items), desc, unit="run")
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        futures = {pool.submit(fn, x): i for i, x in enumerate(items)}
+        try:
+            for fut in as_completed(futures):
+                out[futures[fut]] = fut.result()
+                bar.update(1)
+        finally:
+            bar.close()
+    return out
+
+
+def summary(result: EinfResult) -> str:
+    """A few lines for people: E∞ per run and group, the floors, γ."""
+    d = result.to_dict()
+    mode = "gradient flow" if d["gradient_flow"] else f"gamma = {d['gamma']:g}"
+    lines = [f"E_inf = {d['einf']:.6g} +/- {d['abs_err']:.2g} (mean of {len(d['einf_runs'])} runs, "
+             f"spread {d['einf_std']:.2g}; {mode})"]
+    for run in d["runs"]:
+        flag = "" if run["converged"] else "  NOT CONVERGED"
+        lines.append(f"  run seed {run['seed']}: {run['einf']:.6g} +/- {run['abs_err']:.2g} "
+                     f"at T = {run['T']:g}{flag}")
+    if len(d["groups"]) > 1:
+        lines.append(f"  {len(d['groups'])} different end points: " + "; ".join(
+            f"runs {g['runs']} -> {g['einf']:.6g}" for g in d["groups"]))
+    if d["global_min"] is not None:
+        lines.append(f"global minimum of E = {d['global_min']:.6g} +/- {d['global_min_abs_err']:.2g}")
+    if d["bayes"] is not None:
+        lines.append(f"E_Bayes = {d['bayes']:.6g} +/- {d['bayes_abs_err']:.2g}")
+    return "\n".join(lines)
