@@ -108,6 +108,8 @@ class SampleDrift:
 
     integrand: Integrand
     fresh: bool = False
+    _cache: mc.Samples | None = None
+    _cache_key: tuple | None = None
 
     def sample_set(self, task: Task, H: int) -> mc.Samples:
         """The (θ, g, weights, group) set for this task and H heads."""
@@ -122,7 +124,7 @@ class SampleDrift:
 
     def _samples(self, task: Task, H: int) -> mc.Samples:
         key = (repr(task.params()), H)
-        if self.fresh or getattr(self, "_cache_key", None) != key:
+        if self.fresh or self._cache_key != key:
             self._cache = self.sample_set(task, H)
             self._cache_key = key
         return self._cache
@@ -208,25 +210,32 @@ class QuadratureDrift(SampleDrift):
         prior = task.prior
         if not (prior.is_discrete or isinstance(prior, GaussianPrior)):
             fail("engine", "quadrature needs a discrete or Gaussian prior", prior.name)
-        n_gauss = H * task.L
-        extra = task.F if isinstance(prior, GaussianPrior) else 0
+        n_theta = 0 if prior.is_discrete else task.F  # |θ| dimensions of a Gaussian prior
         if self.rule(task, H) == "gauss-hermite":
-            nodes, weights = gauss_hermite_tensor(n_gauss, self.points)
-            theta_nodes, theta_w = (gauss_hermite_tensor(task.F, 2 * self.points, positive=True)
-                                    if extra else (None, None))
+            g, weights, abs_theta = self._gauss_hermite(H * task.L, n_theta)
         else:
-            m = int(np.ceil(np.log2(self.qmc_points)))  # Sobol balance needs 2^m points
-            u = stats.qmc.Sobol(n_gauss + extra, scramble=True, seed=self.seed).random_base2(m)
-            z = special.ndtri(np.clip(u, 1e-15, 1 - 1e-15))
-            nodes, weights = z[:, :n_gauss], np.full(len(z), 1.0 / len(z))
-            theta_nodes = np.abs(z[:, n_gauss:]) if extra else None
-        g = nodes.reshape(-1, H, task.L)
-        if extra and theta_nodes is not None and self.rule(task, H) == "gauss-hermite":
-            # outer product of score nodes and |θ| nodes
-            g = np.repeat(g, len(theta_nodes), axis=0)
-            weights = np.repeat(weights, len(theta_nodes)) * np.tile(theta_w, len(nodes))
-            theta_nodes = np.tile(theta_nodes, (len(nodes), 1))
-        return stratify_theta(prior, g, weights, theta_nodes)
+            g, weights, abs_theta = self._sobol(H * task.L, n_theta)
+        return stratify_theta(prior, g.reshape(-1, H, task.L), weights, abs_theta)
+
+    def _gauss_hermite(self, n_gauss: int, n_theta: int
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """Tensor nodes for the scores, times half-rule nodes for |θ| when n_theta > 0."""
+        g, weights = gauss_hermite_tensor(n_gauss, self.points)
+        if not n_theta:
+            return g, weights, None
+        abs_theta, theta_w = gauss_hermite_tensor(n_theta, 2 * self.points, positive=True)
+        k = len(abs_theta)
+        return (np.repeat(g, k, axis=0), np.repeat(weights, k) * np.tile(theta_w, len(g)),
+                np.tile(abs_theta, (len(g), 1)))
+
+    def _sobol(self, n_gauss: int, n_theta: int
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """2^m ≥ qmc_points scrambled Sobol points mapped to normals (equal weights)."""
+        m = int(np.ceil(np.log2(self.qmc_points)))  # Sobol balance needs 2^m points
+        u = stats.qmc.Sobol(n_gauss + n_theta, scramble=True, seed=self.seed).random_base2(m)
+        z = special.ndtri(np.clip(u, 1e-15, 1 - 1e-15))
+        abs_theta = np.abs(z[:, n_gauss:]) if n_theta else None
+        return z[:, :n_gauss], np.full(len(z), 1.0 / len(z)), abs_theta
 
     def params(self) -> dict:
         return {"engine": "quad", "points": self.points, "max_tensor_dim": self.max_tensor_dim,
