@@ -17,6 +17,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="fewer runs/samples and smaller D: under a minute, same layout")
     p.add_argument("--out", default="figures", help="output folder (default ./figures)")
     p.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
+    p.add_argument("--data", metavar="FILE.npz",
+                   help="figures 5 and 7: your own images, an .npz with an 'images' array of "
+                        "shape (n, h, w) or (n, d) (optional integer 'labels'); default: the "
+                        "UCI digits from scikit-learn (pip install -e '.[digits]')")
     p.add_argument("--redraw", action="store_true",
                    help="only redraw figN.png from an existing figN.json")
     p.set_defaults(func=run)
@@ -27,7 +31,8 @@ def run(args: argparse.Namespace) -> int:
     if args.redraw:
         written = [runner.redraw(number, args.out)]
     else:
-        written = runner.run_figure(number, quick=args.quick, out=args.out, jobs=args.jobs)
+        written = runner.run_figure(number, quick=args.quick, out=args.out, jobs=args.jobs,
+                                     data=args.data)
     for path in written:
         print(f"wrote {path}")
     return 0

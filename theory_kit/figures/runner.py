@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import os
 import shutil
 import time
@@ -93,16 +94,28 @@ def redraw(number: int, out: str | Path = "figures") -> Path:
     return save_png(module.draw(payload["data"]), png)
 
 
+def data_option(module: ModuleType, data: str | None) -> dict:
+    """``{"data": path}`` for a figure whose ``compute`` takes user data (Figs. 5, 7), else {}."""
+    if data is None:
+        return {}
+    if "data" not in inspect.signature(module.compute).parameters:
+        raise ValidationError(f"data: only the digit figures (5 and 7) take --data "
+                              f"(got figure {module.NUMBER})")
+    return {"data": str(data)}
+
+
 def run_figure(number: int, quick: bool = False, out: str | Path = "figures", jobs: int = 1,
-               log: Callable[[str], None] = print) -> list[Path]:
-    """Compute figure ``number`` and write figN.json then figN.png; returns the paths."""
+               log: Callable[[str], None] = print, data: str | None = None) -> list[Path]:
+    """Compute figure ``number`` and write figN.json then figN.png; returns the paths.
+    ``data``: an images .npz for the digit figures (see ``theory_kit.digits``)."""
     module = figure_module(number)
     jobs = check_int(jobs, "jobs", 1)
+    extra = data_option(module, data)
     log(describe_estimate(module, quick, jobs))
     workdir = work_folder(out, module.NUMBER, quick)
     workdir.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
-    data = module.compute(quick=quick, workdir=workdir, jobs=jobs)
+    data = module.compute(quick=quick, workdir=workdir, jobs=jobs, **extra)
     elapsed = time.monotonic() - start
     png, js = output_paths(out, module.NUMBER)
     write_json(js, {"figure": module.NUMBER, "caption": module.CAPTION, "quick": bool(quick),
