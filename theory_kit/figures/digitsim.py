@@ -19,6 +19,7 @@ import numpy as np
 
 from .. import digits
 from ..activations import get_activation
+from ..model import fail
 from ..results import Checkpoint, to_jsonable
 from ..simulate import SimConfig, SimResult, simulate
 
@@ -42,8 +43,14 @@ class DigitSetup:
     eta: float = 1.0
 
     def load(self) -> digits.DigitTask:
+        """The task with F = min(F, rank of the images, D − H − 1) directions: the finite-D
+        simulation needs D ≥ F + H + 1."""
         pre = digits.preprocess(digits.load_images(self.data))
-        return digits.digit_task(pre, self.nu, self.L, min(self.F, pre.rank))
+        F = min(self.F, pre.rank, pre.d - self.H - 1)
+        if F < 1:
+            fail("images", f"need more than H + 1 = {self.H + 1} pixels per image for H heads",
+                 pre.d)
+        return digits.digit_task(pre, self.nu, self.L, F)
 
     def params(self) -> dict:
         return asdict(self)
