@@ -163,13 +163,9 @@ def _run_piece(piece: OdePiece | SimPiece, workdir: Path, progress: bool) -> dic
     path = workdir / f"{piece.name}.json"
     if path.exists():
         return read_json(path)
-    result = piece.run(path, progress)
-    if not path.exists():   # integrate_ode writes its own file; simulate_to_file too
-        write_json(path, result)
-    saved = read_json(path)
-    if "setting" not in saved:
-        saved["setting"] = piece.setting.params()
-        write_json(path, saved)
+    # the ODE and the simulation write (and checkpoint) the same path; rewrite it with the
+    # setting attached so that the summaries can name it
+    write_json(path, piece.run(path, progress))
     return read_json(path)
 
 
@@ -356,3 +352,95 @@ def overlay_draw(data: dict, suptitle: str) -> object:
     fig.suptitle(suptitle, fontsize=9)
     fig.tight_layout()
     return fig
+
+
+# ----------------------------------------------------------------------------- head figures
+@dataclass(frozen=True)
+class HeadsPlan:
+    """Figs. 2, 3, 12, 13, 14: one ODE integration per setting (panel group)."""
+
+    settings: tuple[Setting, ...]
+    n_samples: int
+    dt: float
+    n_times: int = 101
+
+    def pieces(self) -> list[OdePiece]:
+        return [OdePiece(s, self.n_samples, self.dt, self.n_times) for s in self.settings]
+
+    def seconds(self) -> float:
+        return pieces_seconds(self.pieces())
+
+    def params(self) -> dict:
+        return {"settings": [s.params() for s in self.settings],
+                "ode_engine": {"kind": "mc", "n_samples": self.n_samples, "fresh": False},
+                "ode_method": "rk4", "dt": self.dt, "n_times": self.n_times}
+
+
+def heads_compute(plan: HeadsPlan, workdir: Path, jobs: int = 1) -> dict:
+    """Integrate every setting and keep t, M, Q, the error, τ_f and the phases."""
+    results = run_pieces(plan.pieces(), workdir, jobs, desc="ODE")
+    return {"params": plan.params(), "trajectories": [trajectory_summary(r) for r in results]}
+
+
+def heads_draw(data: dict, titles: Sequence[str], suptitle: str, columns: int) -> object:
+    """Groups of F panels (one per direction, heads as lines), ``columns`` groups per row of
+    groups; every group is titled with its setting."""
+    trajs = data["trajectories"]
+    F = max(np.asarray(tr["M"]).shape[-1] for tr in trajs)
+    n_groups = len(trajs)
+    rows = int(np.ceil(n_groups / columns))
+    fig, axes = new_figure(rows * F, columns, panel_size=(3.1, 2.2))
+    grid = np.array(axes, dtype=object).reshape(rows * F, columns)
+    for g, (tr, title) in enumerate(zip(trajs, titles)):
+        r, c = divmod(g, columns)
+        draw_head_panels(list(grid[r * F:(r + 1) * F, c]), tr, title,
+                         show_legend=np.asarray(tr["M"]).shape[1] <= 5)
+    for g in range(n_groups, rows * columns):
+        r, c = divmod(g, columns)
+        for ax in grid[r * F:(r + 1) * F, c]:
+            ax.set_visible(False)
+    fig.suptitle(suptitle, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def activation_rows_plan(base: Setting, quick: bool, T_full: float, T_quick: float,
+                         activations: Sequence[str] = ("softmax", "softmax1", "bsoftmax"),
+                         n_full: int = 2000, n_quick: int = 500) -> OverlayPlan:
+    """Figs. 9 and 10: one overlay row per activation.  Full: D = 10^4, 6 runs; quick:
+    D = 300 (the initial symmetry breaking ~ 1/√D is larger, so the phases come sooner)."""
+    D, T = (300, T_quick) if quick else (10_000, T_full)
+    settings = tuple(base.with_(activation=a, T=T, D_init=D) for a in activations)
+    if quick:
+        return OverlayPlan(settings, D=D, runs=6, n_samples=n_quick, dt=2.0, n_times_ode=41,
+                           n_times_sim=21)
+    return OverlayPlan(settings, D=D, runs=6, n_samples=n_full, dt=1.0, n_times_ode=76,
+                       n_times_sim=26)
+
+
+def head_plan(settings: Sequence[Setting], quick: bool, n_full: int, n_quick: int,
+              dt_full: float = 1.0, dt_quick: float = 2.0, T_quick: float | None = None,
+              D_quick: int = 100) -> HeadsPlan:
+    """Head-trajectory figures: the settings as given (full) or, quick, with fewer samples,
+    a shorter horizon and the initial condition drawn at a small D (a larger initial
+    symmetry breaking, so the phases come sooner)."""
+    if not quick:
+        return HeadsPlan(tuple(settings), n_full, dt_full)
+    short = tuple(s.with_(T=T_quick or s.T / 2, D_init=D_quick) for s in settings)
+    return HeadsPlan(short, n_quick, dt_quick, n_times=51)
+
+
+def head_title(setting: dict, *fields: str) -> str:
+    """A short panel-group title from a setting's fields (activation, H, ν, seed, ...)."""
+    parts = []
+    for name in fields:
+        value = setting[name]
+        if name == "activation":
+            parts.append(ACT_LABELS.get(value, value))
+        elif name == "nu":
+            parts.append("ν = (" + ", ".join(f"{v:g}" for v in value) + ")")
+        elif name == "prior":
+            parts.append(value)
+        else:
+            parts.append(f"{name} = {value}")
+    return ", ".join(parts)

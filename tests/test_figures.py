@@ -1,0 +1,122 @@
+"""`theory-kit figure N --quick`: files written, JSON redraws the same picture, Fig. 1 physics."""
+import json
+
+import matplotlib.image as mpimg
+import numpy as np
+import pytest
+
+from theory_kit.cli import main
+from theory_kit.figures import panels, runner
+from theory_kit.results import read_json
+
+CHEAP = (1, 8, 11)                          # run in the default test run
+EXPENSIVE = (2, 3, 6, 9, 10, 12, 13, 14)    # 20-60 s each on 2 cores: slow
+
+
+@pytest.fixture(scope="module")
+def out_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("figures")
+
+
+@pytest.fixture(scope="module")
+def quick_fig1(out_dir):
+    assert main(["figure", "1", "--quick", "--out", str(out_dir)]) == 0
+    return read_json(out_dir / "fig1.json")
+
+
+def check_written_and_redrawn(number, out_dir):
+    png, js = runner.output_paths(out_dir, number)
+    assert png.stat().st_size > 10_000 and js.exists()
+    payload = read_json(js)
+    assert payload["figure"] == number and payload["quick"] is True and "version" in payload
+    assert "params" in payload["data"]
+    before = mpimg.imread(png)
+    png.unlink()
+    runner.redraw(number, out_dir)
+    assert np.array_equal(mpimg.imread(png), before)          # same pixels from the JSON
+    fig = runner.figure_module(number).draw(payload["data"])
+    arrays = panels.artist_data(fig)
+    assert arrays and any(np.isfinite(a).any() for a in arrays if a.size)
+    return payload
+
+
+def test_quick_fig1_files_and_redraw(quick_fig1, out_dir):
+    check_written_and_redrawn(1, out_dir)
+
+
+def test_quick_fig1_ode_specialises_and_sgd_agrees(quick_fig1):
+    row = quick_fig1["data"]["rows"][0]
+    T = row["setting"]["T"]
+    tau_ode = row["tau_ode"][1]
+    assert np.isfinite(tau_ode) and 0 < tau_ode < T                      # flipping direction
+    tau_sim = np.asarray(row["tau_sim"], dtype=float)[:, 1]
+    assert np.all(np.isfinite(tau_sim))
+    spread = np.std(tau_sim, ddof=1)
+    assert abs(tau_ode - tau_sim.mean()) < 3 * spread + 5.0
+    # before the phase transition, m along the constant direction follows the ODE within spread
+    comp = row["comparison"]
+    early = np.asarray(comp["t_sim"]) < tau_ode
+    dev = np.asarray(comp["deviation"]["m_f1"])[early]
+    assert np.nanmax(dev) < 4.0
+    # and the error curves agree to within a few hundredths
+    gap = np.abs(np.asarray(comp["sim_mean"]["error"]) - np.asarray(comp["ode_at_sim"]["error"]))
+    assert gap.max() < 0.06
+
+
+@pytest.mark.parametrize("number", [n for n in CHEAP if n != 1])
+def test_quick_cheap_figures(number, out_dir):
+    assert main(["figure", str(number), "--quick", "--out", str(out_dir)]) == 0
+    check_written_and_redrawn(number, out_dir)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("number", EXPENSIVE)
+def test_quick_expensive_figures(number, out_dir):
+    assert main(["figure", str(number), "--quick", "--out", str(out_dir)]) == 0
+    check_written_and_redrawn(number, out_dir)
+
+
+def test_quick_fig11_cosine_is_a_cosine(out_dir):
+    if not (out_dir / "fig11.json").exists():
+        assert main(["figure", "11", "--quick", "--out", str(out_dir)]) == 0
+    data = read_json(out_dir / "fig11.json")["data"]
+    cos = np.asarray(data["cosine"])
+    assert cos.shape == (len(data["nu1"]), len(data["nu2"]))
+    assert np.all(np.abs(cos) <= 1 + 1e-9)
+
+
+def test_estimate_is_printed_before_computing(capsys, tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+    module = runner.figure_module(8)
+    seen = []
+    monkeypatch.setattr(module, "compute", lambda quick, workdir, jobs=1: (
+        seen.append(capsys.readouterr().out), {"params": {"x": [1.0]}})[1])
+    monkeypatch.setattr(module, "draw", lambda data: plt.figure())
+    paths = runner.run_figure(8, quick=True, out=tmp_path)
+    assert "figure 8 (quick): estimated" in seen[0]
+    assert [p.name for p in paths] == ["fig8.png", "fig8.json"]
+    assert not (tmp_path / ".work" / "fig8-quick").exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["figure", "15"], "figure: must be one of 1..14"),
+    (["figure", "1", "--jobs", "0"], "jobs: must be an integer >= 1"),
+    (["figure", "2", "--redraw", "--out", "/nonexistent-dir"], "does not exist"),
+])
+def test_bad_input_exits_2(argv, message, capsys):
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_missing_module_exits_2(monkeypatch, capsys):
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name.endswith(".fig7") else real(name, *a))
+    assert main(["figure", "7", "--quick"]) == 2
+    assert "figure 7 is not available" in capsys.readouterr().err
+
+
+def test_json_is_plain_json(quick_fig1, out_dir):
+    text = (out_dir / "fig1.json").read_text()
+    assert json.loads(text)["data"]["params"]["D"] == 300

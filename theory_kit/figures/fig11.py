@@ -1,0 +1,75 @@
+"""Fig. 11: cosine similarity of the two heads at the end of training over the (ν1, ν2) plane.
+
+Caption: softmax, H = 2, flipping spike, F = 2, L = 4, as a function of the signal strengths of
+the constant (ν1) and flipping-sign (ν2) directions.  Our choices: γ = 1, η = 1, initial
+overlaps drawn at D = 10^4, horizon T = 300 ("end of training"); one ODE per grid point.
+Cosine similarity k_1·k_2/√(Q_11 Q_22): 1 = the heads learned the same thing, lower = they
+specialised.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from .. import analysis
+from .panels import OdePiece, Setting, pieces_seconds, run_pieces
+from .style import new_figure
+
+NUMBER = 11
+CAPTION = ("Cosine similarity of the two softmax heads at the end of training (ODE, T = 300) over "
+           "(ν1, ν2): H = 2, flipping spike, F = 2, L = 4, η = 1, γ = 1.")
+
+
+def grid(quick: bool) -> tuple[np.ndarray, np.ndarray]:
+    values = np.array([1.0, 3.0, 9.0]) if quick else np.array([0.5, 1.0, 2.0, 4.0, 8.0])
+    return values, values
+
+
+def pieces(quick: bool) -> list[OdePiece]:
+    nu1, nu2 = grid(quick)
+    base = Setting("softmax", 4, 2, "flipping", (1.0, 1.0), T=300.0)
+    if quick:
+        base = base.with_(T=120.0, D_init=100)
+    n, dt = (200, 2.0) if quick else (1000, 1.0)
+    return [OdePiece(base.with_(nu=(float(a), float(b))), n, dt, n_times=31 if quick else 61)
+            for a in nu1 for b in nu2]
+
+
+def estimate_seconds(quick: bool) -> float:
+    return pieces_seconds(pieces(quick))
+
+
+def compute(quick: bool, workdir: Path, jobs: int = 1) -> dict:
+    plan = pieces(quick)
+    results = run_pieces(plan, workdir, jobs, desc="ODE grid")
+    nu1, nu2 = grid(quick)
+    cos = np.array([analysis.cosine_similarity(np.asarray(r["Q"])[-1])[0, 1] for r in results])
+    tau2 = np.array([analysis.specialisation_times(r["t"], r["M"])[1] for r in results])
+    shape = (len(nu1), len(nu2))
+    return {"params": {"setting": plan[0].setting.params(), "n_samples": plan[0].n_samples,
+                       "dt": plan[0].dt, "T": plan[0].setting.T},
+            "nu1": nu1, "nu2": nu2, "cosine": cos.reshape(shape), "tau_2": tau2.reshape(shape),
+            "final_error": np.array([r["error"][-1] for r in results]).reshape(shape)}
+
+
+def draw(data: dict) -> Figure:
+    nu1, nu2 = np.asarray(data["nu1"]), np.asarray(data["nu2"])
+    cos = np.asarray(data["cosine"])
+    fig, (ax,) = new_figure(1, 1, panel_size=(4.4, 3.6))
+    image = ax.imshow(cos.T, origin="lower", cmap="viridis", vmin=min(0.0, np.nanmin(cos)),
+                      vmax=1.0, aspect="auto")
+    ax.set_xticks(range(len(nu1)), [f"{v:g}" for v in nu1])
+    ax.set_yticks(range(len(nu2)), [f"{v:g}" for v in nu2])
+    for i in range(len(nu1)):
+        for j in range(len(nu2)):
+            ax.text(i, j, f"{cos[i, j]:.2f}", ha="center", va="center", fontsize=7,
+                    color="white" if cos[i, j] < 0.6 else "black")
+    ax.grid(False)
+    ax.set_xlabel(r"$\nu_1$ (constant direction)")
+    ax.set_ylabel(r"$\nu_2$ (flipping direction)")
+    fig.colorbar(image, ax=ax, label=r"$k_1\cdot k_2/\sqrt{Q_{11}Q_{22}}$ at $t = T$")
+    ax.set_title(f"Fig. 11: softmax, H = 2, L = 4, T = {data['params']['T']:g}", fontsize=9)
+    fig.tight_layout()
+    return fig

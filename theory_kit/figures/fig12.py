@@ -1,0 +1,36 @@
+"""Fig. 12: evolution of the heads for H ∈ {2, 4, 5, 8} (softmax, flipping, F = 2, L = 4), ODE.
+
+Caption: flipping spike ν1 = ν2 = 2, L = 4, η = 1.  Our choices: softmax (the paper's default
+activation), γ = 1, T = 300, initial overlaps drawn at D = 10^4.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from matplotlib.figure import Figure
+
+from .panels import HeadsPlan, Setting, head_plan, head_title, heads_compute, heads_draw
+
+NUMBER = 12
+HEADS = (2, 4, 5, 8)
+SETTINGS = tuple(Setting("softmax", 4, H, "flipping", (2.0, 2.0), T=300.0) for H in HEADS)
+CAPTION = ("Head trajectories m_hf(t) from the ODE for H = 2, 4, 5, 8: softmax, flipping "
+           "ν = (2, 2), L = 4, η = 1, γ = 1; dashed: τ_f (δ = 0.2).")
+
+
+def plan(quick: bool) -> HeadsPlan:
+    return head_plan(SETTINGS, quick, n_full=1000, n_quick=200, T_quick=150.0)
+
+
+def estimate_seconds(quick: bool) -> float:
+    return plan(quick).seconds()
+
+
+def compute(quick: bool, workdir: Path, jobs: int = 1) -> dict:
+    return heads_compute(plan(quick), workdir, jobs)
+
+
+def draw(data: dict) -> Figure:
+    titles = [head_title(tr["setting"], "H") for tr in data["trajectories"]]
+    return heads_draw(data, titles, "Fig. 12: softmax heads, flipping ν = (2, 2), L = 4 (ODE)",
+                      columns=4)

@@ -1,0 +1,37 @@
+"""Fig. 13: evolution of the heads for H ∈ {2, 5, 8}, Gaussian prior (softmax, F = 2, L = 4).
+
+Caption: non-isotropic Gaussian prior, ν1 = ν2 = 2 (top) and ν1 = 8, ν2 = 2 (bottom), L = 4,
+η = 1.  Our choices: softmax, γ = 1, T = 300, initial overlaps drawn at D = 10^4.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from matplotlib.figure import Figure
+
+from .panels import HeadsPlan, Setting, head_plan, head_title, heads_compute, heads_draw
+
+NUMBER = 13
+HEADS = (2, 5, 8)
+SETTINGS = tuple(Setting("softmax", 4, H, "gaussian", nu, T=300.0)
+                 for nu in ((2.0, 2.0), (8.0, 2.0)) for H in HEADS)
+CAPTION = ("Head trajectories m_hf(t) from the ODE for H = 2, 5, 8: softmax, Gaussian prior, "
+           "L = 4, η = 1, γ = 1; top ν = (2, 2), bottom ν = (8, 2); dashed: τ_f (δ = 0.2).")
+
+
+def plan(quick: bool) -> HeadsPlan:
+    return head_plan(SETTINGS, quick, n_full=300, n_quick=60, T_quick=150.0)
+
+
+def estimate_seconds(quick: bool) -> float:
+    return plan(quick).seconds()
+
+
+def compute(quick: bool, workdir: Path, jobs: int = 1) -> dict:
+    return heads_compute(plan(quick), workdir, jobs)
+
+
+def draw(data: dict) -> Figure:
+    titles = [head_title(tr["setting"], "nu", "H") for tr in data["trajectories"]]
+    return heads_draw(data, titles, "Fig. 13: softmax heads, Gaussian prior, L = 4 (ODE)",
+                      columns=3)
