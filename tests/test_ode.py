@@ -190,3 +190,23 @@ def test_cli_bad_input_exits_2(tmp_path, capsys, bad):
     err = capsys.readouterr().err
     assert "error:" in err and "Traceback" not in err
     assert not (tmp_path / "x.json").exists()
+
+
+@pytest.mark.slow
+def test_ode_follows_finite_d_sgd():
+    """THEORY §5 check: the ODE (Gauss–Hermite drifts, so its own numerical error is small)
+    against the mean of 36 exact reduced SGD runs at D = 2000, within 4 standard errors."""
+    from theory_kit.simulate import SimConfig, simulate
+    task = Task(3, make_prior("flipping", nu=[2.0, 2.0]))
+    ic = _ic(task=task)
+    times = (0.0, 2.0, 4.0)
+    traj = integrate_ode(task, SOFTMAX, ic, gamma=1.0, T=4.0, times=times, dt=0.25,
+                         engine=QuadratureDrift(points=6), progress=False)
+    runs = 36
+    sim = simulate(SimConfig(task, SOFTMAX, 2, 2000, times=times, runs=runs, gamma=1.0,
+                             initial=ic, method="reduced", error_samples=256))
+    for ode_val, sim_val in ((traj.M, sim.M), (traj.Q, sim.Q)):
+        se = sim_val.std(axis=0, ddof=1) / np.sqrt(runs)
+        assert np.all(np.abs(ode_val - sim_val.mean(axis=0)) <= 4 * se + 1e-3)
+    moved = np.abs(traj.M[-1] - traj.M[0]).max()
+    assert moved > 20 * (sim.M.std(axis=0, ddof=1) / np.sqrt(runs)).max()  # the check has power
