@@ -23,8 +23,8 @@ from ..model import fail
 from ..results import Checkpoint, to_jsonable
 from ..simulate import SimConfig, SimResult, simulate
 
-# rough brute-force cost on the 2-core development machine (seconds): one SGD step of all
-# runs together is ~STEP + PER_RUN·runs (B-softmax ~1.5× because of its norm terms)
+# rough brute-force CPU cost on one idle core (seconds; a loaded machine is 2-4× slower):
+# one SGD step of all runs together is ~STEP + PER_RUN·runs (B-softmax ~1.5×: norm terms)
 SIM_COST_PER_STEP = 3e-4
 SIM_COST_PER_RUN = 4e-5
 ACT_COST = {"softmax": 1.0, "softmax1": 1.1, "bsoftmax": 1.5}

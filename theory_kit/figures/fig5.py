@@ -181,7 +181,8 @@ def _draw_einf(ax: plt.Axes, data: dict) -> None:
            color=colors, alpha=0.6, capsize=4)
     for i, row in enumerate(rows):
         ax.plot(np.full(len(row["E_inf"]), x[i]), row["E_inf"], "k.", ms=4)
-        ax.annotate(f"{row['E_inf_mean']:.3f}", (x[i], row["E_inf_mean"]), ha="center",
+        ax.annotate(f"{row['E_inf_mean']:.3f}", (x[i], row["E_inf_mean"] + row["E_inf_sem"]),
+                    ha="center",
                     va="bottom", fontsize=7, xytext=(0, 6), textcoords="offset points")
     ax.axhline(data["chance_error"], color="0.5", ls=":", lw=1)
     ax.set_xticks(x, [r["label"] for r in rows], fontsize=7)
