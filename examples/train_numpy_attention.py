@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="out/numpy_attention", help="output folder")
     parser.add_argument("--compare-gamma", type=float, default=None,
                         help="step size given to theory-kit compare (default: --gamma)")
-    parser.add_argument("--runs", type=int, default=8, help="reduced-simulation runs for the spread")
+    parser.add_argument("--runs", type=int, default=32, help="reduced-simulation runs for the spread")
     parser.add_argument("--samples", type=int, default=20_000, help="ODE Monte Carlo samples")
     parser.add_argument("--dt", type=float, default=0.25,
                         help="ODE step (the dynamics here are slow; 0.25 is the save spacing)")

@@ -28,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--time-unit", choices=TIME_UNITS,
                    help="unit of the file's times (default: 'steps' if the file names its times "
                         "'steps', else 't' = steps/D)")
-    p.add_argument("--runs", type=int, default=8, help="reduced-simulation runs for the spread")
+    p.add_argument("--runs", type=int, default=32, help="reduced-simulation runs for the spread")
     p.add_argument("--samples", type=int, default=20_000, help="ODE Monte Carlo samples per seed")
     p.add_argument("--ode-seeds", type=int, default=2,
                    help="independent ODE sample sets (their spread is the ODE's MC error)")
