@@ -84,7 +84,8 @@ def main() -> None:
     how = "measured in full" if args.sgd_T >= T else (
         f"extrapolated from {args.sgd_T:g} time units ({int(args.sgd_T * D)} steps, "
         f"{measured:.1f} s)")
-    print(f"theory curve (RK4 dt={args.dt:g}, {args.engine}, {args.samples} points x 2 atoms, T={T:g}): "
+    print(f"theory curve (RK4 dt={args.dt:g}, {args.engine}, {args.samples} points x 2 atoms, "
+          f"T={T:g}): "
           f"{per_curve:.1f} s per curve (mean over {args.seeds} seeds)")
     print(f"MC error of the curve (std over seeds, max over t,h,f): m {spread_m:.2e} "
           f"(goal < 1e-3: {'met' if spread_m < 1e-3 else 'NOT met'}), E {spread_e:.2e}")

@@ -85,7 +85,8 @@ def _compare(task, act, H, M, Q, quad, n_mc=20_000, k=4.5, quad_tol=2e-4):
     q_res = quad.evaluate(task, act, M, Q, a, b)
     for field in ("dM", "dQ_lin", "dQ_noise", "da", "db"):
         diff = np.abs(getattr(mc_res, field) - getattr(q_res, field))
-        assert np.all(diff <= k * mc_res.stderr[field] + quad_tol), (field, diff, mc_res.stderr[field])
+        se = mc_res.stderr[field]
+        assert np.all(diff <= k * se + quad_tol), (field, diff, se)
     assert abs(mc_res.error - q_res.error) <= k * mc_res.stderr["error"] + quad_tol
     return mc_res, q_res
 

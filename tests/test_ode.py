@@ -21,7 +21,8 @@ def _ic(act=SOFTMAX, task=TASK, M=M0, Q=Q0):
     return initial_condition(act, task, M0=np.array(M), Q0=np.array(Q))
 
 
-@pytest.mark.parametrize("engine", [MonteCarloDrift(1500, seed=1), QuadratureDrift(qmc_points=1024)])
+@pytest.mark.parametrize("engine", [MonteCarloDrift(1500, seed=1),
+                                    QuadratureDrift(qmc_points=1024)])
 def test_gradient_flow_never_increases_the_error(engine):
     traj = integrate_ode(TASK, SOFTMAX, _ic(), gamma=1.0, T=8.0, times=np.linspace(0, 8, 17),
                          dt=0.25, engine=engine, gradient_flow=True, progress=False)

@@ -30,7 +30,8 @@ from scipy.integrate import solve_ivp
 from .activations import Activation
 from .expect.drift import DriftMeans, MonteCarloDrift, SampleDrift
 from .initial import InitialCondition
-from .model import Task, ValidationError, as_finite_array, check_psd, check_state_for_task, fail
+from .model import (State, Task, ValidationError, as_finite_array, check_psd,
+                    check_state_for_task, fail)
 from .progress import progress_bar
 from .results import Checkpoint, read_json, write_json
 
@@ -60,6 +61,10 @@ class Trajectory:
     def to_dict(self) -> dict:
         return {"t": self.t, "M": self.M, "Q": self.Q, "a": self.a, "b": self.b,
                 "error": self.error, "error_stderr": self.error_stderr, "params": self.params}
+
+    def state(self, i: int) -> State:
+        """The order parameters at the i-th recorded time."""
+        return State(self.M[i], self.Q[i], self.a[i], self.b[i])
 
     def save(self, path: str | Path) -> Path:
         """Write as JSON, atomically, with the toolkit version."""
@@ -255,7 +260,8 @@ class _Run:
                  checkpoint: Checkpoint | None, params: dict, every: int, progress: bool) -> None:
         self.system, self.t_out, self.y, self.rec = system, t_out, y, rec
         self.method, self.dt, self.rtol, self.atol = method, dt, rtol, atol
-        self.checkpoint, self.params, self.every, self.progress = checkpoint, params, every, progress
+        self.checkpoint, self.params = checkpoint, params
+        self.every, self.progress = every, progress
         self.interval, self.step = 0, 0
         self.started = False
 

@@ -44,8 +44,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dt", type=float, default=0.05, help="RK4 step (solve_ivp: first step)")
     p.add_argument("--engine", default="mc", help=f"drift expectations: {', '.join(ENGINES)}")
     p.add_argument("--samples", type=int, default=20_000,
-                   help="Monte Carlo noise draws (each paired with every theta stratum)")
-    p.add_argument("--mc-seed", type=int, default=0, help="seed of the Monte Carlo samples")
+                   help="Monte Carlo noise draws (each paired with every theta stratum); with "
+                        "--engine quad, the Sobol points used when H*L > 6")
+    p.add_argument("--mc-seed", type=int, default=0,
+                   help="seed of the Monte Carlo samples (quad: of the Sobol scramble)")
     p.add_argument("--fresh", action="store_true",
                    help="redraw the Monte Carlo samples at every evaluation (rk4 only)")
     p.add_argument("--out", required=True, help="output JSON file")
@@ -57,7 +59,7 @@ def _engine(args: argparse.Namespace) -> MonteCarloDrift | QuadratureDrift:
     if args.engine == "mc":
         return MonteCarloDrift(check_int(args.samples, "samples", 2), args.mc_seed, args.fresh)
     if args.engine == "quad":
-        return QuadratureDrift(seed=args.mc_seed)
+        return QuadratureDrift(qmc_points=check_int(args.samples, "samples", 2), seed=args.mc_seed)
     fail("engine", f"must be one of {', '.join(ENGINES)}", args.engine)
     raise AssertionError  # unreachable
 
@@ -79,6 +81,8 @@ def run_ode(args: argparse.Namespace) -> int:
                          gradient_flow=args.gradient_flow, out=args.out,
                          progress=not args.no_progress)
     last = np.round(traj.M[-1], 4).tolist()
+    se = traj.error_stderr[-1]
+    spread = f" +/- {se:.2g}" if se > 0 else ""
     print(f"wrote {args.out}: {len(traj.t)} times up to t = {traj.t[-1]:g}; "
-          f"E(T) = {traj.error[-1]:.6g} +/- {traj.error_stderr[-1]:.2g}; M(T) = {last}")
+          f"E(T) = {traj.error[-1]:.6g}{spread}; M(T) = {last}")
     return 0

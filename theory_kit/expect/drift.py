@@ -210,6 +210,9 @@ class QuadratureDrift(SampleDrift):
         prior = task.prior
         if not (prior.is_discrete or isinstance(prior, GaussianPrior)):
             fail("engine", "quadrature needs a discrete or Gaussian prior", prior.name)
+        if prior.is_discrete and len(prior.atoms()[1]) > mc.MAX_ENUMERATED_ATOMS:
+            fail("engine", f"quadrature enumerates the atoms: at most "
+                           f"{mc.MAX_ENUMERATED_ATOMS} (use the mc engine)", len(prior.atoms()[1]))
         n_theta = 0 if prior.is_discrete else task.F  # |θ| dimensions of a Gaussian prior
         if self.rule(task, H) == "gauss-hermite":
             g, weights, abs_theta = self._gauss_hermite(H * task.L, n_theta)
@@ -302,13 +305,3 @@ def generated_integrand(act: Activation, projection: str = "conditional") -> Int
 
 
 ENGINES = ("mc", "quad")
-
-
-def make_engine(name: str, **kwargs: object) -> SampleDrift:
-    """An engine by name: ``mc`` (:class:`MonteCarloDrift`) or ``quad`` (:class:`QuadratureDrift`)."""
-    if name == "mc":
-        return MonteCarloDrift(**kwargs)  # type: ignore[arg-type]
-    if name == "quad":
-        return QuadratureDrift(**kwargs)  # type: ignore[arg-type]
-    fail("engine", f"must be one of {', '.join(ENGINES)}", name)
-    raise AssertionError  # unreachable
