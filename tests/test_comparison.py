@@ -150,6 +150,10 @@ def test_figure_data_come_from_the_report():
     assert set(comp.sim_mean) == {"error", "m_f1", "m_f2", "orthogonal"}
     np.testing.assert_allclose(comp.deviation["error"][:, 0], [0, 0, 2.0])
     assert comp.worst()["panel"] == "error" and comp.worst()["t"] == 2.0
+    report["series"]["data_err"] = {"loss": [0.0, 0.0, 0.12]}      # measured loss's error bar
+    comp = figure_comparison(report)
+    np.testing.assert_allclose(comp.sim_spread["error"][:, 0], [0, 0.05, 0.13])
+    np.testing.assert_allclose(comp.deviation["error"][:, 0], [0, 0, 0.1 / 0.13])
 
 
 # ----------------------------------------------------------------------------- CLI input errors
@@ -166,3 +170,26 @@ def test_cli_needs_gamma_and_D(tmp_path, capsys):
     assert main(base + ["--gamma", "1", "--D", "100", "--nu", "2,2,2"]) == 2
     assert "M: the log has F = 2" in capsys.readouterr().err
     assert main(base[:2] + [str(tmp_path / "nope.npz")] + base[3:] + ["--gamma", "1"]) == 2
+
+
+@pytest.mark.slow
+def test_brute_force_run_as_user_log_is_consistent(tmp_path):
+    """A run of the toolkit's brute-force SGD (explicit D-dimensional keys, drawn start), saved
+    as an overlaps JSON with times in steps, is judged consistent; the same run compared with
+    the wrong sequence length is not."""
+    from theory_kit.simulate import SimConfig, simulate
+    task = Task(4, make_prior("flipping", nu=[2, 2]))
+    act = get_activation("softmax")
+    D, steps = 1000, np.arange(0, 3001, 250)
+    run = simulate(SimConfig(task, act, H=2, D=D, times=tuple(steps / D), runs=1, seed=21,
+                             method="brute"))
+    log = {"steps": steps.tolist(), "M": run.M[0].tolist(), "Q": run.Q[0].tolist(), "D": D,
+           "gamma": 1.0}
+    (tmp_path / "run.json").write_text(json.dumps(log))
+    base = ["compare", "--data", str(tmp_path / "run.json"), "--activation", "softmax",
+            "--nu", "2,2", "--samples", "10000", "--dt", "0.25", "--no-progress"]
+    assert main(base + ["--L", "4", "--out", str(tmp_path / "right")]) == 0
+    assert json.loads((tmp_path / "right" / "compare.json").read_text())["verdict"] == "consistent"
+    assert main(base + ["--L", "8", "--out", str(tmp_path / "wrong")]) == 0
+    wrong = json.loads((tmp_path / "wrong" / "compare.json").read_text())
+    assert wrong["verdict"] == "inconsistent", wrong["worst"]

@@ -164,3 +164,15 @@ def test_malformed_csv_and_json(tmp_path):
     (tmp_path / "log.txt").write_text("")
     with pytest.raises(ValidationError, match=r"^data: file must end in one of"):
         load_training_log(tmp_path / "log.txt")
+
+
+def test_csv_steps_column_and_metadata(tmp_path):
+    fields = overlap_fields()
+    write_csv(tmp_path / "log.csv", fields)
+    text = (tmp_path / "log.csv").read_text().replace("t,quantity", "steps,quantity")
+    (tmp_path / "steps.csv").write_text("# D = 200\n" + text)
+    log = load_training_log(tmp_path / "steps.csv")
+    np.testing.assert_allclose(log.t, fields["t"] / 200.0)
+    assert log.D == 200 and log.gamma == 1.5 and log.source["time_unit"] == "steps"
+    with pytest.raises(ValidationError, match="^time_unit: the file gives its times as 'steps'"):
+        load_training_log(tmp_path / "steps.csv", time_unit="t")

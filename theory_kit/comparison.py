@@ -274,6 +274,7 @@ def compare_log(log: TrainingLog, task: Task, act: Activation, settings: Compare
         "null_max_z": null_max_z(b, list(data)),
         "notes": notes(log, settings),
         "series": {"t": log.t, "data": {**data, **({"loss": log.loss} if log.loss is not None else {})},
+                   "data_err": {"loss": log.loss_err} if log.loss_err is not None else {},
                    "theory": b.theory, "theory_mc_err": b.mc_err, "spread_D": b.spread_D},
         "params": {"task": task.params(), "activation": act.params(), "settings": settings.params(),
                    "log": {"source": log.source, "D": log.D, "gamma": log.gamma, "H": log.H,
@@ -304,7 +305,7 @@ PANEL_ELEMENTS = {"m_f1": "M[{h},0]", "m_f2": "M[{h},1]", "orthogonal": "orth[{h
 
 def figure_comparison(report: dict) -> Comparison:
     """The report's series as a :class:`figures.compare.Comparison`: the user's data as dots,
-    the expected finite-D spread sqrt(σ_D² + σ_MC²) as error bars, the ODE as lines."""
+    the expected spread sqrt(σ_D² + σ_MC² [+ loss_err²]) as error bars, the ODE as lines."""
     ser = report["series"]
     t = np.asarray(ser["t"], dtype=float)
     H, F = report["params"]["log"]["H"], report["params"]["log"]["F"]
@@ -318,7 +319,9 @@ def figure_comparison(report: dict) -> Comparison:
 
     data = {p: stack(ser["data"], n) for p, n in panels.items()}
     theory = {p: stack(ser["theory"], n) for p, n in panels.items()}
-    unit = {p: np.sqrt(stack(ser["spread_D"], n) ** 2 + stack(ser["theory_mc_err"], n) ** 2)
+    data_err = ser.get("data_err", {})
+    unit = {p: np.sqrt(stack(ser["spread_D"], n) ** 2 + stack(ser["theory_mc_err"], n) ** 2
+                       + (stack(data_err, n) ** 2 if set(n) <= set(data_err) else 0.0))
             for p, n in panels.items()}
     dev = {p: np.abs(scores(data[p] - theory[p], unit[p])) for p in panels}
     return Comparison(t, t, data, unit, theory, theory, dev,
