@@ -47,16 +47,18 @@ MAX_SIGN_PATTERNS = 256
 # ----------------------------------------------------------------------------- precise E
 def precise_error(task: Task, act: Activation, state: State, method: str = "auto",
                   mc_samples: int = 400_000, seed: int = 12345) -> ErrorResult:
-    """E at ``state`` by ``method``; when that engine is unavailable, a large Monte Carlo.
+    """E at ``state`` by ``method``; with ``mc``, or when that engine is unavailable, a
+    Monte Carlo with ``mc_samples`` noise draws.
 
     The fallback keeps E∞ usable while a quadrature engine is missing for some case
     (e.g. many heads); its ``method`` field then says ``mc`` and ``abs_err`` is the
     standard error."""
-    try:
-        return population_error(task, act, state, method=method)
-    except ValidationError as exc:
-        if method == "mc" or "not available" not in str(exc):
-            raise
+    if method != "mc":
+        try:
+            return population_error(task, act, state, method=method)
+        except ValidationError as exc:
+            if "not available" not in str(exc):
+                raise
     return population_error(task, act, state, method="mc", n=mc_samples, seed=seed)
 
 
@@ -306,18 +308,21 @@ class StopRule:
     """When a run has stopped moving.
 
     The state vector y = (M, Q, a, b) is integrated in chunks of ``chunk`` time units; after
-    each chunk the relative speed
+    each chunk its relative speed (a chunk-averaged, relative drift norm)
 
-        v = ‖y(t) − y(t − chunk)‖ / (chunk · max(1, ‖y(t)‖))
+        v_k = ‖y(t_k) − y(t_{k−1})‖ / (chunk · max(1, ‖y(t_k)‖))
 
-    (a chunk-averaged, relative drift norm) is recorded.  A run has converged when v < ``tol``
-    for ``window`` consecutive chunks and t ≥ ``T_min``; it stops unconverged at ``T_max``
-    (reported, never hidden).  Requiring a window guards against stopping inside a slowly
-    moving plateau (the unspecialised phase), whose speed grows again as heads specialise;
-    ``T_min`` adds a further guard.  Times are in the ODE's clock: t, or τ = γ t in the
-    gradient-flow limit."""
+    is recorded.  Near a stable fixed point the speeds fall geometrically, v_k ≈ v_{k−1} r
+    with r < 1, and the relative distance still to travel is about the geometric tail
+    v_k · chunk · r / (1 − r).  A run has converged when, over the last ``window`` chunks,
+    the speeds fell at every chunk, with r the largest ratio in the window, the tail is
+    below ``tol`` and t ≥ ``T_min``.  It stops unconverged at ``T_max`` (reported, never
+    hidden).  The tail test is what keeps a run from stopping in a plateau — the slow
+    unspecialised phase, where the speed bottoms out (r → 1) before it grows again — and
+    what refuses to call converged a state that creeps on like 1/t (key norms still
+    growing).  Times are in the ODE's clock: t, or τ = γ t in the gradient-flow limit."""
 
-    tol: float = 1e-4
+    tol: float = 3e-3
     chunk: float = 20.0
     window: int = 3
     T_min: float = 0.0
@@ -331,9 +336,18 @@ class StopRule:
         if not (0 <= self.T_min <= self.T_max):
             fail("T_min", f"must lie in [0, T_max = {self.T_max:g}]", self.T_min)
 
+    def tail(self, speeds: list[float]) -> float:
+        """Estimated relative distance still to travel (inf unless the speeds keep falling)."""
+        recent = np.asarray(speeds[-(self.window + 1):], dtype=float)
+        if len(recent) < self.window + 1:
+            return np.inf
+        if recent[-1] == 0.0:
+            return 0.0
+        ratio = float(np.max(recent[1:] / np.maximum(recent[:-1], 1e-300)))
+        return np.inf if ratio >= 1.0 else float(recent[-1] * self.chunk * ratio / (1.0 - ratio))
+
     def converged(self, t: float, speeds: list[float]) -> bool:
-        recent = speeds[-self.window:]
-        return t >= self.T_min and len(recent) == self.window and max(recent) < self.tol
+        return t >= self.T_min and self.tail(speeds) < self.tol
 
     def params(self) -> dict:
         return dataclasses.asdict(self)
@@ -350,11 +364,13 @@ class EinfRun:
     converged: bool
     speeds: list[float]
     history: dict
+    tail: float = float("nan")
 
     def to_dict(self) -> dict:
         return {"seed": self.seed, "einf": self.error.value, "abs_err": self.error.abs_err,
                 "method": self.error.method, "T": self.T, "converged": self.converged,
                 "final_speed": self.speeds[-1] if self.speeds else None,
+                "tail": self.tail,
                 **self.state.to_dict(), "history": self.history}
 
     @classmethod
@@ -362,7 +378,7 @@ class EinfRun:
         err = ErrorResult(d["einf"], d["abs_err"], d["method"])
         speeds = d["history"]["speed"]
         return cls(d["seed"], State(d["M"], d["Q"], d["a"], d["b"]), err, d["T"],
-                   d["converged"], speeds, d["history"])
+                   d["converged"], speeds, d["history"], d.get("tail", float("nan")))
 
 
 def admissible_state(M: np.ndarray, Q: np.ndarray, a: np.ndarray, b: np.ndarray,
@@ -401,6 +417,7 @@ class RunSettings:
     n_samples: int = 10_000
     mc_seed: int = 0
     error_method: str = "auto"
+    error_samples: int = 400_000
 
     def __post_init__(self) -> None:
         for name in ("gamma", "dt", "rtol", "atol"):
@@ -465,8 +482,9 @@ def run_to_convergence(task: Task, act: Activation, ic: InitialCondition,
     finally:
         if bar is not None:
             bar.close()
-    run = EinfRun(int(ic.seed or 0), state, precise_error(task, act, state, settings.error_method),
-                  t, rule.converged(t, hist["speed"]), hist["speed"], hist)
+    final = precise_error(task, act, state, settings.error_method, settings.error_samples)
+    run = EinfRun(int(ic.seed or 0), state, final,
+                  t, rule.converged(t, hist["speed"]), hist["speed"], hist, rule.tail(hist["speed"]))
     if out is not None:
         write_json(out, {"params": params, "run": run.to_dict()})
         checkpoint.clear()
@@ -479,7 +497,7 @@ def _finished(out: str, params: dict) -> bool:
 
 
 # ----------------------------------------------------------------------------- Bayes floor
-def bayes_floor(task: Task, method: str = "auto") -> ErrorResult:
+def bayes_floor(task: Task, method: str = "auto", mc_samples: int = 400_000) -> ErrorResult:
     """E_Bayes of the task (``error.bayes_error``).
 
     Where that engine is not available for a discrete prior, E_Bayes is computed as the
@@ -491,7 +509,7 @@ def bayes_floor(task: Task, method: str = "auto") -> ErrorResult:
         if "not available" not in str(exc) or not task.prior.is_discrete:
             raise
     act, state = bayes_softmax_at_atoms(task.prior, len(task.prior.atoms()[1]))
-    res = precise_error(task, act, state, method)
+    res = precise_error(task, act, state, method, mc_samples)
     return ErrorResult(res.value, res.abs_err, res.method,
                        {**res.details, "via": "bsoftmax at the atoms"})
 
@@ -562,7 +580,7 @@ def asymptotic_error(task: Task, act: Activation, H: int, settings: RunSettings,
         jobs_list.append((task, act, ic, settings, out, progress and jobs == 1))
     results = map_jobs(_one_run, jobs_list, jobs, desc=f"einf {act.name} H={H}")
     groups = group_runs([r.state for r in results], [r.error for r in results], task.prior)
-    bayes = bayes_floor(task, settings.error_method) if with_bayes else None
+    bayes = bayes_floor(task, settings.error_method, settings.error_samples) if with_bayes else None
     minimum = (global_minimum(task, act, H, n_starts=minimum_starts, seed=seed,
                               extra_starts=[r.state for r in results],
                               method=settings.error_method) if with_minimum else None)

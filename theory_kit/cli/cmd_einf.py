@@ -12,8 +12,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "einf", help="asymptotic error E-infinity (several runs), global minimum, Bayes error",
         description="Integrate the order-parameter ODE from --runs initialisations drawn at "
-                    "dimension --D until the state stops moving (relative speed < --tol for "
-                    "--window chunks of --chunk time units, at most --T-max), evaluate E at the "
+                    "dimension --D until the state stops moving (speed falling over --window chunks "
+                    "of --chunk time units, geometric tail of the remaining relative distance "
+                    "< --tol; at most --T-max), evaluate E at the "
                     "end points with the precise error engine, group runs by end point, and "
                     "report them with the global minimum of E and the Bayes error. With "
                     "--workdir finished runs are kept there and a stopped command resumes.")
@@ -30,13 +31,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--samples", type=int, default=10_000,
                    help="Monte Carlo noise draws of the ODE drift (fixed along the run)")
     p.add_argument("--mc-seed", type=int, default=0, help="seed of those samples")
-    p.add_argument("--tol", type=float, default=1e-4, help="relative speed that counts as stopped")
+    p.add_argument("--tol", type=float, default=3e-3,
+                   help="stop when the estimated relative distance still to travel is below this")
     p.add_argument("--chunk", type=float, default=20.0, help="time between speed checks")
-    p.add_argument("--window", type=int, default=3, help="consecutive slow chunks required")
+    p.add_argument("--window", type=int, default=3, help="chunks over which the speed must keep falling")
     p.add_argument("--T-min", type=float, default=0.0, help="never stop before this time")
     p.add_argument("--T-max", type=float, default=4000.0, help="give up (unconverged) here")
     p.add_argument("--method", default="solve_ivp", help="ODE integrator: rk4 or solve_ivp")
     p.add_argument("--error-method", default="auto", help="E engine: auto, quad, mc, mpmath")
+    p.add_argument("--error-samples", type=int, default=400_000,
+                   help="Monte Carlo draws for E when the error engine is mc (or unavailable)")
     p.add_argument("--no-global-min", action="store_true", help="skip the global minimum")
     p.add_argument("--min-starts", type=int, default=8, help="random starts of the minimiser")
     p.add_argument("--workdir", help="folder for per-run results (resume)")
@@ -51,7 +55,8 @@ def settings_from_args(args: argparse.Namespace) -> einf.RunSettings:
                          args.T_max)
     return einf.RunSettings(gamma=args.gamma, gradient_flow=args.gradient_flow, rule=rule,
                             method=args.method, n_samples=check_int(args.samples, "samples", 2),
-                            mc_seed=args.mc_seed, error_method=args.error_method)
+                            mc_seed=args.mc_seed, error_method=args.error_method,
+                            error_samples=check_int(args.error_samples, "error-samples", 2))
 
 
 def run_einf(args: argparse.Namespace) -> int:

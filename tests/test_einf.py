@@ -1,0 +1,274 @@
+"""E∞, the global minimum and the Bayes floor (theory_kit.einf).
+
+Independent references: the closed-form Bayes posterior of the flipping spike
+(g(p) ∝ e^{√ν₁ p₁} Π cosh(√ν_f p_f)), finite differences, Monte Carlo against quadrature,
+and the symmetries of E."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from theory_kit import einf
+from theory_kit.activations import get_activation
+from theory_kit.cli import main
+from theory_kit.error import population_error
+from theory_kit.initial import InitialCondition
+from theory_kit.model import State, Task, ValidationError, make_prior
+
+TASK = Task(5, make_prior("flipping", nu=[2.0, 2.0]))
+FAST = einf.RunSettings(gradient_flow=True, n_samples=1000,
+                        rule=einf.StopRule(tol=1e-2, chunk=20.0, window=2, T_max=300.0),
+                        rtol=1e-4, error_method="auto", error_samples=200_000)
+
+
+def flipping_posterior(p: np.ndarray, nu: np.ndarray) -> np.ndarray:
+    """P(ε = l | X) from the closed form of THEORY §4; p of shape (n, F, L)."""
+    log_g = np.sqrt(nu[0]) * p[:, 0] + np.sum(
+        np.log(np.cosh(np.sqrt(nu[1:])[None, :, None] * p[:, 1:])), axis=1)
+    log_g -= log_g.max(axis=1, keepdims=True)
+    g = np.exp(log_g)
+    return g / g.sum(axis=1, keepdims=True)
+
+
+# ----------------------------------------------------------------------------- Bayes-softmax
+@pytest.mark.parametrize("nu,H", [([2.0, 2.0], 2), ([1.0, 3.0, 0.5], 4), ([2.0, 2.0], 3)])
+def test_bsoftmax_at_atoms_weights_are_the_bayes_posterior(nu, H):
+    """Pointwise on random tokens: Σ_h σ_hl = P(ε = l | X), duplicated heads included."""
+    prior = make_prior("flipping", nu=nu)
+    act, state = einf.bayes_softmax_at_atoms(prior, H)
+    rng = np.random.default_rng(3)
+    n, L, F = 2000, 5, len(nu)
+    atoms, pi = prior.atoms()
+    theta = atoms[rng.integers(len(pi), size=n)]
+    p = rng.standard_normal((n, F, L))
+    p[:, :, 0] += theta
+    S = np.einsum("hf,nfl->nhl", state.M, p)
+    _, w = act.weights(S, state.a, state.b, np.diag(state.Q))
+    np.testing.assert_allclose(w, flipping_posterior(p, np.asarray(nu)), rtol=0, atol=1e-12)
+
+
+def test_bsoftmax_with_uniform_pi_and_uneven_copies_is_not_bayes():
+    """With 3 heads on 2 atoms the log π split matters: uniform π is off the posterior."""
+    prior = make_prior("flipping", nu=[2.0, 2.0])
+    act, state = einf.bayes_softmax_at_atoms(prior, 3)
+    plain = get_activation("bsoftmax")
+    rng = np.random.default_rng(0)
+    S = rng.standard_normal((100, 3, 5))
+    _, w_split = act.weights(S, state.a, state.b, np.diag(state.Q))
+    _, w_plain = plain.weights(S, state.a, state.b, np.diag(state.Q))
+    assert np.max(np.abs(w_split - w_plain)) > 1e-3
+
+
+def test_bsoftmax_at_atoms_error_equals_bayes_and_moving_a_head_raises_it():
+    res_atoms = einf.precise_error(TASK, *einf.bayes_softmax_at_atoms(TASK.prior, 2))
+    bayes = einf.bayes_floor(TASK)
+    tol = max(1e-8, 4 * np.hypot(res_atoms.abs_err, bayes.abs_err))
+    assert abs(res_atoms.value - bayes.value) <= tol
+    act, state = einf.bayes_softmax_at_atoms(TASK.prior, 2)
+    M = state.M.copy()
+    M[0] += [0.5, -0.4]
+    moved = einf.precise_error(TASK, act, State(M, M @ M.T, state.a, state.b))
+    assert moved.value - res_atoms.value > 4 * np.hypot(moved.abs_err, res_atoms.abs_err)
+
+
+def test_bayes_softmax_at_atoms_refuses_too_few_heads_and_continuous_priors():
+    with pytest.raises(ValidationError, match="H"):
+        einf.bayes_softmax_at_atoms(make_prior("flipping", nu=[1, 1, 1]), 3)
+    with pytest.raises(ValidationError, match="prior"):
+        einf.bayes_softmax_at_atoms(make_prior("gaussian", nu=[1, 1]), 4)
+
+
+# ----------------------------------------------------------------------------- sampled E
+@pytest.mark.parametrize("name", ["softmax", "softmax1", "bsoftmax"])
+def test_sampled_error_gradient_matches_finite_differences(name):
+    act = get_activation(name)
+    obj = einf.SampledError(TASK, act, 2, act.a_default(2, 5), act.b_default(2, 5),
+                            act.train_a, act.train_b, n=500, seed=1)
+    x = np.random.default_rng(2).standard_normal(obj.dim) * 0.7
+    value, grad = obj.value_and_grad(x)
+    eps = 1e-6
+    fd = [(obj.value_and_grad(x + eps * e)[0] - obj.value_and_grad(x - eps * e)[0]) / (2 * eps)
+          for e in np.eye(obj.dim)]
+    np.testing.assert_allclose(grad, fd, atol=1e-7)
+    assert 0 < value < 2
+
+
+def test_sampled_error_agrees_with_population_error():
+    act = get_activation("softmax1")
+    obj = einf.SampledError(TASK, act, 2, act.a_default(2, 5), act.b_default(2, 5),
+                            act.train_a, act.train_b, n=20_000, seed=4)
+    x = np.random.default_rng(5).standard_normal(obj.dim) * 0.8
+    value, _ = obj.value_and_grad(x)
+    ref = population_error(TASK, act, obj.state(x), method="mc", n=100_000, seed=9)
+    assert abs(value - ref.value) < 4 * np.hypot(ref.abs_err, 2 * ref.abs_err)
+
+
+def test_global_minimum_of_bsoftmax_is_the_bayes_error_and_others_lie_above():
+    bayes = einf.bayes_floor(TASK)
+    bs = einf.global_minimum(TASK, get_activation("bsoftmax"), 2, n_starts=2, n=2000, seed=0)
+    sm = einf.global_minimum(TASK, get_activation("softmax"), 2, n_starts=2, n=2000, seed=0)
+    tol = 4 * np.hypot(bs.error.abs_err, bayes.abs_err) + 2e-3  # + the 2000-sample optimiser
+    assert abs(bs.error.value - bayes.value) < tol
+    assert sm.error.value > bs.error.value + 0.05
+    # the minimiser of B-softmax puts its two heads at the two atoms (up to order)
+    atoms = TASK.prior.atoms()[0]
+    assert einf.state_distance(bs.state, State(atoms, atoms @ atoms.T, np.ones(2), np.zeros(2))) < 0.05
+
+
+# ----------------------------------------------------------------------------- grouping
+def test_state_distance_respects_the_symmetries_of_E():
+    rng = np.random.default_rng(0)
+    M = rng.standard_normal((3, 2))
+    K = np.hstack([M, 0.3 * rng.standard_normal((3, 3))])
+    s = State(M, K @ K.T, np.ones(3), np.array([0.1, -0.2, 0.3]))
+    perm = [2, 0, 1]
+    flipped = State(s.M[perm] * [1, -1], s.Q[np.ix_(perm, perm)], s.a[perm], s.b[perm])
+    signs = einf._sign_patterns(TASK.prior)
+    assert einf.state_distance(s, flipped, signs) < 1e-12
+    assert einf.state_distance(s, flipped) > 0.1  # without the sign symmetry they differ
+    other = State(s.M + 0.5, (K + np.hstack([np.full((3, 2), 0.5), np.zeros((3, 3))])) @
+                  (K + np.hstack([np.full((3, 2), 0.5), np.zeros((3, 3))])).T, s.a, s.b)
+    assert einf.state_distance(s, other, signs) > 0.1
+
+
+def test_group_runs_separates_different_end_points():
+    from theory_kit.error import ErrorResult
+    a = State(np.eye(2), np.eye(2), np.ones(2))
+    b = State(np.eye(2)[[1, 0]], np.eye(2), np.ones(2))       # a with heads swapped
+    c = State(2 * np.eye(2), 4 * np.eye(2), np.ones(2))
+    errs = [ErrorResult(0.5, 1e-6, "x"), ErrorResult(0.5, 1e-6, "x"), ErrorResult(0.4, 1e-6, "x")]
+    assert einf.group_runs([a, b, c], errs, TASK.prior) == [[2], [0, 1]]
+    same_state_other_error = [ErrorResult(0.5, 1e-6, "x"), ErrorResult(0.6, 1e-6, "x")]
+    assert len(einf.group_runs([a, a], same_state_other_error, TASK.prior)) == 2
+
+
+# ----------------------------------------------------------------------------- E∞ runs
+@pytest.fixture(scope="module")
+def fast_runs():
+    """One short gradient-flow run per activation (H = 2, flipping ν = (2, 2), L = 5)."""
+    out = {}
+    for name in ("softmax", "softmax1", "bsoftmax"):
+        act = get_activation(name)
+        ic = InitialCondition.draw(act, 2, 2, 5, 10_000, 1.0, seed=0)
+        out[name] = einf.run_to_convergence(TASK, act, ic, FAST, progress=False)
+    return out
+
+
+def test_einf_lies_above_the_bayes_error_for_every_activation(fast_runs):
+    bayes = einf.bayes_floor(TASK)
+    for name, run in fast_runs.items():
+        margin = 4 * np.hypot(run.error.abs_err, bayes.abs_err)
+        assert run.error.value >= bayes.value - margin, name
+
+
+def test_einf_ordering_softmax_softmax1_bsoftmax(fast_runs):
+    """The paper's ordering in the documented setting (H = 2, F = 2, ν = (2, 2), L = 5,
+    gradient flow): E∞(softmax) > E∞(softmax1) > E∞(bsoftmax)."""
+    e = {k: r.error for k, r in fast_runs.items()}
+    for hi, lo in (("softmax", "softmax1"), ("softmax1", "bsoftmax")):
+        assert e[hi].value - e[lo].value > 4 * np.hypot(e[hi].abs_err, e[lo].abs_err), (hi, lo)
+
+
+def test_gradient_flow_end_point_is_a_stationary_point_of_E(fast_runs):
+    """The ODE (helper integrands, conditional-mean form) stops where ∂E/∂K — computed
+    independently by :class:`SampledError` — is small compared with where it started."""
+    act = get_activation("bsoftmax")
+    obj = einf.SampledError(TASK, act, 2, np.ones(2), np.zeros(2), False, False, n=20_000, seed=7)
+    ic = InitialCondition.draw(act, 2, 2, 5, 10_000, 1.0, seed=0)
+    start = np.linalg.norm(obj.value_and_grad(obj.pack_state(ic.state))[1])
+    end = np.linalg.norm(obj.value_and_grad(obj.pack_state(fast_runs["bsoftmax"].state))[1])
+    assert end < 0.1 * start
+
+
+def test_einf_run_resumes_from_its_files(tmp_path):
+    act = get_activation("softmax")
+    ic = InitialCondition.draw(act, 2, 2, 5, 10_000, 1.0, seed=1)
+    short = einf.RunSettings(gradient_flow=True, n_samples=300, error_method="mc",
+                             rule=einf.StopRule(tol=1e-9, chunk=5.0, window=1, T_max=10.0))
+    out = tmp_path / "run.json"
+    first = einf.run_to_convergence(TASK, act, ic, short, out=str(out), progress=False)
+    assert out.exists() and not first.converged and first.T == 10.0
+    again = einf.run_to_convergence(TASK, act, ic, short, out=str(out), progress=False)
+    np.testing.assert_array_equal(again.state.M, first.state.M)
+
+
+def test_stop_rule_and_settings_validate():
+    with pytest.raises(ValidationError, match="tol"):
+        einf.StopRule(tol=0)
+    with pytest.raises(ValidationError, match="T_min"):
+        einf.StopRule(T_min=10, T_max=5)
+    with pytest.raises(ValidationError, match="gamma"):
+        einf.RunSettings(gamma=-1)
+    with pytest.raises(ValidationError, match="method"):
+        einf.RunSettings(method="euler")
+    rule = einf.StopRule(tol=1e-2, chunk=10.0, window=2, T_min=50)
+    falling = [1e-3, 5e-4, 2.5e-4]            # ratio 0.5: tail 2.5e-4 * 10 * 1 = 2.5e-3
+    assert rule.tail(falling) == pytest.approx(2.5e-3)
+    assert rule.converged(60.0, falling) and not rule.converged(40.0, falling)
+    assert not rule.converged(60.0, [1e-3, 5e-4, 6e-4])       # plateau: speed rises again
+    assert not rule.converged(60.0, [1e-3, 9.9e-4, 9.8e-4])   # creeping on: tail ~ 1
+    assert not rule.converged(60.0, [5e-4, 2.5e-4])           # too few chunks to judge
+
+
+# ----------------------------------------------------------------------------- CLI
+def test_cli_einf_json(capsys):
+    code = main(["einf", "--activation", "bsoftmax", "--H", "2", "--L", "5", "--nu", "2,2",
+                 "--runs", "2", "--gradient-flow", "--samples", "200", "--tol", "1e-2",
+                 "--T-max", "20", "--error-method", "mc", "--error-samples", "20000",
+                 "--no-global-min", "--json"])
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["einf_runs"]) == 2 and out["gradient_flow"] and out["gamma"] == 1.0
+    assert out["bayes"] < out["einf"] and np.asarray(out["M"]).shape == (2, 2)
+    assert sum(len(g["runs"]) for g in out["groups"]) == 2
+
+
+@pytest.mark.parametrize("extra", [["--H", "0"], ["--gamma", "0"], ["--runs", "0"],
+                                   ["--D", "3"], ["--method", "euler"], ["--tol", "-1"],
+                                   ["--error-samples", "1"], ["--error-method", "exact"]])
+def test_cli_einf_bad_input_exits_2(extra, capsys):
+    base = ["einf", "--activation", "softmax", "--L", "5", "--nu", "2,2", "--H", "2"]
+    assert main(base + extra) == 2
+    assert "error:" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_converged_einf_ordering_and_floors():
+    """Full convergence (default stop rule) in the documented setting: every run converges,
+    E∞(softmax) > E∞(softmax1) > E∞(bsoftmax) ≈ E_Bayes, and each E∞ is at or above the
+    global minimum found for its activation."""
+    settings = einf.RunSettings(gradient_flow=True, n_samples=4000,
+                                rule=einf.StopRule(T_max=3000.0))
+    res = {name: einf.asymptotic_error(TASK, get_activation(name), 2, settings, runs=2,
+                                       with_minimum=True, minimum_starts=4, progress=False)
+           for name in ("softmax", "softmax1", "bsoftmax")}
+    for name, r in res.items():
+        assert all(run.converged for run in r.runs), name
+        assert r.mean >= r.minimum.error.value - 4 * r.abs_err - 2e-3, name
+    assert res["softmax"].mean > res["softmax1"].mean > res["bsoftmax"].mean
+    assert abs(res["bsoftmax"].mean - res["bsoftmax"].bayes.value) < 2e-3
+
+
+# ----------------------------------------------------------------------------- Fig. 4
+def test_fig4_compute_draw_and_resume(tmp_path, monkeypatch):
+    from theory_kit.figures import fig4
+    from theory_kit.results import read_json, write_json
+    tiny = fig4.Plan(H_values=(2,), nu_values=(2.0,), runs=2, n_samples=50,
+                     error_samples=5000, tol=3e-2, T_max=10.0, chunk=5.0)
+    monkeypatch.setattr(fig4, "QUICK", tiny)
+    data = fig4.compute(True, tmp_path, jobs=1)
+    assert len(data["rows"]) == 2 and len(list(tmp_path.glob("*.json"))) == 2 * 3 * 2
+    for row in data["rows"]:
+        for name in fig4.ACTIVATIONS:
+            d = row["activations"][name]
+            assert len(d["einf_runs"]) == 2
+            margin = 4 * np.hypot(max(d["abs_err"]), row["bayes"]["abs_err"])
+            assert min(d["einf_runs"]) >= row["bayes"]["error"] - margin
+    # resume: every run is read back from its file, none is integrated again
+    monkeypatch.setattr(einf, "integrate_ode", lambda *a, **k: pytest.fail("re-integrated"))
+    assert fig4.compute(True, tmp_path, jobs=1)["rows"] == data["rows"]
+    write_json(tmp_path / "fig4.json", {"data": data})
+    fig = fig4.draw(read_json(tmp_path / "fig4.json")["data"])
+    assert len(fig.axes) == 2 and fig4.estimate_seconds(True) < 60

@@ -1,0 +1,168 @@
+"""Fig. 4: the asymptotic error E∞ of softmax, softmax-1 and B-softmax, with the Bayes error.
+
+Caption: L = 5, η = 1, 5 independent runs.  Left: F = 4, flipping spike with ν_f = 10 for
+every f, E∞ against the number of heads H; right: F = 2, H = 4, against the signal strength
+ν (ν1 = ν2 = ν).  Our choices (the captions do not fix them): the gradient-flow limit
+(γ² term dropped, clock τ = γ t), because at finite γ the noise term keeps the keys off the
+minimum and E∞ depends on γ (THEORY §6); initial overlaps drawn at D = 10^4; Monte Carlo
+drift with fixed samples; each run stops by ``einf.StopRule`` or at T_max (unconverged runs
+are marked in the data and drawn hollow); E at the end points by ``einf.precise_error``.
+
+Every run is one job: jobs run in parallel processes (``jobs``) and each finished run is a
+file in ``workdir``, so a stopped computation resumes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.ticker import ScalarFormatter
+
+from .. import einf
+from ..activations import get_activation
+from ..initial import InitialCondition
+from ..model import Task, make_prior
+from .style import label_axes, new_figure, series_colors
+
+NUMBER = 4
+ACTIVATIONS = ("softmax", "softmax1", "bsoftmax")
+LABELS = {"softmax": "softmax", "softmax1": "softmax-1", "bsoftmax": "B-softmax"}
+CAPTION = ("E∞ of softmax, softmax-1 and B-softmax (mean ± spread of the runs; Bayes error as "
+           "a line). L = 5, η = 1. Left: F = 4, flipping spike ν_f = 10, against H; right: "
+           "F = 2, H = 4, ν1 = ν2 = ν, against ν. Gradient-flow limit (our choice), initial "
+           "overlaps drawn at D = 10^4, Monte Carlo drift with fixed samples.")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The sweep: x values of both panels, runs per point and the run settings."""
+
+    H_values: tuple[int, ...]
+    nu_values: tuple[float, ...]
+    runs: int
+    n_samples: int
+    error_samples: int
+    tol: float
+    T_max: float
+    chunk: float
+    L: int = 5
+    eta: float = 1.0
+    D: int = 10_000
+    nu_left: float = 10.0
+    F_left: int = 4
+    H_right: int = 2 * 2
+    F_right: int = 2
+
+    def settings(self) -> einf.RunSettings:
+        rule = einf.StopRule(tol=self.tol, chunk=self.chunk, window=2, T_max=self.T_max)
+        return einf.RunSettings(gamma=1.0, gradient_flow=True, rule=rule, rtol=1e-4,
+                                n_samples=self.n_samples, error_samples=self.error_samples)
+
+    def points(self) -> list[dict]:
+        """One dict per (panel, x): the task parameters and H."""
+        left = [{"panel": "H", "x": float(H), "F": self.F_left, "nu": self.nu_left, "H": H}
+                for H in self.H_values]
+        right = [{"panel": "nu", "x": float(nu), "F": self.F_right, "nu": nu, "H": self.H_right}
+                 for nu in self.nu_values]
+        return left + right
+
+    def params(self) -> dict:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+FULL = Plan(H_values=(1, 2, 4, 8), nu_values=(0.5, 1.0, 2.0, 4.0, 8.0), runs=5, n_samples=500,
+            error_samples=100_000, tol=1e-2, T_max=300.0, chunk=20.0)
+QUICK = Plan(H_values=(1, 2), nu_values=(2.0, 8.0), runs=1, n_samples=100,
+             error_samples=20_000, tol=3e-2, T_max=40.0, chunk=10.0)
+
+
+def plan(quick: bool) -> Plan:
+    return QUICK if quick else FULL
+
+
+def task_of(point: dict, p: Plan) -> Task:
+    return Task(p.L, make_prior("flipping", nu=[point["nu"]] * point["F"]))
+
+
+def estimate_seconds(quick: bool) -> float:
+    """Rough single-core cost: drift evaluations ∝ runs · T_max · samples · atoms · H²."""
+    p = plan(quick)
+    cost = 0.0
+    for pt in p.points():
+        atoms = 2 ** (pt["F"] - 1)
+        per_eval = 4e-8 * p.n_samples * atoms * pt["H"] ** 2 * p.L + 2e-3
+        cost += len(ACTIVATIONS) * p.runs * (1.6 * p.T_max * per_eval + 2e-6 * p.error_samples
+                                             * atoms * pt["H"] * p.L)
+    return 5.0 + cost
+
+
+def _run(job: tuple) -> einf.EinfRun:
+    point, name, seed, p, out = job
+    task, act = task_of(point, p), get_activation(name)
+    ic = InitialCondition.draw(act, point["H"], task.F, task.L, p.D, p.eta, seed)
+    return einf.run_to_convergence(task, act, ic, p.settings(), out=out, progress=False)
+
+
+def compute(quick: bool, workdir: Path, jobs: int = 1) -> dict:
+    """E∞ per (panel point, activation, run), grouped runs, and the Bayes error per task."""
+    p = plan(quick)
+    workdir = Path(workdir)
+    jobs_list, keys = [], []
+    for i, pt in enumerate(p.points()):
+        for name in ACTIVATIONS:
+            for seed in range(p.runs):
+                out = workdir / f"{pt['panel']}{i}_{name}_seed{seed}.json"
+                jobs_list.append((pt, name, seed, p, str(out)))
+                keys.append((i, name))
+    runs = einf.map_jobs(_run, jobs_list, jobs, desc="fig4 runs")
+    rows = []
+    for i, pt in enumerate(p.points()):
+        task = task_of(pt, p)
+        bayes = einf.bayes_floor(task, mc_samples=p.error_samples)
+        row = {**pt, "bayes": bayes.to_dict(), "activations": {}}
+        for name in ACTIVATIONS:
+            mine = [r for r, k in zip(runs, keys) if k == (i, name)]
+            values = [r.error.value for r in mine]
+            groups = einf.group_runs([r.state for r in mine], [r.error for r in mine], task.prior)
+            row["activations"][name] = {
+                "einf_runs": values, "einf": float(np.mean(values)),
+                "einf_std": float(np.std(values)), "abs_err": [r.error.abs_err for r in mine],
+                "converged": [r.converged for r in mine], "T": [r.T for r in mine],
+                "groups": groups}
+        rows.append(row)
+    return {"rows": rows, "plan": p.params(), "settings": p.settings().params(),
+            "activations": list(ACTIVATIONS)}
+
+
+def draw(data: dict) -> Figure:
+    """Left: E∞ against H; right: E∞ against ν; runs as small dots, means as lines."""
+    fig, (left, right) = new_figure(1, 2, panel_size=(3.6, 2.9))
+    colors = dict(zip(data["activations"], series_colors(len(data["activations"]))))
+    for ax, panel in ((left, "H"), (right, "nu")):
+        rows = [r for r in data["rows"] if r["panel"] == panel]
+        x = np.array([r["x"] for r in rows])
+        for name in data["activations"]:
+            means = [r["activations"][name]["einf"] for r in rows]
+            ax.plot(x, means, "-", color=colors[name], label=LABELS.get(name, name))
+            for xi, r in zip(x, rows):
+                d = r["activations"][name]
+                for value, ok in zip(d["einf_runs"], d["converged"]):
+                    ax.plot(xi, value, "o", ms=3.5, color=colors[name],
+                            mfc=colors[name] if ok else "none")
+        ax.plot(x, [r["bayes"]["error"] for r in rows], "k--", lw=1.2, label="Bayes")
+        ax.set_yscale("log")  # the Bayes error at ν = 10, F = 4 is ~1e-4
+        if panel == "nu":
+            ax.set_xscale("log")
+            ax.xaxis.set_major_formatter(ScalarFormatter())
+            ax.set_xticks(x)
+    plan_ = data["plan"]
+    label_axes(left, "number of heads H", "E∞",
+               f"F = {plan_['F_left']}, ν = {plan_['nu_left']:g}, L = {plan_['L']}")
+    label_axes(right, "signal strength ν (ν1 = ν2)", "E∞",
+               f"F = {plan_['F_right']}, H = {plan_['H_right']}, L = {plan_['L']}", legend=False)
+    fig.suptitle("Fig. 4: asymptotic error (gradient flow; hollow = not converged by T_max)",
+                 fontsize=9)
+    fig.tight_layout()
+    return fig
