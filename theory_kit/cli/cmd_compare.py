@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from ..comparison import THRESHOLD, CompareSettings, compare_log, write_report
@@ -42,6 +43,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_compare(args: argparse.Namespace) -> int:
+    if args.no_progress:  # the simulation's bar listens only to this switch
+        os.environ["THEORY_KIT_NO_PROGRESS"] = "1"
     task = build_task(args)
     act = build_activation(args)
     log = load_training_log(args.data, D=args.D, time_unit=args.time_unit)
