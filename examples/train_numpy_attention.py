@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
            "--activation", "softmax", "--L", "4", "--prior", "flipping", "--nu", "2,2",
            "--gamma", repr(gamma), "--runs", str(args.runs), "--samples", str(args.samples),
            "--dt", repr(args.dt), "--out", str(out / "compare")]
-    print("$ " + " ".join(cmd[1:]))
+    print("$ theory-kit " + " ".join(cmd[3:]))
     return subprocess.call(cmd)
 
 

@@ -70,7 +70,7 @@ class CompareSettings:
     dt: float = 0.1
     seed: int = 0
     threshold: float = THRESHOLD
-    error_samples: int = 4096
+    error_samples: int = 8192   # MC draws per run for the simulated loss (its noise adds to σ_D)
 
     def __post_init__(self) -> None:
         if not np.isfinite(self.gamma) or self.gamma <= 0:
@@ -272,7 +272,7 @@ def compare_log(log: TrainingLog, task: Task, act: Activation, settings: Compare
         "worst": {"quantity": worst_name, **judged[worst_name]},
         "quantities": rows,
         "null_max_z": null_max_z(b, list(data)),
-        "notes": notes(log, settings),
+        "notes": notes(log, act, settings),
         "series": {"t": log.t, "data": {**data, **({"loss": log.loss} if log.loss is not None else {})},
                    "data_err": {"loss": log.loss_err} if log.loss_err is not None else {},
                    "theory": b.theory, "theory_mc_err": b.mc_err, "spread_D": b.spread_D},
@@ -284,7 +284,7 @@ def compare_log(log: TrainingLog, task: Task, act: Activation, settings: Compare
     }
 
 
-def notes(log: TrainingLog, settings: CompareSettings) -> list[str]:
+def notes(log: TrainingLog, act: Activation, settings: CompareSettings) -> list[str]:
     """Things the user should know when reading the verdict."""
     out = []
     if log.gamma is not None and not np.isclose(log.gamma, settings.gamma, rtol=1e-9):
@@ -292,10 +292,10 @@ def notes(log: TrainingLog, settings: CompareSettings) -> list[str]:
                    f"{settings.gamma:g}")
     if log.loss is not None and log.loss_err is None:
         out.append("the loss has no loss_err in the file, so it is shown but not judged")
-    for name in ("a", "b"):
-        if getattr(log, name) is None:
-            out.append(f"{name} was not recorded; the activation's preset {name} was used at "
-                       "the start and is not compared")
+    for name, trained in (("a", act.train_a), ("b", act.train_b)):
+        if trained and getattr(log, name) is None:
+            out.append(f"{name} is trained but was not recorded; the activation's preset "
+                       f"{name} was used at the start and {name} is not compared")
     return out
 
 
