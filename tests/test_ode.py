@@ -129,7 +129,7 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path, fresh):
     assert not out.exists() and (tmp_path / "run.json.partial.json").exists()
     engine = _Counting(300, 7, fresh)
     resumed = integrate_ode(TASK, SOFTMAX, _ic(), engine=engine, out=out, **kw)
-    assert engine.calls < 60  # it did not start over (a full run takes 83 evaluations)
+    assert engine.calls < 60  # it did not start over (a full run takes 81-83 evaluations)
     for key in ("t", "M", "Q", "a", "b", "error"):
         assert np.array_equal(getattr(full, key), getattr(resumed, key)), key
     loaded = Trajectory.load(out)
