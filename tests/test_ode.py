@@ -63,7 +63,7 @@ def test_flipping_direction_stays_exactly_zero(method):
 def test_rk4_and_solve_ivp_agree_with_fixed_samples():
     kw = dict(gamma=1.0, T=3.0, times=[0, 1.5, 3.0], engine=MonteCarloDrift(1000, seed=2),
               progress=False)
-    rk4 = integrate_ode(TASK, SOFTMAX, _ic(), method="rk4", dt=0.1, **kw)
+    rk4 = integrate_ode(TASK, SOFTMAX, _ic(), method="rk4", **kw)  # the default dt
     ivp = integrate_ode(TASK, SOFTMAX, _ic(), method="solve_ivp", rtol=1e-8, atol=1e-10, **kw)
     assert np.allclose(rk4.M, ivp.M, atol=2e-5) and np.allclose(rk4.Q, ivp.Q, atol=2e-5)
     assert np.allclose(rk4.error, ivp.error, atol=2e-5)

@@ -216,7 +216,7 @@ class _Recorder:
 
 
 def integrate_ode(task: Task, act: Activation, ic: InitialCondition, gamma: float, T: float,
-                  times: Sequence[float] | None = None, method: str = "rk4", dt: float = 0.05,
+                  times: Sequence[float] | None = None, method: str = "rk4", dt: float = 0.2,
                   engine: SampleDrift | None = None, train_a: bool | None = None,
                   train_b: bool | None = None, gamma_a: float | None = None,
                   gamma_b: float | None = None, gradient_flow: bool = False,

@@ -41,7 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="drop the gamma^2 noise term (gradient flow)")
     p.add_argument("--times", help="output times, e.g. 0,10,30 (default 101 points on [0, T])")
     p.add_argument("--method", default="rk4", help=f"one of {', '.join(METHODS)}")
-    p.add_argument("--dt", type=float, default=0.05, help="RK4 step (solve_ivp: first step)")
+    p.add_argument("--dt", type=float, default=0.2, help="RK4 step, at most (solve_ivp: first step)")
     p.add_argument("--engine", default="mc", help=f"drift expectations: {', '.join(ENGINES)}")
     p.add_argument("--samples", type=int, default=20_000,
                    help="Monte Carlo noise draws (each paired with every theta stratum); with "
