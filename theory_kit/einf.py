@@ -31,7 +31,7 @@ import numpy as np
 from scipy import optimize
 from scipy.optimize import linear_sum_assignment
 
-from .activations import Activation, get_activation
+from .activations import Activation, activation_from_params, get_activation
 from .error import METHODS as ERROR_METHODS, ErrorResult, bayes_error, population_error, squared_residual
 from .expect import montecarlo as mc
 from .expect.drift import MonteCarloDrift
@@ -555,8 +555,10 @@ class EinfResult:
 
 
 def _one_run(job: tuple) -> EinfRun:
-    task, act, ic, settings, out, progress = job
-    return run_to_convergence(task, act, ic, settings, out=out, progress=progress)
+    task, act_params, ic, settings, out, progress = job
+    # rebuilt here: an activation's cached NumPy callables do not pickle to worker processes
+    return run_to_convergence(task, activation_from_params(act_params), ic, settings, out=out,
+                              progress=progress)
 
 
 def asymptotic_error(task: Task, act: Activation, H: int, settings: RunSettings,
@@ -577,7 +579,7 @@ def asymptotic_error(task: Task, act: Activation, H: int, settings: RunSettings,
     for r in range(runs):
         ic = InitialCondition.draw(act, H, task.F, task.L, D, eta, seed + r)
         out = None if wd is None else str(wd / f"run_{seed + r}.json")
-        jobs_list.append((task, act, ic, settings, out, progress and jobs == 1))
+        jobs_list.append((task, act.params(), ic, settings, out, progress and jobs == 1))
     results = map_jobs(_one_run, jobs_list, jobs, desc=f"einf {act.name} H={H}")
     groups = group_runs([r.state for r in results], [r.error for r in results], task.prior)
     bayes = bayes_floor(task, settings.error_method, settings.error_samples) if with_bayes else None

@@ -72,8 +72,8 @@ class Plan:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
-FULL = Plan(H_values=(1, 2, 4, 8), nu_values=(0.5, 1.0, 2.0, 4.0, 8.0), runs=5, n_samples=500,
-            error_samples=100_000, tol=1e-2, T_max=300.0, chunk=20.0)
+FULL = Plan(H_values=(1, 2, 4, 8), nu_values=(0.5, 1.0, 2.0, 4.0, 8.0), runs=5, n_samples=400,
+            error_samples=40_000, tol=1e-2, T_max=300.0, chunk=20.0)
 QUICK = Plan(H_values=(1, 2), nu_values=(2.0, 8.0), runs=1, n_samples=100,
              error_samples=20_000, tol=3e-2, T_max=40.0, chunk=10.0)
 
@@ -93,7 +93,7 @@ def estimate_seconds(quick: bool) -> float:
     for pt in p.points():
         atoms = 2 ** (pt["F"] - 1)
         per_eval = 4e-8 * p.n_samples * atoms * pt["H"] ** 2 * p.L + 2e-3
-        cost += len(ACTIVATIONS) * p.runs * (1.6 * p.T_max * per_eval + 2e-6 * p.error_samples
+        cost += len(ACTIVATIONS) * p.runs * (1.6 * p.T_max * per_eval + 1e-6 * p.error_samples
                                              * atoms * pt["H"] * p.L)
     return 5.0 + cost
 
