@@ -268,7 +268,8 @@ def test_cli_einf_json(capsys):
 
 @pytest.mark.parametrize("extra", [["--H", "0"], ["--gamma", "0"], ["--runs", "0"],
                                    ["--D", "3"], ["--method", "euler"], ["--tol", "-1"],
-                                   ["--error-samples", "1"], ["--error-method", "exact"]])
+                                   ["--error-samples", "1"], ["--error-method", "exact"],
+                                   ["--engine", "exact"]])
 def test_cli_einf_bad_input_exits_2(extra, capsys):
     base = ["einf", "--activation", "softmax", "--L", "5", "--nu", "2,2", "--H", "2"]
     assert main(base + extra) == 2

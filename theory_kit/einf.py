@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from dataclasses import dataclass, field
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -32,9 +32,10 @@ from scipy import optimize
 from scipy.optimize import linear_sum_assignment
 
 from .activations import Activation, activation_from_params, get_activation
-from .error import METHODS as ERROR_METHODS, ErrorResult, bayes_error, population_error, squared_residual
+from .error import METHODS as ERROR_METHODS
+from .error import ErrorResult, bayes_error, population_error, squared_residual
 from .expect import montecarlo as mc
-from .expect.drift import MonteCarloDrift
+from .expect.drift import ENGINES, MonteCarloDrift, QuadratureDrift, SampleDrift
 from .initial import InitialCondition
 from .model import Prior, State, Task, ValidationError, check_int, fail
 from .ode import METHODS as ODE_METHODS, integrate_ode
@@ -418,6 +419,7 @@ class RunSettings:
     mc_seed: int = 0
     error_method: str = "auto"
     error_samples: int = 400_000
+    drift: str = "mc"
 
     def __post_init__(self) -> None:
         for name in ("gamma", "dt", "rtol", "atol"):
@@ -429,9 +431,15 @@ class RunSettings:
         if self.error_method not in ERROR_METHODS:
             fail("error_method", f"must be one of {', '.join(ERROR_METHODS)}", self.error_method)
         check_int(self.n_samples, "samples", 2)
+        check_int(self.error_samples, "error_samples", 2)
+        if self.drift not in ENGINES:
+            fail("drift", f"must be one of {', '.join(ENGINES)}", self.drift)
 
-    def engine(self) -> MonteCarloDrift:
-        return MonteCarloDrift(self.n_samples, self.mc_seed, fresh=False)
+    def engine(self) -> SampleDrift:
+        """The drift engine: fixed Monte Carlo samples (``mc``) or quadrature nodes (``quad``)."""
+        if self.drift == "mc":
+            return MonteCarloDrift(self.n_samples, self.mc_seed, fresh=False)
+        return QuadratureDrift(seed=self.mc_seed)
 
     def params(self) -> dict:
         return {**{k: v for k, v in dataclasses.asdict(self).items() if k != "rule"},

@@ -28,6 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--eta", type=float, default=1.0, help="initialisation scale eta >= 0")
     p.add_argument("--D", type=int, default=10_000, help="dimension of the initial draw")
     p.add_argument("--seed", type=int, default=0, help="seed of the first initialisation")
+    p.add_argument("--engine", default="mc",
+                   help="drift expectations: mc (fixed samples) or quad (quadrature nodes)")
     p.add_argument("--samples", type=int, default=10_000,
                    help="Monte Carlo noise draws of the ODE drift (fixed along the run)")
     p.add_argument("--mc-seed", type=int, default=0, help="seed of those samples")
@@ -56,7 +58,8 @@ def settings_from_args(args: argparse.Namespace) -> einf.RunSettings:
     return einf.RunSettings(gamma=args.gamma, gradient_flow=args.gradient_flow, rule=rule,
                             method=args.method, n_samples=check_int(args.samples, "samples", 2),
                             mc_seed=args.mc_seed, error_method=args.error_method,
-                            error_samples=check_int(args.error_samples, "error-samples", 2))
+                            error_samples=check_int(args.error_samples, "error-samples", 2),
+                            drift=args.engine)
 
 
 def run_einf(args: argparse.Namespace) -> int:
