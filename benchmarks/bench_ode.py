@@ -93,6 +93,9 @@ def main() -> None:
         need = args.samples * (spread_m / 1e-3) ** 2
         print(f"  at the Monte Carlo rate 1/sqrt(n), the goal needs ~{need:.1e} points "
               f"(~{per_curve * need / args.samples / 3600:.1f} h per curve at this speed)")
+    per_feature = Ms.std(axis=0, ddof=1).max(axis=(0, 1)) if args.seeds > 1 else []
+    print("  largest spread per feature: " + ", ".join(
+        f"m_(:,{f + 1}) {v:.1e}" for f, v in enumerate(per_feature)))
     print("  spread in m by time: " + ", ".join(
         f"t={t:g}: {s:.1e}" for t, s in zip(times, spread_t) if t in (10, 30, 50, 100)))
     print(f"brute-force SGD, D={D}, one run to T={T:g}: {sgd_full:.1f} s ({how})")
