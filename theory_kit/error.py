@@ -16,12 +16,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+from scipy import special
 
 from .activations import Activation
 from .expect import montecarlo as mc
-from .model import State, Task, ValidationError, check_state_for_task, fail
+from .expect import precise
+from .expect import quadrature as quad
+from .model import GaussianPrior, Prior, State, Task, check_state_for_task, fail
 
 METHODS = ("auto", "quad", "mc", "mpmath")
+AUTO_QUAD_TOL = 1e-8
+MPMATH_ABS_ERR = 1e-15
 
 
 @dataclass(frozen=True)
@@ -70,17 +75,100 @@ def population_error_mc(task: Task, act: Activation, state: State, n: int = 200_
     return ErrorResult(task.delta + total, float(sq), "mc", {"n_samples": n, "seed": seed})
 
 
+def population_error_quad(task: Task, act: Activation, state: State,
+                          resolution: float = 1.0) -> ErrorResult:
+    """E by deterministic quadrature (``expect.quadrature``); abs_err from two resolutions
+    (or the RQMC spread when the joint column is too high-dimensional for tensor grids)."""
+    r = quad.quad_moments(task, act, state, resolution)
+    return ErrorResult(r.value, r.abs_err, "quad", {"rule": r.rule, "resolution": resolution})
+
+
+def population_error_mpmath(task: Task, act: Activation, state: State,
+                            dps: int = precise.DEFAULT_DPS) -> ErrorResult:
+    """E at ``dps`` digits (small cases only, see ``expect.precise``); abs_err ≈ 1e−15 is the
+    accuracy of its fixed Gauss–Legendre rules, far below the float64 rounding of the value."""
+    value = precise.population_error_mp(task, act, state, dps)
+    return ErrorResult(float(value), MPMATH_ABS_ERR, "mpmath", {"dps": dps, "digits": str(value)})
+
+
+def _auto(quad_fn, mc_fn) -> ErrorResult:
+    """auto: quadrature first; if its error estimate exceeds ``AUTO_QUAD_TOL`` (1e−8), also run
+    Monte Carlo and return whichever reports the smaller abs_err."""
+    q = quad_fn()
+    if q.abs_err <= AUTO_QUAD_TOL:
+        return ErrorResult(q.value, q.abs_err, "quad", {**q.details, "auto": True})
+    m = mc_fn()
+    best = q if q.abs_err <= m.abs_err else m
+    return ErrorResult(best.value, best.abs_err, best.method, {**best.details, "auto": True})
+
+
 def population_error(task: Task, act: Activation, state: State, method: str = "auto",
                      **kwargs: object) -> ErrorResult:
-    """E(M, Q, a, b) for activation ``act`` on ``task`` by the chosen method."""
+    """E(M, Q, a, b) for activation ``act`` on ``task`` by the chosen method.
+
+    ``mc``: n, seed; ``quad``: resolution; ``mpmath``: dps; ``auto``: quad, then MC if
+    quad's abs_err > 1e−8 (the smaller error wins)."""
     _check_method(method)
     check_state_for_task(state, task)
     if method == "mc":
         return population_error_mc(task, act, state, **kwargs)  # type: ignore[arg-type]
-    raise ValidationError(f"method: '{method}' is not available yet for the population error")
+    if method == "quad":
+        return population_error_quad(task, act, state, **kwargs)  # type: ignore[arg-type]
+    if method == "mpmath":
+        return population_error_mpmath(task, act, state, **kwargs)  # type: ignore[arg-type]
+    return _auto(lambda: population_error_quad(task, act, state),
+                 lambda: population_error_mc(task, act, state))
+
+
+# ----------------------------------------------------------------------------- Bayes error
+def log_bayes_factor(prior: Prior, P: np.ndarray) -> np.ndarray:
+    """log g(p) up to a constant, for projections P of shape (..., F, L).
+
+    Discrete: log Σ_j π_j exp(θ_j·p − |θ_j|²/2); Gaussian: Σ_f ν_f p_f² / (2(1 + ν_f))."""
+    if isinstance(prior, GaussianPrior):
+        beta = prior.nu / (2 * (1 + prior.nu))
+        return np.einsum("f,...fl->...l", beta, P * P)
+    atoms, pi = prior.atoms()
+    with np.errstate(divide="ignore"):
+        logit = (np.einsum("jf,...fl->...jl", atoms, P)
+                 - 0.5 * np.sum(atoms ** 2, axis=1)[:, None] + np.log(pi)[:, None])
+    return special.logsumexp(logit, axis=-2)
+
+
+def bayes_error_mc(task: Task, n: int = 200_000, seed: int = 0) -> ErrorResult:
+    """Monte Carlo E_Bayes = Δ + 1 − E[Σ_l p_l²]: projections p = Uᵀx are scores with M = I,
+    Q = I, so the shared samplers (θ stratified) apply."""
+    rng = np.random.default_rng(seed)
+    F = task.F
+    smp = mc.draw_samples(task.prior, F, task.L, n, rng)
+    P, _ = mc.scores(smp, np.eye(F), np.eye(F))
+    logg = log_bayes_factor(task.prior, P)
+    p = np.exp(logg - special.logsumexp(logg, axis=-1, keepdims=True))
+    mean, se = mc.weighted_mean(smp, np.sum(p * p, axis=-1))
+    return ErrorResult(task.delta + 1 - float(mean), float(se), "mc", {"n_samples": n, "seed": seed})
+
+
+def bayes_error_quad(task: Task, resolution: float = 1.0) -> ErrorResult:
+    """E_Bayes by quadrature; abs_err includes the tower-property gap |E[p_ε] − E[Σ p²]|."""
+    r = quad.quad_bayes(task, resolution)
+    return ErrorResult(r.value, r.abs_err, "quad",
+                       {"rule": r.rule, "tower_gap": abs(r.w0 - r.w2), "resolution": resolution})
+
+
+def bayes_error_mpmath(task: Task, dps: int = precise.DEFAULT_DPS) -> ErrorResult:
+    """E_Bayes at ``dps`` digits (discrete priors of rank ≤ 1, Gaussian prior with F = 1)."""
+    from_sq, from_p0 = precise.bayes_error_mp(task, dps)
+    return ErrorResult(float(from_sq), max(MPMATH_ABS_ERR, float(abs(from_sq - from_p0))),
+                       "mpmath", {"dps": dps, "digits": str(from_sq)})
 
 
 def bayes_error(task: Task, method: str = "auto", **kwargs: object) -> ErrorResult:
-    """E_Bayes = Δ + 1 − E[Σ_l p_l²] for the task's prior."""
+    """E_Bayes = Δ + 1 − E[Σ_l p_l²] for the task's prior (discrete or Gaussian)."""
     _check_method(method)
-    raise ValidationError(f"method: '{method}' is not available yet for the Bayes error")
+    if method == "mc":
+        return bayes_error_mc(task, **kwargs)  # type: ignore[arg-type]
+    if method == "quad":
+        return bayes_error_quad(task, **kwargs)  # type: ignore[arg-type]
+    if method == "mpmath":
+        return bayes_error_mpmath(task, **kwargs)  # type: ignore[arg-type]
+    return _auto(lambda: bayes_error_quad(task), lambda: bayes_error_mc(task))
