@@ -25,7 +25,7 @@ Every factor is bounded (e^{x − e^x} ≤ 1/e), so huge scores cannot overflow.
 Elementwise activations need no t: E[w_0] = Σ_h a_h E[φ_h] and E[w_l²] = Σ_{hh'} a_h a_h' E[φ_h φ_h'].
 
 Rules (documented choices):
-* u: trapezoid with step h_u = 0.3/r on [−ψ_max − 32, −ψ_min + 4.5] (ψ = log φ over the
+* u: trapezoid with step h_u = 0.25/r on [−ψ_max − 32, −ψ_min + 4.5] (ψ = log φ over the
   Gaussian ranges).  The integrands are analytic and bounded in |Im u| < π/2, so the error is
   ~ e^{−π²/h_u}; the cut tails are < e^{−32} (lower, integrand ≤ e^{u+ψ}) and < e^{−e^{4.5}}.
 * whitened Gaussian variables z (eigendecomposition of the covariance; only its range is
@@ -57,7 +57,7 @@ Z_RANGE = 8.5           # trapezoid truncation of the standard normal, e^{−Z²
 Z_RANGE_GL = 10.0       # composite Gauss–Legendre truncation (elementwise, polynomial growth)
 H_Z = 0.3               # trapezoid step in z, times 1/σ
 H_Z_MAX = 0.5           # a pure Gaussian is integrated to 1e−30 with this step
-H_U = 0.3               # trapezoid step in u = log t
+H_U = 0.25              # trapezoid step in u = log t
 U_LOW_MARGIN = 32.0     # lower tail of the u-integral ≤ e^{−32}
 U_HIGH_MARGIN = 4.5     # upper tail ≤ exp(−e^{4.5})
 GL_PANELS, GL_ORDER = 16, 10
@@ -179,7 +179,7 @@ class UGrid:
 
 
 def u_grid(psi_min: float, psi_max: float, kappa: float, level: float) -> UGrid:
-    """u on [−ψ_max − 32, −ψ_min + 4.5] with step 0.3/level."""
+    """u on [−ψ_max − 32, −ψ_min + 4.5] with step 0.25/level."""
     psi_min = max(psi_min, psi_max - 200.0)  # φ → 0 polynomially: beyond this all tokens ≈ 0
     h = H_U / level
     lo, hi = -psi_max - U_LOW_MARGIN, -psi_min + U_HIGH_MARGIN

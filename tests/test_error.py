@@ -1,0 +1,118 @@
+"""Population error and Bayes error: methods against each other and against identities."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from theory_kit import error as err
+from theory_kit.activations import PRESETS, get_activation
+from theory_kit.expect.quadrature import bayes_setup
+from theory_kit.model import State, Task, ValidationError, make_prior
+
+
+def test_bad_method_names_the_parameter():
+    # Fails if an unknown method is silently accepted or reported without its name.
+    task = Task(3, make_prior("flipping", nu=[1.0]))
+    act = get_activation("softmax")
+    st = State(np.zeros((1, 1)), np.zeros((1, 1)), np.ones(1), np.zeros(1))
+    with pytest.raises(ValidationError, match="^method"):
+        err.population_error(task, act, st, method="simpson")
+    with pytest.raises(ValidationError, match="^method"):
+        err.bayes_error(task, method="simpson")
+
+
+@pytest.mark.parametrize("prior", ["flipping", "gaussian"])
+def test_bayes_error_tends_to_chance_for_weak_signal(prior):
+    # As ν → 0 the posterior is uniform, E_Bayes → 1 − 1/L (+Δ). The O(ν) gap must be small
+    # but positive-side: fails if the normalisation or the Δ bookkeeping is wrong.
+    L = 5
+    task = Task(L, make_prior(prior, nu=[1e-6, 1e-6]), delta=0.1)
+    r = err.bayes_error(task, method="quad")
+    assert abs(r.value - (0.1 + 1 - 1 / L)) < 1e-5
+    assert r.value <= 0.1 + 1 - 1 / L + 1e-12
+
+
+def flipping_atom_state(nu1, nu2):
+    M = np.array([[np.sqrt(nu1), np.sqrt(nu2)], [np.sqrt(nu1), -np.sqrt(nu2)]])
+    return M, M @ M.T
+
+
+def test_bsoftmax_at_the_atoms_is_bayes_optimal():
+    # B-softmax with k_± = √ν1 u1 ± √ν2 u2 computes the posterior, so its error is E_Bayes
+    # (here computed through the same engine but via E[Σp²], not 1 − 2E[w_ε] + E[Σw²]).
+    # Moving one head off its atom must raise the error. Fails if offsets or the joint
+    # normalisation are wrong.
+    task = Task(4, make_prior("flipping", nu=[2.0, 2.0]))
+    act = get_activation("bsoftmax")
+    M, Q = flipping_atom_state(2.0, 2.0)
+    at_atoms = err.population_error(task, act, State(M, Q, np.ones(2), np.zeros(2)), "quad")
+    bayes = err.bayes_error(task, method="quad")
+    assert abs(at_atoms.value - bayes.value) <= 1e-8
+    M_off = M.copy()
+    M_off[0] *= 0.8
+    off = err.population_error(task, act, State(M_off, M_off @ M_off.T, np.ones(2), np.zeros(2)),
+                               "quad")
+    assert off.value > bayes.value + 1e-4
+
+
+def test_bayes_error_quad_matches_monte_carlo():
+    # MC uses the posterior formula p_l ∝ g(Uᵀx_l) directly (no B-softmax, no t-integral).
+    for prior, nu in (("flipping", [2.0, 2.0]), ("gaussian", [2.0])):
+        task = Task(4, make_prior(prior, nu=nu))
+        q = err.bayes_error(task, method="quad")
+        m = err.bayes_error(task, method="mc", n=40_000, seed=3)
+        assert abs(q.value - m.value) < 4 * m.abs_err, (prior, q.value, m.value, m.abs_err)
+
+
+def test_bayes_tower_property():
+    # E[p_ε] = E[Σ p_l²]: the quad engine computes both sides separately.
+    r = err.bayes_error(Task(6, make_prior("flipping", nu=[3.0, 1.0])), method="quad")
+    assert r.details["tower_gap"] < 1e-10
+
+
+def test_bayes_setup_heads_sit_at_the_atoms():
+    atoms_task = Task(3, make_prior("flipping", nu=[2.0, 3.0]))
+    act, st = bayes_setup(atoms_task)
+    assert np.allclose(st.Q, st.M @ st.M.T) and act.norm == "joint"
+    assert np.allclose(act.offsets(np.diag(st.Q)), -2.5 + np.log(0.5))
+
+
+PRESET_CASES = [(name, prior, H, L) for i, name in enumerate(sorted(PRESETS))
+                for j, prior in enumerate(("flipping", "gaussian"))
+                for H, L in [((1, 2), (2, 10), (3, 4), (2, 6))[(i + 2 * j) % 4]]]
+
+
+@pytest.mark.parametrize("name,prior,H,L", PRESET_CASES)
+def test_quad_agrees_with_monte_carlo(name, prior, H, L):
+    # Independent check of the whole reduction (Laplace trick, column independence,
+    # nested pair tables, prior folding): plain MC on the H×L scores.
+    rng = np.random.default_rng(H * 100 + L)
+    task = Task(L, make_prior(prior, nu=[2.0, 1.5]))
+    act = get_activation(name)
+    K = rng.standard_normal((H, 2 + H)) * 0.8
+    M, Q = K[:, :2], K @ K.T
+    st = State(M, Q, act.a_default(H, L), act.b_default(H, L))
+    q = err.population_error(task, act, st, method="quad")
+    m = err.population_error(task, act, st, method="mc", n=20_000, seed=1)
+    assert abs(q.value - m.value) < 4 * m.abs_err + q.abs_err, (q.value, m.value, m.abs_err)
+    # tensor rules must be tight; joint columns of rank ≥ 3 use RQMC (looser, honest spread)
+    assert q.abs_err < (1e-3 if q.details["rule"] == "rqmc" else 1e-6)
+
+
+def test_cli_json_has_error_and_abs_err():
+    out = subprocess.run(
+        [sys.executable, "-m", "theory_kit", "error", "--activation", "softmax", "--L", "4",
+         "--prior", "flipping", "--nu", "2,2", "--M", "[[1.0,0.8],[0.9,-0.7]]",
+         "--Q", "[[2.0,0.3],[0.3,1.8]]", "--method", "quad", "--json"],
+        capture_output=True, text=True, check=True)
+    d = json.loads(out.stdout)
+    act = get_activation("softmax")
+    st = State(np.array([[1.0, 0.8], [0.9, -0.7]]), np.array([[2.0, 0.3], [0.3, 1.8]]),
+               act.a_default(2, 4), act.b_default(2, 4))
+    api = err.population_error(Task(4, make_prior("flipping", nu=[2.0, 2.0])), act, st, "quad")
+    assert d["error"] == pytest.approx(api.value, abs=1e-14) and d["abs_err"] == api.abs_err
+    bad = subprocess.run([sys.executable, "-m", "theory_kit", "bayes-error", "--L", "4",
+                          "--nu", "2,2", "--method", "nope"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "method" in bad.stderr

@@ -1,0 +1,131 @@
+"""Quadrature engine against closed forms and mpmath references (theory_kit.expect)."""
+import numpy as np
+import pytest
+
+from theory_kit.activations import get_activation
+from theory_kit.expect import precise
+from theory_kit.expect.quadrature import quad_moments, whiten
+from theory_kit.model import State, Task, make_prior
+
+M2 = np.array([[1.0, 0.8], [0.9, -0.7]])
+Q2 = np.array([[2.0, 0.3], [0.3, 1.8]])
+
+
+def state_for(act, M, Q, L, a=None, b=None):
+    H = M.shape[0]
+    return State(M, Q, act.a_default(H, L) if a is None else a,
+                 act.b_default(H, L) if b is None else b)
+
+
+@pytest.mark.parametrize("H,L", [(1, 3), (2, 5)])
+def test_zero_overlaps_give_uniform_attention(H, L):
+    # M = Q = 0: every score is 0, w_l = 1/L, so E = Δ + 1 − 1/L exactly. Fails if the
+    # singular-covariance handling, the u-grid or the assembly of the terms is wrong.
+    task = Task(L, make_prior("flipping", nu=[2.0, 1.0]), delta=0.3)
+    act = get_activation("softmax")
+    st = state_for(act, np.zeros((H, 2)), np.zeros((H, H)), L)
+    r = quad_moments(task, act, st)
+    assert abs(r.value - (0.3 + 1 - 1 / L)) < 1e-12
+    assert r.abs_err < 1e-10
+
+
+@pytest.mark.parametrize("prior", ["flipping", "gaussian"])
+def test_single_head_pair_matches_direct_1d_integral(prior):
+    # One softmax head with L = 2 depends only on s_1 − s_0: a 1-D mpmath integral that
+    # does not use the Laplace reduction. Fails if the t-integral or its weights are off.
+    task = Task(2, make_prior(prior, nu=[2.0, 0.5]))
+    act = get_activation("softmax")
+    st = state_for(act, np.array([[1.1, -0.4]]), np.array([[1.7]]), 2)
+    ref = float(precise.softmax_pair_error(task, st, a=1.0))
+    r = quad_moments(task, act, st)
+    assert abs(r.value - ref) <= 1e-10
+    assert r.abs_err < 1e-8
+
+
+def test_identical_heads_equal_one_head_with_summed_output_weight():
+    # k_1 = k_2 makes the pair covariance singular (rank 1) in every cross term; the result
+    # must equal one head with a = a_1 + a_2. Fails if the nested pair tables mishandle σ_c = 0.
+    task = Task(4, make_prior("flipping", nu=[2.0, 2.0]))
+    act = get_activation("softmax")
+    m = np.array([0.9, 0.5])
+    q = 1.5
+    two = State(np.vstack([m, m]), np.full((2, 2), q), np.array([0.3, 0.5]), np.zeros(2))
+    one = State(m[None], np.array([[q]]), np.array([0.8]), np.zeros(1))
+    assert abs(quad_moments(task, act, two).value - quad_moments(task, act, one).value) < 1e-10
+
+
+@pytest.mark.parametrize("prior", ["flipping", "gaussian"])
+def test_linear_attention_closed_form(prior):
+    # φ = s: w_0 ~ N(aᵀMθ, aᵀQa) and w_l ~ N(0, aᵀQa), so
+    # E = 1 − 2 E[aᵀMθ] + E[(aᵀMθ)²] + L aᵀQa. Fails if the elementwise rules are wrong.
+    L = 5
+    task = Task(L, make_prior(prior, nu=[2.0, 2.0]))
+    act = get_activation("linear")
+    st = state_for(act, M2, Q2, L)
+    a = st.a
+    if prior == "gaussian":
+        mean_sig, second = 0.0, float(a @ M2 @ np.diag([2.0, 2.0]) @ M2.T @ a)
+    else:
+        atoms, pi = task.prior.atoms()
+        proj = atoms @ M2.T @ a
+        mean_sig, second = float(pi @ proj), float(pi @ proj ** 2)
+    exact = 1 - 2 * mean_sig + second + L * float(a @ Q2 @ a)
+    assert abs(quad_moments(task, act, st).value - exact) < 1e-12
+
+
+def test_whiten_keeps_only_the_range():
+    # A rank-1 covariance must give one direction with A Aᵀ = cov (fails if the
+    # eigenvalue cut is wrong, which would integrate over a spurious null direction).
+    v = np.array([1.0, -2.0, 0.5])
+    A = whiten(np.outer(v, v))
+    assert A.shape == (3, 1)
+    assert np.allclose(A @ A.T, np.outer(v, v))
+
+
+def test_per_head_softmax1_matches_mpmath():
+    # κ = 1, trained bias, one head: same reduced integrals evaluated with mpmath's
+    # Gauss–Legendre nodes at 30 digits (a different rule from quad's trapezoids).
+    task = Task(3, make_prior("flipping", nu=[2.0]))
+    act = get_activation("softmax1")
+    st = State(np.array([[1.2]]), np.array([[2.0]]), np.ones(1), np.array([-1.0]))
+    ref = float(precise.population_error_mp(task, act, st))
+    assert abs(quad_moments(task, act, st).value - ref) < 1e-10
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["joint-rank1", "gaussian-prior", "per-head-independent"])
+def test_quad_matches_mpmath_small_cases(case):
+    # Fails if quad's rules lose accuracy for joint normalisation (two heads on one
+    # direction, two atoms), for the folded Gaussian prior, or in the per-head cross terms.
+    if case == "joint-rank1":
+        task = Task(3, make_prior("discrete", atoms=[[1.5], [-1.5]]))
+        act = get_activation("bsoftmax")
+        st = State(np.array([[1.5], [-1.0]]), np.array([[2.25, -1.5], [-1.5, 1.0]]),
+                   np.ones(2), np.zeros(2))
+    elif case == "gaussian-prior":
+        task = Task(4, make_prior("gaussian", nu=[2.0]))
+        act = get_activation("softmax")
+        st = State(np.array([[0.9]]), np.array([[1.3]]), np.ones(1), np.zeros(1))
+    else:
+        task = Task(3, make_prior("flipping", nu=[1.0, 2.0]))
+        act = get_activation("softmax")
+        st = State(np.array([[0.7, 0.6], [0.5, -0.8]]), np.diag([1.2, 1.1]),
+                   np.array([0.5, 0.5]), np.zeros(2))
+    ref = float(precise.population_error_mp(task, act, st))
+    assert abs(quad_moments(task, act, st).value - ref) < 1e-10
+
+
+@pytest.mark.slow
+def test_rqmc_fallback_agrees_with_monte_carlo():
+    # Joint normalisation over H = 4 independent heads exceeds the tensor-grid budget, so
+    # scrambled Sobol replicates are used; their mean must agree with plain MC.
+    from theory_kit.error import population_error_mc
+    task = Task(3, make_prior("flipping", nu=[2.0, 2.0]))
+    act = get_activation("bsoftmax")
+    rng = np.random.default_rng(1)
+    M = 0.5 * rng.standard_normal((4, 2))
+    st = State(M, M @ M.T + 0.5 * np.eye(4), np.ones(4), np.zeros(4))
+    r = quad_moments(task, act, st)
+    assert r.rule == "rqmc"
+    m = population_error_mc(task, act, st, n=40_000)
+    assert abs(r.value - m.value) < 4 * np.hypot(m.abs_err, r.abs_err)
