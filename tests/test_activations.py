@@ -34,6 +34,7 @@ def test_kernel_matches_finite_differences(name):
     Jv = k.jvp_tokens(v)
     assert np.allclose(Jv, J @ v, atol=1e-7)
     assert np.allclose(k.jj(), np.einsum("hlk,glk->hgl", J, J), atol=1e-7)
+    assert np.allclose(k.jj_sum(), np.einsum("hlk,glk->hg", J, J), atol=1e-7)
     assert np.allclose(k.grad_b(Jv), Jv.sum(-1))
     eye = np.eye(H)
     dq = [(act.weights(S, a, b, Qd + 1e-6 * eye[h])[1] - act.weights(S, a, b, Qd - 1e-6 * eye[h])[1]) @ v / 2e-6
@@ -42,6 +43,22 @@ def test_kernel_matches_finite_differences(name):
     da = [(act.weights(S, a + 1e-6 * eye[h], b, Qd)[1] - act.weights(S, a - 1e-6 * eye[h], b, Qd)[1]) @ v / 2e-6
           for h in range(H)]
     assert np.allclose(k.grad_a(v), da, atol=1e-7)
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_kernel_with_one_a_per_sample_equals_separate_kernels(name):
+    """a of shape (R, H) broadcasts against scores (R, H, L): one call for R different a."""
+    act = get_activation(name)
+    R, H, L = 4, 3, 5
+    S, v = RNG.standard_normal((R, H, L)), RNG.standard_normal((R, L))
+    a, b, Qd = RNG.uniform(0.2, 2, (R, H)), RNG.standard_normal((R, H)), RNG.uniform(1, 2, (R, H))
+    k = act.kernel(S, a, b, Qd)
+    for r in range(R):
+        kr = act.kernel(S[r], a[r], b[r], Qd[r])
+        np.testing.assert_allclose(k.w[r], kr.w, rtol=1e-12)
+        np.testing.assert_allclose(k.jvp_tokens(v)[r], kr.jvp_tokens(v[r]), rtol=1e-10, atol=1e-14)
+        np.testing.assert_allclose(k.jj()[r], kr.jj(), rtol=1e-10, atol=1e-14)
+        np.testing.assert_allclose(k.jj_sum()[r], kr.jj().sum(-1), rtol=1e-10, atol=1e-14)
 
 
 def _softmax1_mpmath(t):

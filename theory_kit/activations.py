@@ -217,10 +217,21 @@ class Activation:
         return self._numeric[0](t)
 
     # -- weights and their derivatives ----------------------------------------------
+    @cached_property
+    def is_plain_exp(self) -> bool:
+        """φ = exp(s): then φ'/φ = φ''/φ = 1 and the weights are plain max-shifted exponentials."""
+        return self.log_psi == S_SYMBOL
+
     def normalised(self, T: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(W, D, D2) = (φ, φ', φ'')(T)/N for biased scores T of shape (..., H, L)."""
+        """(W, D, D2) = (φ, φ', φ'')(T)/N for biased scores T of shape (..., H, L).
+
+        For φ = exp(s) the three are the same array W (read-only use)."""
         T = np.asarray(T, dtype=float)
         axes = {"elementwise": None, "per-head": (-1,), "joint": (-2, -1)}[self.norm]
+        if self.is_plain_exp and axes is not None:
+            # the hot path of simulations and drift samples: no lambdified calls
+            W = _log_normalise(T, axes, self.kappa)
+            return W, W, W
         if self.log_psi is not None:
             logphi = self._numeric[0](T)
             r1, r2 = self._numeric[1](T), self._numeric[2](T)
@@ -241,7 +252,13 @@ class Activation:
 
     def biased_scores(self, S: np.ndarray, a: np.ndarray, b: np.ndarray,
                       Qdiag: np.ndarray) -> np.ndarray:
-        """T = S + b_h + o_h(Q), broadcasting over leading sample axes of S (..., H, L)."""
+        """T = S + b_h + o_h(Q), broadcasting over leading sample axes of S (..., H, L).
+
+        Qdiag may be None when the offsets do not depend on it (``offset="none"``)."""
+        if self.offset == "none":
+            b = np.asarray(b, dtype=float)
+            # b = 0 (most presets): no copy of S; callers only read T
+            return S if not b.any() else S + b[..., :, None]
         return S + (np.asarray(b) + self.offsets(Qdiag))[..., :, None]
 
     def weights(self, S: np.ndarray, a: np.ndarray, b: np.ndarray,
@@ -273,7 +290,10 @@ def _log_normalise(logphi: np.ndarray, axes: tuple[int, ...], kappa: float) -> n
 
 @dataclass
 class Kernel:
-    """First-order structure of w at one batch of scores (see the module docstring)."""
+    """First-order structure of w at one batch of scores (see the module docstring).
+
+    ``a`` is (H,) for all samples, or (..., H) broadcasting against the leading axes of W
+    (e.g. one a per simulation run)."""
 
     norm: str
     offset: str
@@ -282,21 +302,21 @@ class Kernel:
     D: np.ndarray
     D2: np.ndarray
 
-    @property
+    @cached_property
     def w(self) -> np.ndarray:
         """Token weights w_l = Σ_h a_h W_hl, shape (..., L)."""
-        return np.einsum("h,...hl->...l", self.a, self.W)
+        return np.einsum("...h,...hl->...l", self.a, self.W)
 
     def jvp_tokens(self, v: np.ndarray) -> np.ndarray:
         """(J_{hl}·v) = Σ_{l'} ∂w_{l'}/∂s_{hl} v_{l'}, shape (..., H, L), for v of shape (..., L)."""
-        v = v[..., None, :]
+        a = self.a[..., :, None]
         if self.norm == "per-head":
-            Wv = np.sum(self.W * v, axis=-1, keepdims=True)
-            return self.a[:, None] * self.D * (v - Wv)
+            Wv = np.einsum("...hl,...l->...h", self.W, v)[..., None]
+            return a * self.D * (v[..., None, :] - Wv)
         if self.norm == "joint":
-            wv = np.sum(self.w[..., None, :] * v, axis=-1, keepdims=True)
-            return self.D * (self.a[:, None] * v - wv)
-        return self.a[:, None] * self.D * v
+            wv = np.einsum("...l,...l->...", self.w, v)[..., None, None]
+            return self.D * (a * v[..., None, :] - wv)
+        return a * self.D * v[..., None, :]
 
     def grad_a(self, v: np.ndarray) -> np.ndarray:
         """∂w/∂a_h·v = W_h·v, shape (..., H)."""
@@ -310,20 +330,49 @@ class Kernel:
         """∂w/∂Q_hh·v: −½ Σ_l J_{hl}·v for Bayes offsets, else 0."""
         return -0.5 * Jv.sum(axis=-1) if self.offset == "bayes" else np.zeros(Jv.shape[:-1])
 
+    def _aa(self) -> np.ndarray:
+        """a_h a_{h'}, shape (..., H, H)."""
+        return self.a[..., :, None] * self.a[..., None, :]
+
     def jj(self) -> np.ndarray:
         """(J_{hl}·J_{h'l}) = Σ_{l'} J_{hl,l'} J_{h'l,l'}, shape (..., H, H, L)."""
         D, W, a = self.D, self.W, self.a
         DD = D[..., :, None, :] * D[..., None, :, :]
-        aa = a[:, None, None] * a[None, :, None]
+        aa = self._aa()[..., None]
         if self.norm == "per-head":
-            WW = np.einsum("...hl,...gl->...hg", W, W)[..., None]
+            WW = pair_products(W, W)[..., None]
             return aa * DD * (1 - W[..., :, None, :] - W[..., None, :, :] + WW)
         if self.norm == "joint":
             w = self.w
             ww = np.sum(w * w, axis=-1)[..., None, None, None]
-            aplus = (a[:, None] + a[None, :])[..., None]
+            aplus = (a[..., :, None] + a[..., None, :])[..., None]
             return DD * (aa - aplus * w[..., None, None, :] + ww)
         return aa * DD
+
+    def jj_sum(self) -> np.ndarray:
+        """Σ_l J_{hl}·J_{h'l}, shape (..., H, H): :meth:`jj` summed over l without forming it.
+
+        per-head: a_h a_{h'} [(D Dᵀ)(1 + W Wᵀ) − X − Xᵀ] with X = (D∘W) Dᵀ;
+        joint:    a_h a_{h'} D Dᵀ − (a_h + a_{h'}) (D∘w) Dᵀ + |w|² D Dᵀ;
+        elementwise: a_h a_{h'} D Dᵀ."""
+        D, W, a = self.D, self.W, self.a
+        WW = pair_products(W, W) if self.norm == "per-head" else None
+        DD = WW if (D is W and WW is not None) else pair_products(D, D)
+        if self.norm == "per-head":
+            X = pair_products(D * W, D)
+            return self._aa() * (DD * (1.0 + WW) - X - np.swapaxes(X, -1, -2))
+        if self.norm == "joint":
+            w = self.w
+            Y = pair_products(D * w[..., None, :], D)
+            ww = np.sum(w * w, axis=-1)[..., None, None]
+            aplus = a[..., :, None] + a[..., None, :]
+            return (self._aa() + ww) * DD - aplus * Y
+        return self._aa() * DD
+
+
+def pair_products(X: np.ndarray, Y: np.ndarray) -> np.ndarray:
+    """Σ_l X_{hl} Y_{gl}, shape (..., H, G), for X (..., H, L) and Y (..., G, L)."""
+    return X @ np.swapaxes(Y, -1, -2)
 
 
 # ----------------------------------------------------------------------------- presets

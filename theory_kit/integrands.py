@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .activations import Activation
+from .activations import Activation, pair_products
 
 
 @dataclass
@@ -37,27 +37,33 @@ def conditional_projections(theta: np.ndarray, zeta: np.ndarray, M: np.ndarray,
     """P_{fl} = (Mᵀ Q⁺ ζ_l)_f + 1[l = 0] θ_f, shape (n, F, L).
 
     Q⁺ is the Moore–Penrose pseudo-inverse: ζ lies in the range of Q almost surely."""
-    B = M.T @ np.linalg.pinv(Q, hermitian=True)
-    P = np.einsum("fh,nhl->nfl", B, zeta)
+    P = projection_matrix(M, Q) @ zeta
     P[:, :, 0] += theta
     return P
+
+
+def projection_matrix(M: np.ndarray, Q: np.ndarray) -> np.ndarray:
+    """B = Mᵀ Q⁺ (F × H), so that E[u·x_l | ζ] = B ζ_l off the signal token."""
+    return M.T @ np.linalg.pinv(Q, hermitian=True)
 
 
 def reference_drift_integrands(act: Activation, S: np.ndarray, zeta: np.ndarray,
                                theta: np.ndarray, M: np.ndarray, Q: np.ndarray, a: np.ndarray,
                                b: np.ndarray, delta: float = 0.0) -> DriftSamples:
-    """The integrands above at scores S (n, H, L) with the signal at token 0."""
+    """The integrands above at scores S (n, H, L) with the signal at token 0.
+
+    Only token 0 carries θ, so with gζ_{hh'} = Σ_l g_{hl} ζ_{h'l} the two token sums are
+    Σ_l g_{hl} P_{fl} = (gζ Bᵀ)_{hf} + g_{h0} θ_f and Σ_l g_{hl} s_{h'l} = gζ_{hh'} + g_{h0} (Mθ)_{h'}."""
     kern = act.kernel(S, a, b, np.diag(Q))
-    w = kern.w
-    e = -w
+    e = -kern.w
     e[:, 0] += 1.0
-    sq = np.sum(e * e, axis=-1)
+    sq = np.einsum("nl,nl->n", e, e)
     g = kern.jvp_tokens(e)                      # (n, H, L)
-    rho = kern.grad_qdiag(g)                    # (n, H)
-    P = conditional_projections(theta, zeta, M, Q)
-    dM = np.einsum("nhl,nfl->nhf", g, P) + 2 * rho[:, :, None] * M[None]
-    half = np.einsum("nhl,ngl->nhg", g, S) + 2 * rho[:, :, None] * Q[None]
+    rho2 = 2 * kern.grad_qdiag(g)[:, :, None]   # (n, H, 1)
+    g0 = g[:, :, 0, None]
+    gz = pair_products(g, zeta)
+    dM = gz @ projection_matrix(M, Q).T + g0 * theta[:, None, :] + rho2 * M
+    half = gz + g0 * (theta @ M.T)[:, None, :] + rho2 * Q
     dQ_lin = half + np.swapaxes(half, 1, 2)
-    gg = np.einsum("nhl,ngl->nhg", g, g)
-    dQ_noise = (sq + delta)[:, None, None] * kern.jj().sum(-1) + 2 * gg
+    dQ_noise = (sq + delta)[:, None, None] * kern.jj_sum() + 2 * pair_products(g, g)
     return DriftSamples(dM, dQ_lin, dQ_noise, kern.grad_a(e), kern.grad_b(g), sq)

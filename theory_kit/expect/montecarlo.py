@@ -70,7 +70,7 @@ def draw_samples(prior: Prior, H: int, L: int, n: int, rng: np.random.Generator)
 
 def scores(samples: Samples, M: np.ndarray, Q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(S, ζ): scores S (n×H×L) with the signal at token 0, and the noise part ζ = S − 1[l=0] Mθ."""
-    zeta = np.einsum("hk,nkl->nhl", sqrtm_psd(Q), samples.g)
+    zeta = sqrtm_psd(Q) @ samples.g
     S = zeta.copy()
     S[:, :, 0] += samples.theta @ M.T
     return S, zeta
