@@ -78,21 +78,29 @@ def test_wishart_factor_moments() -> None:
         np.testing.assert_allclose(W.var(0), expected_var, rtol=0.05)
 
 
-@pytest.mark.parametrize("act", ["bsoftmax", "softmax"])
-def test_per_run_a_uses_linearity_of_the_kernel(act: str) -> None:
-    """Trained a differs between runs: the linear combination must equal a per-run kernel."""
+@pytest.mark.parametrize("act", ["bsoftmax", "softmax1", "relu"])
+def test_step_coefficients_of_all_runs_equal_per_run_kernels(act: str) -> None:
+    """One kernel call for runs with different a, b, Q: each run's coefficients must equal
+    those from its own kernel (r = y − w·c, β = (γ/D) r J·c, ρ = (γ/D) r 2 ∂w/∂Q_hh·c, …)."""
     activation = get_activation(act)
     rng = np.random.default_rng(1)
     R, H, L = 5, 3, 4
-    S, c = rng.standard_normal((R, H, L)), rng.standard_normal((R, L))
+    S, c, y = rng.standard_normal((R, H, L)), rng.standard_normal((R, L)), rng.standard_normal(R)
     a, b, Qd = rng.uniform(0.2, 2, (R, H)), rng.standard_normal((R, H)), rng.uniform(1, 2, (R, H))
-    w, G, ga, Rq = sim._kernel_products(activation, S, a, b, Qd, c, a_shared=False)
+    rates = np.array([0.3, 0.2, 0.1])
+    co = sim.step_coefficients(activation, S, a, b, Qd, c, y, rates)
     for r in range(R):
         kern = activation.kernel(S[r], a[r], b[r], Qd[r])
-        np.testing.assert_allclose(w[r], kern.w, rtol=1e-12)
-        np.testing.assert_allclose(G[r], kern.jvp_tokens(c[r]), rtol=1e-10, atol=1e-14)
-        np.testing.assert_allclose(ga[r], kern.grad_a(c[r]), rtol=1e-12)
-        np.testing.assert_allclose(Rq[r], kern.grad_qdiag(kern.jvp_tokens(c[r])), atol=1e-14)
+        res = y[r] - kern.w @ c[r]
+        G = kern.jvp_tokens(c[r])
+        np.testing.assert_allclose(co.w[r], kern.w, rtol=1e-12)
+        np.testing.assert_allclose(co.beta[r], 0.3 * res * G, rtol=1e-10, atol=1e-14)
+        np.testing.assert_allclose(co.da[r], 0.2 * res * kern.grad_a(c[r]), rtol=1e-10)
+        np.testing.assert_allclose(co.db[r], 0.1 * res * G.sum(-1), rtol=1e-10, atol=1e-14)
+        if activation.offset == "bayes":
+            np.testing.assert_allclose(co.rho[r], 0.6 * res * kern.grad_qdiag(G), atol=1e-14)
+        else:
+            assert co.rho is None
 
 
 def test_trained_a_moves_and_matches_brute_force_mean() -> None:

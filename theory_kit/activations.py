@@ -278,10 +278,10 @@ def _log_normalise(logphi: np.ndarray, axes: tuple[int, ...], kappa: float) -> n
     """e^{logφ}/(κ + Σ e^{logφ}) over ``axes``, shifting by m = max(log κ, max logφ).
 
     The shift keeps κ exact: the normaliser is κ e^{−m} + Σ e^{logφ − m}."""
-    m = np.max(logphi, axis=axes, keepdims=True)
+    m = logphi.max(axis=axes, keepdims=True)
     if kappa > 0:
         m = np.maximum(m, np.log(kappa))
-    m = np.where(np.isfinite(m), m, 0.0)
+    # a non-finite m (all φ = 0 with κ = 0, or an infinite score) gives NaN with any shift
     ex = np.exp(logphi - m)
     # with κ > 0, m ≥ log κ keeps κ e^{−m} ≤ 1; with κ = 0 the term is absent (not 0·∞)
     floor = kappa * np.exp(-m) if kappa > 0 else 0.0

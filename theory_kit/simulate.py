@@ -38,11 +38,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable
-
 import numpy as np
 
-from .activations import Activation, Kernel
+from .activations import Activation
 from .error import squared_residual
 from .initial import InitialCondition, keys_from_state
 from .model import Task, ValidationError, as_finite_array, check_int, check_state_for_task, fail
@@ -88,6 +86,14 @@ class Samples:
     theta: np.ndarray  # (…, F)
     c: np.ndarray      # values (…, L)
     xi: np.ndarray     # label noise
+    y: np.ndarray      # labels y = c_ε + √Δ ξ
+
+    def squared_errors(self, w: np.ndarray, delta: float) -> np.ndarray:
+        """Δ + |δ_ε − w|² for token weights w (…, L) of the same steps and runs."""
+        e = -w
+        np.put_along_axis(e, self.eps[..., None],
+                          np.take_along_axis(e, self.eps[..., None], -1) + 1.0, -1)
+        return delta + np.einsum("...l,...l->...", e, e)
 
 
 def draw_samples(task: Task, rng: np.random.Generator, steps: int, runs: int) -> Samples:
@@ -96,67 +102,60 @@ def draw_samples(task: Task, rng: np.random.Generator, steps: int, runs: int) ->
     theta = task.prior.sample(rng, steps * runs).reshape(steps, runs, task.F)
     c = rng.standard_normal((steps, runs, task.L))
     xi = rng.standard_normal((steps, runs))
-    return Samples(eps, theta, c, xi)
+    y = np.take_along_axis(c, eps[..., None], -1)[..., 0] + np.sqrt(task.delta) * xi
+    return Samples(eps, theta, c, xi, y)
 
 
 # ----------------------------------------------------------------------------- SGD coefficients
 @dataclass
 class StepCoefficients:
-    """One step's update coefficients (runs first): k_h ← (1+ρ_h) k_h + Σ_l β_{hl} x_l."""
+    """One step's update coefficients (runs first): k_h ← (1+ρ_h) k_h + Σ_l β_{hl} x_l.
 
-    beta: np.ndarray     # (R, H, L)
-    rho: np.ndarray      # (R, H)
-    da: np.ndarray       # (R, H)
-    db: np.ndarray       # (R, H)
-    sq_err: np.ndarray   # (R,) Δ + |δ_ε − w|²
+    ρ, da, db are None when they vanish (no Bayes offsets, untrained a or b)."""
 
-
-def _kernel_products(act: Activation, S: np.ndarray, a: np.ndarray, b: np.ndarray,
-                     Qdiag: np.ndarray, c: np.ndarray, a_shared: bool
-                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(w, G = J·c, ∂ŷ/∂a = W·c, R = ∂ŷ/∂Q_hh) at scores S (R, H, L).
-
-    The kernel takes one a for all runs; when a differs between runs (trained a) we use that
-    J is linear in a: J(a) = Σ_j a_j J(e_j), with the a-independent W, D of one kernel call."""
-    if a_shared:
-        kern = act.kernel(S, a[0], b, Qdiag)
-        G = kern.jvp_tokens(c)
-        return kern.w, G, kern.grad_a(c), kern.grad_qdiag(G)
-    H = S.shape[-2]
-    kern = act.kernel(S, np.ones(H), b, Qdiag)
-    w = np.einsum("rh,rhl->rl", a, kern.W)
-    G = sum(a[:, j, None, None] * Kernel(kern.norm, kern.offset, np.eye(H)[j], kern.W, kern.D,
-                                         kern.D2).jvp_tokens(c) for j in range(H))
-    return w, G, kern.grad_a(c), kern.grad_qdiag(G)
+    beta: np.ndarray              # (R, H, L)
+    rho: np.ndarray | None        # (R, H)
+    da: np.ndarray | None         # (R, H)
+    db: np.ndarray | None         # (R, H)
+    w: np.ndarray                 # (R, L) token weights, for the running error
 
 
-def step_coefficients(act: Activation, task: Task, S: np.ndarray, smp: Samples, i: int,
-                      a: np.ndarray, b: np.ndarray, Qdiag: np.ndarray, rates: np.ndarray,
-                      a_shared: bool) -> StepCoefficients:
-    """SGD coefficients for step i of the block ``smp`` at scores S (R, H, L).
+def step_coefficients(act: Activation, S: np.ndarray, a: np.ndarray, b: np.ndarray,
+                      Qdiag: np.ndarray | None, c: np.ndarray, y: np.ndarray,
+                      rates: np.ndarray) -> StepCoefficients:
+    """SGD coefficients at scores S (R, H, L) for values c (R, L) and labels y (R,).
 
-    ``rates`` = (γ, γ_a, γ_b)/D, with zero for an untrained scalar."""
-    c, eps = smp.c[i], smp.eps[i]
-    runs = np.arange(S.shape[0])
-    w, G, grad_a, Rq = _kernel_products(act, S, a, b, Qdiag, c, a_shared)
-    y = c[runs, eps] + np.sqrt(task.delta) * smp.xi[i]
-    r = y - np.sum(w * c, axis=-1)
-    e = -w
-    e[runs, eps] += 1.0
+    a, b: (R, H), one per run (a single kernel call: J is evaluated with each run's a).
+    ``Qdiag`` (R, H) is needed only for Bayes offsets.  ``rates`` = (γ, γ_a, γ_b)/D, zero for
+    an untrained scalar.  With r = y − w·c: β = (γ/D) r G, ρ = (γ/D) r 2R_h,
+    da = (γ_a/D) r W·c, db = (γ_b/D) r Σ_l G_{hl}."""
+    kern = act.kernel(S, a, b, Qdiag)
+    r = y - np.einsum("rl,rl->r", kern.w, c)
+    G = kern.jvp_tokens(c)
     k, ka, kb = rates
-    return StepCoefficients(beta=(k * r)[:, None, None] * G, rho=(2 * k * r)[:, None] * Rq,
-                            da=(ka * r)[:, None] * grad_a, db=(kb * r)[:, None] * G.sum(-1),
-                            sq_err=task.delta + np.sum(e * e, axis=-1))
+    kr = k * r[:, None]
+    return StepCoefficients(
+        beta=kr[..., None] * G,
+        rho=2 * kr * kern.grad_qdiag(G) if act.offset == "bayes" else None,
+        da=(ka * r)[:, None] * kern.grad_a(c) if ka else None,
+        db=(kb * r)[:, None] * kern.grad_b(G) if kb else None,
+        w=kern.w)
 
 
 # ----------------------------------------------------------------------------- the two methods
 class ReducedState:
-    """Exact reduced simulation: per run M (H×F) and O = Q − M Mᵀ (H×H); see module docstring."""
+    """Exact reduced simulation: per run the key coordinates K = [M | P] (H × (F+H)) on
+    (u_1..u_F, e_1..e_H), with P P ᵀ = O = Q − M Mᵀ; see the module docstring."""
 
     def __init__(self, M: np.ndarray, O: np.ndarray, D: int, wishart_dof: int | None = None):
-        self.M, self.O, self.D = M, O, D
-        H, F = M.shape[-2:]
-        self.dof = D - F - H if wishart_dof is None else wishart_dof
+        self.O, self.D = O, D
+        self.K = np.concatenate([M, psd_factor(O)], axis=-1)
+        H, self.F = M.shape[-2:]
+        self.dof = D - self.F - H if wishart_dof is None else wishart_dof
+
+    @property
+    def M(self) -> np.ndarray:
+        return self.K[..., :self.F]
 
     @classmethod
     def drawn(cls, rng: np.random.Generator, runs: int, H: int, F: int, D: int, eta: float,
@@ -175,42 +174,50 @@ class ReducedState:
                    D, wishart_dof)
 
     def block_steps(self, runs: int, L: int) -> int:
-        H, F = self.M.shape[-2:]
-        return max(1, BLOCK_FLOATS // (runs * L * (F + H + L)))
+        return max(1, BLOCK_FLOATS // (runs * L * (self.K.shape[-1] + L)))
 
-    def draw_tokens(self, rng: np.random.Generator, steps: int, smp: Samples) -> dict:
-        R, H, F = self.M.shape
+    def draw_tokens(self, rng: np.random.Generator, steps: int, smp: Samples) -> np.ndarray:
+        """Per step and run the token coordinates [p | q | A] (L × (F + H + k)): p on u, q on
+        e (plus θ on p at the signal token), and a factor A of the Wishart Gram matrix of the
+        tokens' remainders."""
+        R, H, FH = self.K.shape
         L = smp.c.shape[-1]
-        coords = rng.standard_normal((steps, R, L, F + H))
+        coords = rng.standard_normal((steps, R, L, FH))
         s_idx, r_idx = np.meshgrid(np.arange(steps), np.arange(R), indexing="ij")
-        coords[s_idx, r_idx, smp.eps, :F] += smp.theta
-        return {"coords": coords, "A": wishart_factor(rng, self.dof, (steps, R), L)}
+        coords[s_idx, r_idx, smp.eps, :self.F] += smp.theta
+        return np.concatenate([coords, wishart_factor(rng, self.dof, (steps, R), L)], axis=-1)
 
     def Qdiag(self) -> np.ndarray:
-        return np.einsum("rhh->rh", self.O) + np.sum(self.M ** 2, axis=-1)
+        return np.einsum("rhk,rhk->rh", self.K, self.K)
 
-    def step(self, tokens: dict, i: int, coef_fn: Callable) -> StepCoefficients:
-        F = self.M.shape[-1]
-        coords = tokens["coords"][i]
-        p, q = coords[..., :F], coords[..., F:]
-        P = psd_factor(self.O)
-        S = self.M @ np.swapaxes(p, -1, -2) + P @ np.swapaxes(q, -1, -2)
-        co = coef_fn(S, self.Qdiag())
-        grow = 1.0 + co.rho[..., None]
-        self.M = grow * self.M + co.beta @ p
-        P = grow * P + co.beta @ q
-        out = co.beta @ tokens["A"][i]
-        self.O = P @ np.swapaxes(P, -1, -2) + out @ np.swapaxes(out, -1, -2)
-        return co
+    def scores(self, tokens: np.ndarray, i: int) -> np.ndarray:
+        """s_{hl} = m_h·p_l + P_h·q_l, shape (R, H, L)."""
+        return self.K @ np.swapaxes(tokens[i, ..., :self.K.shape[-1]], -1, -2)
+
+    def update(self, tokens: np.ndarray, i: int, co: StepCoefficients) -> None:
+        """[M | P] ← (1+ρ)[M | P] + β [p | q];  O ← P Pᵀ + (βA)(βA)ᵀ;  P ← a factor of O."""
+        FH = self.K.shape[-1]
+        moved = co.beta @ tokens[i]  # [β p | β q | β A]
+        if co.rho is None:
+            moved[..., :FH] += self.K
+        else:
+            moved[..., :FH] += (1.0 + co.rho[..., None]) * self.K
+        orth = moved[..., self.F:]
+        self.O = orth @ np.swapaxes(orth, -1, -2)
+        moved[..., self.F:FH] = psd_factor(self.O)
+        # contiguous, so that a resumed run (K rebuilt from M, O) multiplies the same way
+        self.K = np.ascontiguousarray(moved[..., :FH])
 
     def order_parameters(self) -> tuple[np.ndarray, np.ndarray]:
-        return self.M.copy(), self.O + self.M @ np.swapaxes(self.M, -1, -2)
+        M = self.M.copy()
+        return M, self.O + M @ np.swapaxes(M, -1, -2)
 
     def to_dict(self) -> dict:
         return {"M": self.M, "O": self.O}
 
     def load(self, saved: dict) -> None:
-        self.M, self.O = np.array(saved["M"], float), np.array(saved["O"], float)
+        self.__init__(np.array(saved["M"], float), np.array(saved["O"], float), self.D,
+                      self.dof)
 
 
 class BruteState:
@@ -232,20 +239,22 @@ class BruteState:
     def block_steps(self, runs: int, L: int) -> int:
         return 1
 
-    def draw_tokens(self, rng: np.random.Generator, steps: int, smp: Samples) -> dict:
+    def draw_tokens(self, rng: np.random.Generator, steps: int, smp: Samples) -> np.ndarray:
+        """The tokens X (steps × R × L × D) of a one-step block."""
         R, _, D = self.K.shape
         X = rng.standard_normal((R, smp.c.shape[-1], D))
         X[np.arange(R), smp.eps[0], :self.F] += smp.theta[0]
-        return {"X": X}
+        return X[None]
 
     def Qdiag(self) -> np.ndarray:
         return np.sum(self.K ** 2, axis=-1)
 
-    def step(self, tokens: dict, i: int, coef_fn: Callable) -> StepCoefficients:
-        X = tokens["X"]
-        co = coef_fn(self.K @ np.swapaxes(X, -1, -2), self.Qdiag())
-        self.K = (1.0 + co.rho[..., None]) * self.K + co.beta @ X
-        return co
+    def scores(self, tokens: np.ndarray, i: int) -> np.ndarray:
+        return self.K @ np.swapaxes(tokens[i], -1, -2)
+
+    def update(self, tokens: np.ndarray, i: int, co: StepCoefficients) -> None:
+        moved = co.beta @ tokens[i]
+        self.K = (self.K if co.rho is None else (1.0 + co.rho[..., None]) * self.K) + moved
 
     def order_parameters(self) -> tuple[np.ndarray, np.ndarray]:
         return self.K[..., :self.F].copy(), self.K @ np.swapaxes(self.K, -1, -2)
@@ -434,25 +443,27 @@ class _Run:
 
     def advance(self, n_steps: int) -> None:
         """n_steps SGD steps, drawing randomness block by block (blocks start at this call)."""
-        cfg = self.cfg
+        cfg, state = self.cfg, self.state
         rates = cfg.rates()
-        a_shared = not cfg.trained[0]
-
-        def coef_fn(S: np.ndarray, Qdiag: np.ndarray) -> StepCoefficients:
-            return step_coefficients(cfg.act, cfg.task, S, smp, i, self.a, self.b, Qdiag, rates,
-                                     a_shared)
-
-        block = self.state.block_steps(cfg.runs, cfg.task.L)
+        bayes = cfg.act.offset == "bayes"
+        block = state.block_steps(cfg.runs, cfg.task.L)
         done = 0
         while done < n_steps:
             m = min(block, n_steps - done)
             smp = draw_samples(cfg.task, self.rng, m, cfg.runs)
-            tokens = self.state.draw_tokens(self.rng, m, smp)
+            tokens = state.draw_tokens(self.rng, m, smp)
+            w = np.empty(smp.c.shape)
             for i in range(m):
-                co = self.state.step(tokens, i, coef_fn)
-                self.a = self.a + co.da
-                self.b = self.b + co.db
-                self.sq_sum += co.sq_err
+                co = step_coefficients(cfg.act, state.scores(tokens, i), self.a, self.b,
+                                       state.Qdiag() if bayes else None, smp.c[i], smp.y[i],
+                                       rates)
+                state.update(tokens, i, co)
+                if co.da is not None:
+                    self.a = self.a + co.da
+                if co.db is not None:
+                    self.b = self.b + co.db
+                w[i] = co.w
+            self.sq_sum += smp.squared_errors(w, cfg.task.delta).sum(axis=0)
             done += m
         self.step_count += n_steps
         self.sq_count += n_steps
