@@ -270,6 +270,21 @@ def test_bad_input_exits_2(extra: list[str], tmp_path, capsys) -> None:
     assert "error:" in err and "Traceback" not in err
 
 
+def test_brute_force_needs_only_D_at_least_F() -> None:
+    """Brute force at D = F (e.g. digits with F = D = 64): runs and moves the keys; the reduced
+    method and a given initial condition still need room for the keys."""
+    task = Task(4, make_prior("gaussian", nu=[1.0, 2.0, 1.5]))
+    res = sim.simulate(config(task=task, method="brute", D=3, runs=2, times=(0.0, 0.5)))
+    assert np.all(np.isfinite(res.Q)) and not np.array_equal(res.M[:, 0], res.M[:, -1])
+    with pytest.raises(ValidationError, match="D: must be an integer >= 3"):
+        config(task=task, method="brute", D=2)
+    with pytest.raises(ValidationError, match="D: must be an integer >= 6"):
+        config(task=task, method="reduced", D=5)
+    ic = initial_condition(get_activation("softmax"), task, H=2, D=50, seed=0)
+    with pytest.raises(ValidationError, match="D: must be an integer >= 5"):
+        config(task=task, method="brute", D=4, initial=ic)
+
+
 def test_bad_config_raises_validation_error() -> None:
     with pytest.raises(ValidationError, match="H"):
         config(H=0)

@@ -296,7 +296,7 @@ class SimConfig:
         check_int(self.error_samples, "error_samples", 1)
         if self.method not in METHODS:
             fail("method", f"must be one of {', '.join(METHODS)}", self.method)
-        check_int(self.D, "D", self.task.F + self.H + 1)
+        check_int(self.D, "D", self.min_dimension())
         for name in ("gamma", "eta", "gamma_a", "gamma_b"):
             val = getattr(self, name)
             if val is not None and (not np.isfinite(val) or val < 0):
@@ -311,6 +311,15 @@ class SimConfig:
                 fail("H", f"must match the initial condition's {self.initial.state.H} heads", self.H)
         if self.wishart_dof is not None and self.wishart_dof < 0:
             fail("wishart_dof", "must be >= 0", self.wishart_dof)
+
+    def min_dimension(self) -> int:
+        """Smallest D: the reduced method needs room for u, the keys and a token remainder
+        (D ≥ F + H + 1); brute force only needs U (D ≥ F), or D ≥ F + H to place given
+        initial overlaps."""
+        F, H = self.task.F, self.H
+        if self.method == "reduced":
+            return F + H + 1
+        return max(1, F + (H if self.initial is not None else 0))
 
     @property
     def trained(self) -> tuple[bool, bool]:
