@@ -28,6 +28,11 @@ def test_empirical_prior_is_uniform_over_rows():
     prior = EmpiricalPrior(data)
     atoms, w = prior.atoms()
     assert np.allclose(atoms, data) and np.allclose(w, 0.25)
+    theta = prior.sample(np.random.default_rng(0), 40_000)
+    row = (theta[:, 0] // 3).astype(int)  # row i of data is (3i, 3i + 1, 3i + 2)
+    np.testing.assert_array_equal(theta, data[row])
+    counts = np.bincount(row, minlength=4)
+    assert np.all(np.abs(counts - 10_000) < 5 * np.sqrt(40_000 * 0.25 * 0.75))
 
 
 @pytest.mark.parametrize("kwargs, match", [

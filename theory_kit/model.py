@@ -204,6 +204,11 @@ class EmpiricalPrior(DiscretePrior):
         super().__init__(arr, np.full(arr.shape[0], 1.0 / arr.shape[0]), name="empirical")
         object.__setattr__(self, "label", label)
 
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """n rows drawn uniformly with replacement (``integers``: no cumulative weights over
+        the possibly many rows)."""
+        return self.atom_array[rng.integers(0, self.atom_array.shape[0], size=n)]
+
     def params(self) -> dict:
         return {"prior": "empirical", "label": self.label, "n": int(self.atom_array.shape[0]),
                 "F": self.F}
