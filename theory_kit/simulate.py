@@ -16,7 +16,8 @@ Methods (both vectorised over runs, same law at every D):
 * ``brute``: explicit keys (runs × H × D); U = the first F coordinate axes, which is exact in
   law because the data law is invariant under rotations fixing span(U).
 * ``reduced``: the state is the Gram matrix of {u_1..u_F, k_1..k_H}, stored as M = (k_h·u_f) and
-  the Gram matrix O = Q − M Mᵀ of the keys' components orthogonal to span(U).  With O = P Pᵀ
+  the Gram matrix O = Q − M Mᵀ of the keys' components orthogonal to span(U) (and, for the
+  steps, the key coordinates K = [M | P] below).  With O = P Pᵀ
   (Cholesky, or a clipped eigendecomposition when O is singular) the keys have coordinates
   [M | P] on an orthonormal system e_1..e_{F+H} containing span{u, k} (extra directions are
   allowed: they only carry zero key components).  A fresh token has i.i.d. N(0, 1) coordinates
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+
 import numpy as np
 
 from .activations import Activation
@@ -145,13 +147,17 @@ def step_coefficients(act: Activation, S: np.ndarray, a: np.ndarray, b: np.ndarr
 # ----------------------------------------------------------------------------- the two methods
 class ReducedState:
     """Exact reduced simulation: per run the key coordinates K = [M | P] (H × (F+H)) on
-    (u_1..u_F, e_1..e_H), with P P ᵀ = O = Q − M Mᵀ; see the module docstring."""
+    (u_1..u_F, e_1..e_H), with P Pᵀ = O = Q − M Mᵀ; see the module docstring."""
 
     def __init__(self, M: np.ndarray, O: np.ndarray, D: int, wishart_dof: int | None = None):
-        self.O, self.D = O, D
-        self.K = np.concatenate([M, psd_factor(O)], axis=-1)
+        self.D = D
         H, self.F = M.shape[-2:]
         self.dof = D - self.F - H if wishart_dof is None else wishart_dof
+        self._set(M, O)
+
+    def _set(self, M: np.ndarray, O: np.ndarray) -> None:
+        self.O = O
+        self.K = np.concatenate([M, psd_factor(O)], axis=-1)
 
     @property
     def M(self) -> np.ndarray:
@@ -216,8 +222,7 @@ class ReducedState:
         return {"M": self.M, "O": self.O}
 
     def load(self, saved: dict) -> None:
-        self.__init__(np.array(saved["M"], float), np.array(saved["O"], float), self.D,
-                      self.dof)
+        self._set(np.array(saved["M"], float), np.array(saved["O"], float))
 
 
 class BruteState:
