@@ -5,6 +5,7 @@ Independent references: the closed-form Bayes posterior of the flipping spike
 and the symmetries of E."""
 from __future__ import annotations
 
+import functools
 import json
 
 import numpy as np
@@ -21,6 +22,12 @@ TASK = Task(5, make_prior("flipping", nu=[2.0, 2.0]))
 FAST = einf.RunSettings(gradient_flow=True, n_samples=1000,
                         rule=einf.StopRule(tol=1e-2, chunk=20.0, window=2, T_max=300.0),
                         rtol=1e-4, error_method="auto", error_samples=200_000)
+
+
+@functools.lru_cache(maxsize=None)
+def task_bayes():
+    """E_Bayes of TASK (quadrature, a few seconds: computed once)."""
+    return einf.bayes_floor(TASK)
 
 
 def flipping_posterior(p: np.ndarray, nu: np.ndarray) -> np.ndarray:
@@ -63,7 +70,7 @@ def test_bsoftmax_with_uniform_pi_and_uneven_copies_is_not_bayes():
 
 def test_bsoftmax_at_atoms_error_equals_bayes_and_moving_a_head_raises_it():
     res_atoms = einf.precise_error(TASK, *einf.bayes_softmax_at_atoms(TASK.prior, 2))
-    bayes = einf.bayes_floor(TASK)
+    bayes = task_bayes()
     tol = max(1e-8, 4 * np.hypot(res_atoms.abs_err, bayes.abs_err))
     assert abs(res_atoms.value - bayes.value) <= tol
     act, state = einf.bayes_softmax_at_atoms(TASK.prior, 2)
@@ -129,7 +136,7 @@ def test_sampled_error_agrees_with_population_error():
 
 
 def test_global_minimum_of_bsoftmax_is_the_bayes_error_and_others_lie_above():
-    bayes = einf.bayes_floor(TASK)
+    bayes = task_bayes()
     bs = einf.global_minimum(TASK, get_activation("bsoftmax"), 2, n_starts=2, n=2000, seed=0)
     sm = einf.global_minimum(TASK, get_activation("softmax"), 2, n_starts=2, n=2000, seed=0)
     tol = 4 * np.hypot(bs.error.abs_err, bayes.abs_err) + 2e-3  # + the 2000-sample optimiser
@@ -180,7 +187,7 @@ def fast_runs():
 
 
 def test_einf_lies_above_the_bayes_error_for_every_activation(fast_runs):
-    bayes = einf.bayes_floor(TASK)
+    bayes = task_bayes()
     for name, run in fast_runs.items():
         margin = 4 * np.hypot(run.error.abs_err, bayes.abs_err)
         assert run.error.value >= bayes.value - margin, name
@@ -197,7 +204,7 @@ def test_einf_ordering_softmax_softmax1_bsoftmax(fast_runs):
 def test_bsoftmax_from_random_init_reaches_the_bayes_error(fast_runs):
     """H = 2 = number of atoms: gradient flow takes B-softmax to E_Bayes (within the
     distance left at T = 300 and the 1000-sample drift's bias, a few 1e-4)."""
-    bayes = einf.bayes_floor(TASK)
+    bayes = task_bayes()
     run = fast_runs["bsoftmax"]
     assert abs(run.error.value - bayes.value) < 2e-3 + 4 * np.hypot(run.error.abs_err, bayes.abs_err)
     # (E is flat near the atoms: with 1000 drift samples the end point can sit ~0.1 away

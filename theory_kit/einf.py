@@ -37,7 +37,7 @@ from .error import ErrorResult, bayes_error, population_error, squared_residual
 from .expect import montecarlo as mc
 from .expect.drift import ENGINES, MonteCarloDrift, QuadratureDrift, SampleDrift
 from .initial import InitialCondition
-from .model import Prior, State, Task, ValidationError, check_int, fail
+from .model import Prior, State, Task, check_int, fail
 from .ode import METHODS as ODE_METHODS, integrate_ode
 from .progress import progress_bar
 from .results import Checkpoint, read_json, to_jsonable, write_json
@@ -48,19 +48,11 @@ MAX_SIGN_PATTERNS = 256
 # ----------------------------------------------------------------------------- precise E
 def precise_error(task: Task, act: Activation, state: State, method: str = "auto",
                   mc_samples: int = 400_000, seed: int = 12345) -> ErrorResult:
-    """E at ``state`` by ``method``; with ``mc``, or when that engine is unavailable, a
-    Monte Carlo with ``mc_samples`` noise draws.
-
-    The fallback keeps E∞ usable while a quadrature engine is missing for some case
-    (e.g. many heads); its ``method`` field then says ``mc`` and ``abs_err`` is the
-    standard error."""
-    if method != "mc":
-        try:
-            return population_error(task, act, state, method=method)
-        except ValidationError as exc:
-            if "not available" not in str(exc):
-                raise
-    return population_error(task, act, state, method="mc", n=mc_samples, seed=seed)
+    """E at ``state`` by ``error.population_error`` (``auto``: quadrature, with Monte Carlo
+    when quadrature cannot reach 1e-8); with ``mc``, ``mc_samples`` noise draws."""
+    if method == "mc":
+        return population_error(task, act, state, method="mc", n=mc_samples, seed=seed)
+    return population_error(task, act, state, method=method)
 
 
 # ----------------------------------------------------------------------------- Bayes-softmax
@@ -505,21 +497,12 @@ def _finished(out: str, params: dict) -> bool:
 
 
 # ----------------------------------------------------------------------------- Bayes floor
-def bayes_floor(task: Task, method: str = "auto", mc_samples: int = 400_000) -> ErrorResult:
-    """E_Bayes of the task (``error.bayes_error``).
-
-    Where that engine is not available for a discrete prior, E_Bayes is computed as the
-    error of B-softmax with one head at each atom (:func:`bayes_softmax_at_atoms`), which
-    is the Bayes predictor exactly; ``details["via"]`` then says so."""
-    try:
-        return bayes_error(task, method=method)
-    except ValidationError as exc:
-        if "not available" not in str(exc) or not task.prior.is_discrete:
-            raise
-    act, state = bayes_softmax_at_atoms(task.prior, len(task.prior.atoms()[1]))
-    res = precise_error(task, act, state, method, mc_samples)
-    return ErrorResult(res.value, res.abs_err, res.method,
-                       {**res.details, "via": "bsoftmax at the atoms"})
+def bayes_floor(task: Task, method: str = "auto", mc_samples: int = 400_000,
+                seed: int = 12345) -> ErrorResult:
+    """E_Bayes of the task (``error.bayes_error``); with ``mc``, ``mc_samples`` draws."""
+    if method == "mc":
+        return bayes_error(task, method="mc", n=mc_samples, seed=seed)
+    return bayes_error(task, method=method)
 
 
 # ----------------------------------------------------------------------------- E∞ of many runs
