@@ -21,7 +21,7 @@ from matplotlib.axes import Axes
 
 from .. import analysis
 from ..activations import Activation, get_activation
-from ..expect.drift import MonteCarloDrift
+from ..expect.drift import MonteCarloDrift, QuadratureDrift, SampleDrift
 from ..initial import InitialCondition
 from ..error import population_error_mc
 from ..model import State, Task, ValidationError, make_prior
@@ -104,9 +104,27 @@ def sim_seconds(setting: Setting, D: int, runs: int) -> float:
 
 
 # ----------------------------------------------------------------------------- pieces
+ODE_ENGINES = ("mc", "sobol")
+
+
+def drift_engine(kind: str, n_samples: int, seed: int, fresh: bool = False) -> SampleDrift:
+    """The drift expectation of an ODE piece: ``mc`` = Monte Carlo with ``n_samples`` draws
+    (fixed, or ``fresh`` at every evaluation); ``sobol`` = ``n_samples`` scrambled Sobol
+    points.  At equal cost the Sobol set has a much smaller error, which matters in long
+    plateaus: there a fixed set's error, different for every head, acts as a spurious
+    symmetry breaking between heads (heads drifting apart along the constant direction)."""
+    if kind == "mc":
+        return MonteCarloDrift(n_samples, seed=seed, fresh=fresh)
+    if kind == "sobol" and not fresh:
+        return QuadratureDrift(max_tensor_dim=1, qmc_points=n_samples, seed=seed)
+    raise ValidationError(f"engine: must be one of {ODE_ENGINES} (sobol only with fixed "
+                          f"samples) (got {kind}, fresh={fresh})")
+
+
 @dataclass(frozen=True)
 class OdePiece:
-    """An ODE integration with a fixed-sample (or fresh-sample) Monte Carlo drift."""
+    """An ODE integration with a fixed-sample (or fresh-sample) Monte Carlo drift, or a
+    fixed set of Sobol points (``engine="sobol"``)."""
 
     setting: Setting
     n_samples: int
@@ -115,17 +133,21 @@ class OdePiece:
     mc_seed: int = 1
     fresh: bool = False
     error_samples: int = 20_000
+    engine: str = "mc"
 
     @property
     def name(self) -> str:
-        return f"ode-{self.setting.key(self.n_samples, self.dt, self.n_times, self.mc_seed, self.fresh)}"
+        extra = () if self.engine == "mc" else (self.engine,)   # keeps the mc names of old runs
+        key = self.setting.key(self.n_samples, self.dt, self.n_times, self.mc_seed, self.fresh,
+                               *extra)
+        return f"ode-{key}"
 
     def seconds(self) -> float:
         return ode_seconds(self.setting, self.n_samples, self.dt)
 
     def run(self, path: Path, progress: bool) -> dict:
         s = self.setting
-        engine = MonteCarloDrift(self.n_samples, seed=self.mc_seed, fresh=self.fresh)
+        engine = drift_engine(self.engine, self.n_samples, self.mc_seed, self.fresh)
         traj = integrate_ode(s.task(), s.act(), s.initial(), s.gamma, s.T,
                              times=np.linspace(0.0, s.T, self.n_times), dt=self.dt,
                              engine=engine, out=path, progress=progress)
@@ -301,17 +323,26 @@ def draw_overlay_row(axes: Sequence[Axes], overlay: dict, row_title: str | None 
 
 def draw_head_panels(axes: Sequence[Axes], traj: dict, title: str | None = None,
                      show_legend: bool = True) -> None:
-    """Head trajectories: one panel per direction f with m_{hf}(t) for every head, and the
-    specialisation time τ_f (dashed) where the heads part."""
+    """Head trajectories: one panel per direction f with m_{hf}(t) for every head; the
+    unspecialised phase (t < min_f τ_f) shaded, and the specialisation time τ_f (dashed,
+    value written at the top) where the heads part along f."""
     t, M = np.asarray(traj["t"]), np.asarray(traj["M"])
     H, F = M.shape[1:]
     colors = series_colors(H)
+    taus = np.asarray(traj["tau"], dtype=float)
+    first = float(np.min(taus)) if np.isfinite(taus).any() else float(t[-1])
     for f, ax in enumerate(axes[:F]):
+        ax.axvspan(t[0], first, color="0.9", lw=0, zorder=0,
+                   label="unspecialised" if f == 0 else None)
         for h in range(H):
             ax.plot(t, M[:, h, f], color=colors[h], label=f"head {h + 1}")
-        _mark_taus(ax, [traj["tau"][f]], label=rf"$\tau_{f + 1}$ = {traj['tau'][f]:.3g}")
-        label_axes(ax, r"$t$", rf"$m_{{h{f + 1}}}$", title if f == 0 else None,
-                   legend=show_legend and (f == 0 or np.isfinite(traj["tau"][f])))
+        _mark_taus(ax, [taus[f]])
+        if np.isfinite(taus[f]):
+            ax.annotate(rf" $\tau_{f + 1}$ = {taus[f]:.3g}", (taus[f], 0.97),
+                        xycoords=("data", "axes fraction"), va="top", fontsize=7, color="0.3")
+        label_axes(ax, r"$t$", rf"$m_{{h{f + 1}}}$", title if f == 0 else None, legend=False)
+        if show_legend and f == 0:
+            ax.legend(fontsize=6.5, loc="best", framealpha=0.7, frameon=True, ncol=2 if H > 3 else 1)
 
 
 def artist_data(fig: object) -> list[np.ndarray]:
@@ -387,16 +418,18 @@ class HeadsPlan:
     n_samples: int
     dt: float
     n_times: int = 101
+    engine: str = "mc"
 
     def pieces(self) -> list[OdePiece]:
-        return [OdePiece(s, self.n_samples, self.dt, self.n_times) for s in self.settings]
+        return [OdePiece(s, self.n_samples, self.dt, self.n_times, engine=self.engine)
+                for s in self.settings]
 
     def seconds(self) -> float:
         return pieces_seconds(self.pieces())
 
     def params(self) -> dict:
         return {"settings": [s.params() for s in self.settings],
-                "ode_engine": {"kind": "mc", "n_samples": self.n_samples, "fresh": False},
+                "ode_engine": {"kind": self.engine, "n_samples": self.n_samples, "fresh": False},
                 "ode_method": "rk4", "dt": self.dt, "n_times": self.n_times}
 
 
@@ -444,14 +477,14 @@ def activation_rows_plan(base: Setting, quick: bool, T_full: float, T_quick: flo
 
 def head_plan(settings: Sequence[Setting], quick: bool, n_full: int, n_quick: int,
               dt_full: float = 1.0, dt_quick: float = 2.0, T_quick: float | None = None,
-              D_quick: int = 100) -> HeadsPlan:
+              D_quick: int | None = 100, engine: str = "mc") -> HeadsPlan:
     """Head-trajectory figures: the settings as given (full) or, quick, with fewer samples,
-    a shorter horizon and the initial condition drawn at a small D (a larger initial
-    symmetry breaking, so the phases come sooner)."""
+    a shorter horizon and (unless ``D_quick`` is None) the initial condition drawn at a
+    small D (a larger initial symmetry breaking, so the phases come sooner)."""
     if not quick:
-        return HeadsPlan(tuple(settings), n_full, dt_full)
-    short = tuple(s.with_(T=T_quick or s.T / 2, D_init=D_quick) for s in settings)
-    return HeadsPlan(short, n_quick, dt_quick, n_times=51)
+        return HeadsPlan(tuple(settings), n_full, dt_full, engine=engine)
+    short = tuple(s.with_(T=T_quick or s.T / 2, D_init=D_quick or s.D_init) for s in settings)
+    return HeadsPlan(short, n_quick, dt_quick, n_times=51, engine=engine)
 
 
 def head_title(setting: dict, *fields: str) -> str:
