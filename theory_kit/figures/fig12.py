@@ -1,7 +1,13 @@
 """Fig. 12: evolution of the heads for H ∈ {2, 4, 5, 8} (softmax, flipping, F = 2, L = 4), ODE.
 
 Caption: flipping spike ν1 = ν2 = 2, L = 4, η = 1.  Our choices: softmax (the paper's default
-activation), γ = 1, T = 300, initial overlaps drawn at D = 10^4.
+activation), γ = 1, T = 1500 (quick 1200), initial overlaps drawn at D = 10^4 (also in quick
+mode: a smaller D starts the heads ~δ apart, which hides the plateau), drift on scrambled
+Sobol points (4096 full, 1024 quick; fewer points leave head-dependent errors that split the
+heads spuriously along the constant direction during the plateau).
+
+What to see: for every H the heads first move together along f = 1 with m_{h2} ≈ 0 (the
+unspecialised plateau, several hundred time units at L = 4), then part along f = 2 in stages.
 """
 from __future__ import annotations
 
@@ -13,13 +19,15 @@ from .panels import HeadsPlan, Setting, head_plan, head_title, heads_compute, he
 
 NUMBER = 12
 HEADS = (2, 4, 5, 8)
-SETTINGS = tuple(Setting("softmax", 4, H, "flipping", (2.0, 2.0), T=300.0) for H in HEADS)
+SETTINGS = tuple(Setting("softmax", 4, H, "flipping", (2.0, 2.0), T=1500.0) for H in HEADS)
 CAPTION = ("Head trajectories m_hf(t) from the ODE for H = 2, 4, 5, 8: softmax, flipping "
-           "ν = (2, 2), L = 4, η = 1, γ = 1; dashed: τ_f (δ = 0.2).")
+           "ν = (2, 2), L = 4, η = 1 (overlaps drawn at D = 10^4), γ = 1; shaded: unspecialised "
+           "phase; dashed: τ_f (δ = 0.2).")
 
 
 def plan(quick: bool) -> HeadsPlan:
-    return head_plan(SETTINGS, quick, n_full=1000, n_quick=200, T_quick=150.0)
+    return head_plan(SETTINGS, quick, n_full=4096, n_quick=1024, dt_full=3.0, dt_quick=6.0,
+                     T_quick=1200.0, D_quick=None, engine="sobol")
 
 
 def estimate_seconds(quick: bool) -> float:
