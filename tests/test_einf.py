@@ -68,18 +68,6 @@ def test_bsoftmax_with_uniform_pi_and_uneven_copies_is_not_bayes():
     assert np.max(np.abs(w_split - w_plain)) > 1e-3
 
 
-def test_bsoftmax_at_atoms_error_equals_bayes_and_moving_a_head_raises_it():
-    res_atoms = einf.precise_error(TASK, *einf.bayes_softmax_at_atoms(TASK.prior, 2))
-    bayes = task_bayes()
-    tol = max(1e-8, 4 * np.hypot(res_atoms.abs_err, bayes.abs_err))
-    assert abs(res_atoms.value - bayes.value) <= tol
-    act, state = einf.bayes_softmax_at_atoms(TASK.prior, 2)
-    M = state.M.copy()
-    M[0] += [0.5, -0.4]
-    moved = einf.precise_error(TASK, act, State(M, M @ M.T, state.a, state.b))
-    assert moved.value - res_atoms.value > 4 * np.hypot(moved.abs_err, res_atoms.abs_err)
-
-
 def quad_or_skip(fn, *args):
     """The quadrature engine's answer; skipped (with the reason) while it is not available."""
     try:

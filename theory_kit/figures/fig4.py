@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 from matplotlib.figure import Figure
-from matplotlib.ticker import ScalarFormatter
+from matplotlib.ticker import NullFormatter, ScalarFormatter
 
 from .. import einf
 from ..activations import get_activation
@@ -31,10 +31,11 @@ from .style import label_axes, new_figure, series_colors
 NUMBER = 4
 ACTIVATIONS = ("softmax", "softmax1", "bsoftmax")
 LABELS = {"softmax": "softmax", "softmax1": "softmax-1", "bsoftmax": "B-softmax"}
-CAPTION = ("E∞ of softmax, softmax-1 and B-softmax (mean ± spread of the runs; Bayes error as "
-           "a line). L = 5, η = 1. Left: F = 4, flipping spike ν_f = 10, against H; right: "
-           "F = 2, H = 4, ν1 = ν2 = ν, against ν. Gradient-flow limit (our choice), initial "
-           "overlaps drawn at D = 10^4, Monte Carlo drift with fixed samples.")
+CAPTION = ("E∞ of softmax, softmax-1 and B-softmax (lines: mean of the runs, dots: each run, "
+           "hollow: not converged by τ = T_max, plotted at T_max; Bayes error dashed). L = 5, "
+           "η = 1, 5 runs. Left: F = 4, flipping spike ν_f = 10, against H; right: F = 2, "
+           "H = 4, ν1 = ν2 = ν, against ν. Gradient-flow limit (our choice), initial overlaps "
+           "drawn at D = 10^4, Monte Carlo drift with fixed samples, E by Monte Carlo.")
 
 
 @dataclass(frozen=True)
@@ -156,16 +157,20 @@ def draw(data: dict) -> Figure:
                             mfc=colors[name] if ok else "none")
         ax.plot(x, [r["bayes"]["error"] for r in rows], "k--", lw=1.2, label="Bayes")
         ax.set_yscale("log")  # the Bayes error at ν = 10, F = 4 is ~1e-4
+        ax.yaxis.set_minor_formatter(NullFormatter())
         if panel == "nu":
             ax.set_xscale("log")
-            ax.xaxis.set_major_formatter(ScalarFormatter())
             ax.set_xticks(x)
+            ax.xaxis.set_major_formatter(ScalarFormatter())
+            ax.xaxis.set_minor_formatter(NullFormatter())
     plan_ = data["plan"]
-    label_axes(left, "number of heads H", "E∞",
+    label_axes(left, "number of heads H", "E∞ (log scale)",
                f"F = {plan_['F_left']}, ν = {plan_['nu_left']:g}, L = {plan_['L']}")
-    label_axes(right, "signal strength ν (ν1 = ν2)", "E∞",
+    label_axes(right, "signal strength ν (ν1 = ν2)", "E∞ (log scale)",
                f"F = {plan_['F_right']}, H = {plan_['H_right']}, L = {plan_['L']}", legend=False)
-    fig.suptitle("Fig. 4: asymptotic error (gradient flow; hollow = not converged by T_max)",
-                 fontsize=9)
+    done = sum(sum(d["converged"]) for r in data["rows"] for d in r["activations"].values())
+    total = sum(len(d["converged"]) for r in data["rows"] for d in r["activations"].values())
+    fig.suptitle(f"Fig. 4: E∞ (gradient flow); {done}/{total} runs converged, hollow = E at "
+                 f"τ = {plan_['T_max']:g} (still moving)", fontsize=9)
     fig.tight_layout()
     return fig
