@@ -32,10 +32,11 @@ from ..simulate import SimConfig, simulate_to_file
 from . import compare
 from .style import label_axes, new_figure, series_colors
 
-# rough costs measured on the 2-core development machine under load (seconds)
-ODE_COST_PER_ELEMENT = 6e-7     # per drift evaluation and sample row × H² × L
-SIM_COST_PER_STEP = 2.5e-4      # Python overhead of one SGD step, all runs together
-SIM_COST_PER_ELEMENT = 3e-7     # per step and run × H² × L
+# rough costs measured on the 2-core development machine under load (seconds); the full
+# Fig. 1 (ODE 2000 drift evaluations × 8000 rows, SGD 2.5·10^6 steps × 8 runs) took 5.6 min
+ODE_COST_PER_ELEMENT = 2e-7     # per drift evaluation and sample row × H² × L
+SIM_COST_PER_STEP = 7e-5        # Python overhead of one SGD step, all runs together
+SIM_COST_PER_ELEMENT = 1e-7     # per step and run × H² × L
 ACT_LABELS = {"softmax": "softmax", "softmax1": "softmax-1", "bsoftmax": "B-softmax"}
 
 
