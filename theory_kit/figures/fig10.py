@@ -19,8 +19,8 @@ CAPTION = ("ODE (lines) against SGD (dots): L = 5, H = 4, F = 2, Gaussian ν = (
 
 
 def plan(quick: bool) -> OverlayPlan:
-    return activation_rows_plan(BASE, quick, T_full=150.0, T_quick=60.0, n_full=1000,
-                                n_quick=250)
+    return activation_rows_plan(BASE, quick, T_full=150.0, T_quick=60.0, n_full=1024,
+                                n_quick=256, engine="sobol")
 
 
 def estimate_seconds(quick: bool) -> float:

@@ -20,7 +20,8 @@ CAPTION = ("ODE (lines) against SGD (dots): L = 5, H = 2, F = 2, flipping ν = (
 
 
 def plan(quick: bool) -> OverlayPlan:
-    return activation_rows_plan(BASE, quick, T_full=150.0, T_quick=80.0)
+    return activation_rows_plan(BASE, quick, T_full=150.0, T_quick=80.0, n_quick=512,
+                                engine="sobol")
 
 
 def estimate_seconds(quick: bool) -> float:

@@ -372,11 +372,12 @@ class OverlayPlan:
     dt: float
     n_times_ode: int = 101
     n_times_sim: int = 26
+    engine: str = "mc"
 
     def pieces(self) -> list[OdePiece | SimPiece]:
         out: list[OdePiece | SimPiece] = []
         for s in self.settings:
-            out += [OdePiece(s, self.n_samples, self.dt, self.n_times_ode),
+            out += [OdePiece(s, self.n_samples, self.dt, self.n_times_ode, engine=self.engine),
                     SimPiece(s, self.D, self.runs, self.n_times_sim)]
         return out
 
@@ -385,7 +386,7 @@ class OverlayPlan:
 
     def params(self) -> dict:
         return {"settings": [s.params() for s in self.settings], "D": self.D, "runs": self.runs,
-                "ode_engine": {"kind": "mc", "n_samples": self.n_samples, "fresh": False},
+                "ode_engine": {"kind": self.engine, "n_samples": self.n_samples, "fresh": False},
                 "ode_method": "rk4", "dt": self.dt, "simulation": "reduced",
                 "n_times_ode": self.n_times_ode, "n_times_sim": self.n_times_sim}
 
@@ -464,16 +465,17 @@ def heads_draw(data: dict, titles: Sequence[str], suptitle: str, columns: int) -
 
 def activation_rows_plan(base: Setting, quick: bool, T_full: float, T_quick: float,
                          activations: Sequence[str] = ("softmax", "softmax1", "bsoftmax"),
-                         n_full: int = 2000, n_quick: int = 500) -> OverlayPlan:
+                         n_full: int = 2000, n_quick: int = 500, engine: str = "mc"
+                         ) -> OverlayPlan:
     """Figs. 9 and 10: one overlay row per activation.  Full: D = 10^4, 6 runs; quick:
     D = 300 (the initial symmetry breaking ~ 1/√D is larger, so the phases come sooner)."""
     D, T = (300, T_quick) if quick else (10_000, T_full)
     settings = tuple(base.with_(activation=a, T=T, D_init=D) for a in activations)
     if quick:
         return OverlayPlan(settings, D=D, runs=6, n_samples=n_quick, dt=2.0, n_times_ode=41,
-                           n_times_sim=21)
+                           n_times_sim=21, engine=engine)
     return OverlayPlan(settings, D=D, runs=6, n_samples=n_full, dt=1.0, n_times_ode=76,
-                       n_times_sim=26)
+                       n_times_sim=26, engine=engine)
 
 
 def head_plan(settings: Sequence[Setting], quick: bool, n_full: int, n_quick: int,
