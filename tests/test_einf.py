@@ -132,7 +132,8 @@ def test_global_minimum_of_bsoftmax_is_the_bayes_error_and_others_lie_above():
     assert sm.error.value > bs.error.value + 0.05
     # the minimiser of B-softmax puts its two heads at the two atoms (up to order)
     atoms = TASK.prior.atoms()[0]
-    assert einf.state_distance(bs.state, State(atoms, atoms @ atoms.T, np.ones(2), np.zeros(2))) < 0.05
+    at_atoms = State(atoms, atoms @ atoms.T, np.ones(2), np.zeros(2))
+    assert einf.state_distance(bs.state, at_atoms) < 0.05
 
 
 # ----------------------------------------------------------------------------- grouping
@@ -194,7 +195,8 @@ def test_bsoftmax_from_random_init_reaches_the_bayes_error(fast_runs):
     distance left at T = 300 and the 1000-sample drift's bias, a few 1e-4)."""
     bayes = task_bayes()
     run = fast_runs["bsoftmax"]
-    assert abs(run.error.value - bayes.value) < 2e-3 + 4 * np.hypot(run.error.abs_err, bayes.abs_err)
+    margin = 2e-3 + 4 * np.hypot(run.error.abs_err, bayes.abs_err)
+    assert abs(run.error.value - bayes.value) < margin
     # (E is flat near the atoms: with 1000 drift samples the end point can sit ~0.1 away
     # from them, relative, at the same E; the slow test checks the state at 4000 samples)
 
@@ -283,7 +285,7 @@ def test_converged_einf_ordering_and_floors():
            for name in ("softmax", "softmax1", "bsoftmax")}
     for name, r in res.items():
         assert all(run.converged for run in r.runs), name
-        assert r.mean >= r.minimum.error.value - 4 * r.abs_err - 2e-3, name
+        assert min(run.error.value for run in r.runs) >= r.minimum.error.value - 4 * r.abs_err
     assert res["softmax"].mean > res["softmax1"].mean > res["bsoftmax"].mean
     assert abs(res["bsoftmax"].mean - res["bsoftmax"].bayes.value) < 2e-3
     atoms = TASK.prior.atoms()[0]

@@ -1,4 +1,4 @@
-"""``theory-kit einf``: asymptotic error E∞ of an activation, with the global minimum and E_Bayes."""
+"""``theory-kit einf``: asymptotic error E∞ of an activation, global minimum of E, E_Bayes."""
 from __future__ import annotations
 
 import argparse
@@ -12,8 +12,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "einf", help="asymptotic error E-infinity (several runs), global minimum, Bayes error",
         description="Integrate the order-parameter ODE from --runs initialisations drawn at "
-                    "dimension --D until the state stops moving (speed falling over --window chunks "
-                    "of --chunk time units, geometric tail of the remaining relative distance "
+                    "dimension --D until the state stops moving (speed falling over --window "
+                    "chunks of --chunk time units, geometric tail of the remaining relative distance "
                     "< --tol; at most --T-max), evaluate E at the "
                     "end points with the precise error engine, group runs by end point, and "
                     "report them with the global minimum of E and the Bayes error. With "
@@ -30,15 +30,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the first initialisation")
     p.add_argument("--engine", default="mc",
                    help="drift expectations: mc (fixed samples) or quad (quadrature nodes)")
-    p.add_argument("--samples", type=int, default=10_000,
+    p.add_argument("--samples", type=int, default=4000,
                    help="Monte Carlo noise draws of the ODE drift (fixed along the run)")
     p.add_argument("--mc-seed", type=int, default=0, help="seed of those samples")
     p.add_argument("--tol", type=float, default=3e-3,
                    help="stop when the estimated relative distance still to travel is below this")
     p.add_argument("--chunk", type=float, default=20.0, help="time between speed checks")
-    p.add_argument("--window", type=int, default=3, help="chunks over which the speed must keep falling")
+    p.add_argument("--window", type=int, default=3,
+                   help="chunks over which the speed must keep falling")
     p.add_argument("--T-min", type=float, default=0.0, help="never stop before this time")
-    p.add_argument("--T-max", type=float, default=4000.0, help="give up (unconverged) here")
+    p.add_argument("--T-max", type=float, default=3000.0, help="give up (unconverged) here")
     p.add_argument("--method", default="solve_ivp", help="ODE integrator: rk4 or solve_ivp")
     p.add_argument("--error-method", default="auto", help="E engine: auto, quad, mc, mpmath")
     p.add_argument("--error-samples", type=int, default=400_000,
