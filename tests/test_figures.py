@@ -86,6 +86,32 @@ def test_quick_fig11_cosine_is_a_cosine(out_dir):
     cos = np.asarray(data["cosine"])
     assert cos.shape == (len(data["nu1"]), len(data["nu2"]))
     assert np.all(np.abs(cos) <= 1 + 1e-9)
+    # the caption's dependence: a strong flipping signal parts the heads (low cosine), a
+    # dominant constant direction keeps them together
+    assert cos[0, -1] < cos[0, 0] - 0.3
+    assert np.all(cos[-1, :] > cos[0, :])
+
+
+@pytest.mark.slow
+def test_quick_fig2_plateau_then_staged_split(out_dir):
+    if not (out_dir / "fig2.json").exists():
+        assert main(["figure", "2", "--quick", "--out", str(out_dir)]) == 0
+    flipping, gaussian = read_json(out_dir / "fig2.json")["data"]["trajectories"]
+    from theory_kit import analysis
+    t, M = np.asarray(flipping["t"]), np.asarray(flipping["M"])
+    spread = analysis.head_spread(M)
+    T, tau2 = t[-1], flipping["tau"][1]
+    # unspecialised plateau: heads aligned with u_1 together, not yet apart along u_2
+    plateau = (t > 50) & (t < 200)
+    assert np.all(M[plateau, :, 0] > 1.0) and np.all(spread[plateau, 1] < 0.1)
+    assert 200 < tau2 < T and spread[-1, 1] > 2 * flipping["delta"]
+    # staged: at T two heads have left along ±u_2 while another has hardly moved yet
+    final = np.abs(M[-1, :, 1])
+    assert np.sort(final)[-2] > 1.0 and final.min() < 0.3
+    assert M[-1, np.argmax(M[-1, :, 1]), 1] > 0 > M[-1, np.argmin(M[-1, :, 1]), 1]
+    # Gaussian prior: the sign split along the strong direction comes long before u_2
+    tau_g = gaussian["tau"]
+    assert tau_g[0] < 100 < tau_g[1] < T
 
 
 def test_estimate_is_printed_before_computing(capsys, tmp_path, monkeypatch):
