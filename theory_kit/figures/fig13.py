@@ -2,7 +2,7 @@
 
 Caption: non-isotropic Gaussian prior, ν1 = ν2 = 2 (top) and ν1 = 8, ν2 = 2 (bottom), L = 4,
 η = 1.  Our choices: softmax, γ = 1, T = 1500 (quick 1000), initial overlaps drawn at
-D = 10^4 (also in quick mode), drift on scrambled Sobol points (2048 full, 256 quick).
+D = 10^4 (also in quick mode), drift on scrambled Sobol points (1024 full, 256 quick).
 
 What to see: ν = (2, 2) — the heads sit near m = 0 for ~100 time units (unspecialised), then
 leave it towards different mixtures of u_1 and u_2; ν = (8, 2) — the heads first align with
@@ -26,7 +26,7 @@ CAPTION = ("Head trajectories m_hf(t) from the ODE for H = 2, 5, 8: softmax, Gau
 
 
 def plan(quick: bool) -> HeadsPlan:
-    return head_plan(SETTINGS, quick, n_full=2048, n_quick=256, dt_full=3.0, dt_quick=6.0,
+    return head_plan(SETTINGS, quick, n_full=1024, n_quick=256, dt_full=3.0, dt_quick=6.0,
                      T_quick=1000.0, D_quick=None, engine="sobol")
 
 
