@@ -50,6 +50,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="seed of the Monte Carlo samples (quad: of the Sobol scramble)")
     p.add_argument("--fresh", action="store_true",
                    help="redraw the Monte Carlo samples at every evaluation (rk4 only)")
+    p.add_argument("--symmetric-heads", action="store_true",
+                   help="pair every draw with its head permutations (H! for H <= 3, else H "
+                        "cyclic shifts; costs that factor): the drift of a head-symmetric state "
+                        "is then exactly symmetric, so sampling error cannot split the heads")
     p.add_argument("--out", required=True, help="output JSON file")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.set_defaults(func=run_ode)
@@ -57,9 +61,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _engine(args: argparse.Namespace) -> MonteCarloDrift | QuadratureDrift:
     if args.engine == "mc":
-        return MonteCarloDrift(check_int(args.samples, "samples", 2), args.mc_seed, args.fresh)
+        return MonteCarloDrift(check_int(args.samples, "samples", 2), args.mc_seed, args.fresh,
+                               head_symmetric=args.symmetric_heads)
     if args.engine == "quad":
-        return QuadratureDrift(qmc_points=check_int(args.samples, "samples", 2), seed=args.mc_seed)
+        return QuadratureDrift(qmc_points=check_int(args.samples, "samples", 2), seed=args.mc_seed,
+                               head_symmetric=args.symmetric_heads)
     fail("engine", f"must be one of {', '.join(ENGINES)}", args.engine)
     raise AssertionError  # unreachable
 

@@ -108,6 +108,7 @@ class SampleDrift:
 
     integrand: Integrand
     fresh: bool = False
+    head_symmetric: bool = False
     _cache: mc.Samples | None = None
     _cache_key: tuple | None = None
 
@@ -125,21 +126,29 @@ class SampleDrift:
     def _samples(self, task: Task, H: int) -> mc.Samples:
         key = (repr(task.params()), H)
         if self.fresh or self._cache_key != key:
-            self._cache = self.sample_set(task, H)
+            smp = self.sample_set(task, H)
+            self._cache = mc.with_head_permutations(smp) if self.symmetric_heads(task, H) else smp
             self._cache_key = key
         return self._cache
+
+    def symmetric_heads(self, task: Task, H: int) -> bool:
+        """Whether each draw is replicated over head permutations (see ``montecarlo``)."""
+        return self.head_symmetric and H > 1
 
     def evaluate(self, task: Task, act: Activation, M: np.ndarray, Q: np.ndarray,
                  a: np.ndarray, b: np.ndarray) -> DriftMeans:
         """E[dM], E[dQ_lin], E[dQ_noise], E[da], E[db] and E = Δ + E|e|² at (M, Q, a, b)."""
         smp = self._samples(task, M.shape[0])
         reps = len(smp.weights) // smp.n_groups
-        shape = stratum_shape(task.prior, reps)
+        shape = stratum_shape(task.prior, reps // smp.head_perms)
+        if smp.head_perms > 1:
+            shape = (smp.head_perms,) + shape
         acc = _Accumulator()
         groups_per_chunk = max(1, CHUNK_BYTES // (8 * 12 * reps * M.shape[0] ** 2 * task.L))
         for start in range(0, smp.n_groups, groups_per_chunk):
             rows = slice(start * reps, min(smp.n_groups, start + groups_per_chunk) * reps)
-            part = mc.Samples(smp.theta[rows], smp.weights[rows], smp.g[rows], smp.group[rows])
+            part = mc.Samples(smp.theta[rows], smp.weights[rows], smp.g[rows], smp.group[rows],
+                              smp.head_perms)
             S, zeta = mc.scores(part, M, Q)
             out = self.integrand(act, S, zeta, part.theta, M, Q, a, b, task.delta)
             for name in DRIFT_FIELDS:
@@ -161,11 +170,13 @@ class MonteCarloDrift(SampleDrift):
     state can be saved and restored (:meth:`rng_state`) for exact resumption."""
 
     def __init__(self, n_samples: int = 20_000, seed: int = 0, fresh: bool = False,
-                 integrand: Integrand = reference_drift_integrands) -> None:
+                 integrand: Integrand = reference_drift_integrands,
+                 head_symmetric: bool = False) -> None:
         self.n_samples = check_int(n_samples, "samples", 2)
         self.seed = int(seed)
         self.fresh = bool(fresh)
         self.integrand = integrand
+        self.head_symmetric = bool(head_symmetric)
         self.rng = np.random.default_rng(self.seed)
 
     def sample_set(self, task: Task, H: int) -> mc.Samples:
@@ -184,7 +195,8 @@ class MonteCarloDrift(SampleDrift):
 
     def params(self) -> dict:
         return {"engine": "mc", "n_samples": self.n_samples, "seed": self.seed,
-                "fresh": self.fresh, "integrand": getattr(self.integrand, "__name__", "custom")}
+                "fresh": self.fresh, "head_symmetric": self.head_symmetric,
+                "integrand": getattr(self.integrand, "__name__", "custom")}
 
 
 class QuadratureDrift(SampleDrift):
@@ -194,12 +206,18 @@ class QuadratureDrift(SampleDrift):
     their atoms; other non-Gaussian priors are refused."""
 
     def __init__(self, points: int = 8, max_tensor_dim: int = 6, qmc_points: int = 2 ** 15,
-                 seed: int = 0, integrand: Integrand = reference_drift_integrands) -> None:
+                 seed: int = 0, integrand: Integrand = reference_drift_integrands,
+                 head_symmetric: bool = False) -> None:
         self.points = check_int(points, "points", 1)
         self.max_tensor_dim = check_int(max_tensor_dim, "max_tensor_dim", 1)
         self.qmc_points = check_int(qmc_points, "qmc_points", 2)
         self.seed = int(seed)
         self.integrand = integrand
+        self.head_symmetric = bool(head_symmetric)
+
+    def symmetric_heads(self, task: Task, H: int) -> bool:
+        """Tensor Gauss–Hermite nodes are already symmetric under head permutations."""
+        return self.head_symmetric and H > 1 and self.rule(task, H) == "sobol"
 
     def rule(self, task: Task, H: int) -> str:
         """``gauss-hermite`` or ``sobol`` for this task and H."""
@@ -243,6 +261,7 @@ class QuadratureDrift(SampleDrift):
     def params(self) -> dict:
         return {"engine": "quad", "points": self.points, "max_tensor_dim": self.max_tensor_dim,
                 "qmc_points": self.qmc_points, "seed": self.seed,
+                "head_symmetric": self.head_symmetric,
                 "integrand": getattr(self.integrand, "__name__", "custom")}
 
 
