@@ -9,11 +9,9 @@ from the same initial overlaps drawn at D.  Simulation: exact reduced SGD (THEOR
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 from matplotlib.figure import Figure
 
-from .panels import OverlayPlan, Setting, overlay_compute, overlay_draw
+from .panels import OverlayPlan, PlannedFigure, Setting, overlay_draw
 
 NUMBER = 1
 CAPTION = ("ODE (lines) against SGD (dots, mean ± std over runs): softmax, L = 10, H = 2, F = 2, "
@@ -24,22 +22,10 @@ FULL = OverlayPlan((Setting("softmax", 10, 2, "flipping", (2.0, 2.0), gamma=1.0,
 QUICK = OverlayPlan((Setting("softmax", 10, 2, "flipping", (2.0, 2.0), gamma=1.0, T=120.0,
                              D_init=300),), D=300, runs=8, n_samples=1000, dt=1.0,
                     n_times_ode=61, n_times_sim=25)
-
-
-def plan(quick: bool) -> OverlayPlan:
-    return QUICK if quick else FULL
-
-
-def estimate_seconds(quick: bool) -> float:
-    return plan(quick).seconds()
-
-
-def compute(quick: bool, workdir: Path, jobs: int = 1) -> dict:
-    return overlay_compute(plan(quick), workdir, jobs)
+FIGURE = PlannedFigure(FULL, QUICK)
+plan, estimate_seconds, compute = FIGURE.plan, FIGURE.estimate_seconds, FIGURE.compute
 
 
 def draw(data: dict) -> Figure:
-    row = data["rows"][0]
-    return overlay_draw(data, f"Fig. 1: {row['setting']['activation']}, L = 10, H = 2, "
-                              f"flipping ν = (2, 2); theory vs SGD at D = {row['D']} "
-                              f"({row['runs']} runs)")
+    activation = data["rows"][0]["setting"]["activation"]
+    return overlay_draw(data, f"Fig. 1: {activation}, L = 10, H = 2, flipping ν = (2, 2)")

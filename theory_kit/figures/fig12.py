@@ -11,11 +11,9 @@ unspecialised plateau, several hundred time units at L = 4), then part along f =
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 from matplotlib.figure import Figure
 
-from .panels import HeadsPlan, Setting, head_plan, head_title, heads_compute, heads_draw
+from .panels import Setting, head_figure, head_titles, heads_draw
 
 NUMBER = 12
 HEADS = (2, 4, 5, 8)
@@ -23,22 +21,11 @@ SETTINGS = tuple(Setting("softmax", 4, H, "flipping", (2.0, 2.0), T=1500.0) for 
 CAPTION = ("Head trajectories m_hf(t) from the ODE for H = 2, 4, 5, 8: softmax, flipping "
            "ν = (2, 2), L = 4, η = 1 (overlaps drawn at D = 10^4), γ = 1; shaded: unspecialised "
            "phase; dashed: τ_f (δ = 0.2).")
-
-
-def plan(quick: bool) -> HeadsPlan:
-    return head_plan(SETTINGS, quick, n_full=4096, n_quick=1024, dt_full=3.0, dt_quick=6.0,
+FIGURE = head_figure(SETTINGS, n_full=4096, n_quick=1024, dt_full=3.0, dt_quick=6.0,
                      T_quick=1200.0, D_quick=None, engine="sobol")
-
-
-def estimate_seconds(quick: bool) -> float:
-    return plan(quick).seconds()
-
-
-def compute(quick: bool, workdir: Path, jobs: int = 1) -> dict:
-    return heads_compute(plan(quick), workdir, jobs)
+plan, estimate_seconds, compute = FIGURE.plan, FIGURE.estimate_seconds, FIGURE.compute
 
 
 def draw(data: dict) -> Figure:
-    titles = [head_title(tr["setting"], "H") for tr in data["trajectories"]]
-    return heads_draw(data, titles, "Fig. 12: softmax heads, flipping ν = (2, 2), L = 4 (ODE)",
-                      columns=4)
+    return heads_draw(data, head_titles(data, "H"),
+                      "Fig. 12: softmax heads, flipping ν = (2, 2), L = 4 (ODE)", columns=4)

@@ -13,12 +13,10 @@ and u_3 whose order, times and head assignment depend on the initial condition.
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 from matplotlib.figure import Figure
 
 from . import fig3
-from .panels import HeadsPlan, head_plan, head_title, heads_compute, heads_draw
+from .panels import head_figure, head_titles, heads_draw
 
 NUMBER = 14
 BASE = fig3.BASE.with_(activation="bsoftmax", T=1500.0)
@@ -26,23 +24,12 @@ SETTINGS = (BASE, BASE.with_(seed=1))
 CAPTION = ("Head trajectories m_hf(t) from the ODE for two initial conditions (seeds 0, 1): "
            "B-softmax, H = 8, Gaussian prior, F = 3, L = 5, ν = (20, 1, 1), η = 1 (overlaps "
            "drawn at D = 10^4), γ = 1; dashed: τ_f (δ = 0.2).")
-
-
-def plan(quick: bool) -> HeadsPlan:
-    return head_plan(SETTINGS, quick, n_full=512, n_quick=128, dt_full=3.0, dt_quick=6.0,
+FIGURE = head_figure(SETTINGS, n_full=512, n_quick=128, dt_full=3.0, dt_quick=6.0,
                      T_quick=1200.0, D_quick=None, engine="sobol")
-
-
-def estimate_seconds(quick: bool) -> float:
-    return plan(quick).seconds()
-
-
-def compute(quick: bool, workdir: Path, jobs: int = 1) -> dict:
-    return heads_compute(plan(quick), workdir, jobs)
+plan, estimate_seconds, compute = FIGURE.plan, FIGURE.estimate_seconds, FIGURE.compute
 
 
 def draw(data: dict) -> Figure:
-    titles = ["initial condition " + head_title(tr["setting"], "seed")
-              for tr in data["trajectories"]]
+    titles = ["initial condition " + title for title in head_titles(data, "seed")]
     return heads_draw(data, titles, "Fig. 14: B-softmax, H = 8, Gaussian ν = (20, 1, 1), L = 5, "
                                     "two initial conditions (ODE)", columns=2)

@@ -16,11 +16,9 @@ much later, part along the weak direction f = 2.
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 from matplotlib.figure import Figure
 
-from .panels import HeadsPlan, Setting, head_plan, head_title, heads_compute, heads_draw
+from .panels import Setting, head_figure, head_titles, heads_draw
 
 NUMBER = 2
 SETTINGS = (Setting("softmax", 4, 4, "flipping", (2.0, 2.0), T=1500.0),
@@ -28,21 +26,11 @@ SETTINGS = (Setting("softmax", 4, 4, "flipping", (2.0, 2.0), T=1500.0),
 CAPTION = ("Head trajectories m_hf(t) from the ODE: softmax, H = 4, L = 4, η = 1 (overlaps drawn "
            "at D = 10^4), γ = 1; left flipping ν = (2, 2), right Gaussian ν = (8, 2); dashed: "
            "τ_f (δ = 0.2).")
-
-
-def plan(quick: bool) -> HeadsPlan:
-    return head_plan(SETTINGS, quick, n_full=4096, n_quick=1024, dt_full=2.5, dt_quick=5.0,
+FIGURE = head_figure(SETTINGS, n_full=4096, n_quick=1024, dt_full=2.5, dt_quick=5.0,
                      T_quick=1200.0, D_quick=None, engine="sobol")
-
-
-def estimate_seconds(quick: bool) -> float:
-    return plan(quick).seconds()
-
-
-def compute(quick: bool, workdir: Path, jobs: int = 1) -> dict:
-    return heads_compute(plan(quick), workdir, jobs)
+plan, estimate_seconds, compute = FIGURE.plan, FIGURE.estimate_seconds, FIGURE.compute
 
 
 def draw(data: dict) -> Figure:
-    titles = [head_title(tr["setting"], "prior", "nu", "H") for tr in data["trajectories"]]
-    return heads_draw(data, titles, "Fig. 2: softmax heads, L = 4 (ODE)", columns=2)
+    return heads_draw(data, head_titles(data, "prior", "nu", "H"),
+                      "Fig. 2: softmax heads, L = 4 (ODE)", columns=2)

@@ -15,11 +15,9 @@ B-softmax" is a robust statement.
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 from matplotlib.figure import Figure
 
-from .panels import HeadsPlan, Setting, head_plan, head_title, heads_compute, heads_draw
+from .panels import Setting, head_figure, head_titles, heads_draw
 
 NUMBER = 3
 BASE = Setting("softmax", 5, 8, "gaussian", (20.0, 1.0, 1.0), T=2400.0)
@@ -27,22 +25,11 @@ SETTINGS = (BASE, BASE.with_(activation="bsoftmax"))
 CAPTION = ("Head trajectories m_hf(t) from the ODE: H = 8, Gaussian prior, F = 3, L = 5, "
            "ν = (20, 1, 1), η = 1 (overlaps drawn at D = 10^4), γ = 1; left softmax, right "
            "B-softmax; shaded: unspecialised phase; dashed: τ_f (δ = 0.2).")
-
-
-def plan(quick: bool) -> HeadsPlan:
-    return head_plan(SETTINGS, quick, n_full=512, n_quick=128, dt_full=4.0, dt_quick=8.0,
+FIGURE = head_figure(SETTINGS, n_full=512, n_quick=128, dt_full=4.0, dt_quick=8.0,
                      T_quick=1500.0, D_quick=None, engine="sobol")
-
-
-def estimate_seconds(quick: bool) -> float:
-    return plan(quick).seconds()
-
-
-def compute(quick: bool, workdir: Path, jobs: int = 1) -> dict:
-    return heads_compute(plan(quick), workdir, jobs)
+plan, estimate_seconds, compute = FIGURE.plan, FIGURE.estimate_seconds, FIGURE.compute
 
 
 def draw(data: dict) -> Figure:
-    titles = [head_title(tr["setting"], "activation") for tr in data["trajectories"]]
-    return heads_draw(data, titles, "Fig. 3: H = 8 heads, Gaussian ν = (20, 1, 1), L = 5 (ODE)",
-                      columns=2)
+    return heads_draw(data, head_titles(data, "activation"),
+                      "Fig. 3: H = 8 heads, Gaussian ν = (20, 1, 1), L = 5 (ODE)", columns=2)

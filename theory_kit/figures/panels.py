@@ -390,6 +390,9 @@ class OverlayPlan:
                 "ode_method": "rk4", "dt": self.dt, "simulation": "reduced",
                 "n_times_ode": self.n_times_ode, "n_times_sim": self.n_times_sim}
 
+    def compute(self, workdir: Path, jobs: int = 1) -> dict:
+        return overlay_compute(self, workdir, jobs)
+
 
 def overlay_compute(plan: OverlayPlan, workdir: Path, jobs: int = 1) -> dict:
     """Run the plan's pieces and keep, per setting, the comparison and the τ's."""
@@ -398,15 +401,17 @@ def overlay_compute(plan: OverlayPlan, workdir: Path, jobs: int = 1) -> dict:
     return {"params": plan.params(), "rows": rows}
 
 
-def overlay_draw(data: dict, suptitle: str) -> object:
-    """Rows of four panels (one row per setting), ODE lines against SGD dots."""
+def overlay_draw(data: dict, what: str) -> object:
+    """Rows of four panels (one row per setting), ODE lines against SGD dots; the title is
+    ``what`` followed by the SGD dimension and number of runs."""
     rows = data["rows"]
     fig, axes = new_figure(len(rows), 4, panel_size=(3.3, 2.6))
     for r, row in enumerate(rows):
         s = row["setting"]
         draw_overlay_row(axes[4 * r:4 * r + 4], row,
                          ACT_LABELS.get(s["activation"], s["activation"]))
-    fig.suptitle(suptitle, fontsize=9)
+    fig.suptitle(f"{what}; theory vs SGD at D = {rows[0]['D']} ({rows[0]['runs']} runs)",
+                 fontsize=9)
     fig.tight_layout()
     return fig
 
@@ -433,6 +438,9 @@ class HeadsPlan:
         return {"settings": [s.params() for s in self.settings],
                 "ode_engine": {"kind": self.engine, "n_samples": self.n_samples, "fresh": False},
                 "ode_method": "rk4", "dt": self.dt, "n_times": self.n_times}
+
+    def compute(self, workdir: Path, jobs: int = 1) -> dict:
+        return heads_compute(self, workdir, jobs)
 
 
 def heads_compute(plan: HeadsPlan, workdir: Path, jobs: int = 1) -> dict:
@@ -504,3 +512,42 @@ def head_title(setting: dict, *fields: str) -> str:
         else:
             parts.append(f"{name} = {value}")
     return ", ".join(parts)
+
+
+def head_titles(data: dict, *fields: str) -> list[str]:
+    """``head_title`` of every trajectory of a head figure's data, in order."""
+    return [head_title(tr["setting"], *fields) for tr in data["trajectories"]]
+
+
+# ----------------------------------------------------------------------------- figure plans
+@dataclass(frozen=True)
+class PlannedFigure:
+    """A figure that runs one plan: its full and quick plans.  The methods are the figure
+    contract's ``estimate_seconds`` and ``compute`` (and ``plan``), so a figure module keeps
+    only its parameters, caption and drawing."""
+
+    full: OverlayPlan | HeadsPlan
+    quick: OverlayPlan | HeadsPlan
+
+    def plan(self, quick: bool) -> OverlayPlan | HeadsPlan:
+        return self.quick if quick else self.full
+
+    def estimate_seconds(self, quick: bool) -> float:
+        return self.plan(quick).seconds()
+
+    def compute(self, quick: bool, workdir: Path, jobs: int = 1) -> dict:
+        return self.plan(quick).compute(workdir, jobs)
+
+
+def head_figure(settings: Sequence[Setting], **plan_args: object) -> PlannedFigure:
+    """Figs. 2, 3, 12, 13, 14: ``head_plan`` of the settings, full and quick (``plan_args``
+    are head_plan's keyword arguments)."""
+    return PlannedFigure(head_plan(settings, False, **plan_args),
+                         head_plan(settings, True, **plan_args))
+
+
+def activation_rows_figure(base: Setting, **plan_args: object) -> PlannedFigure:
+    """Figs. 9, 10: ``activation_rows_plan`` of the base setting, full and quick
+    (``plan_args`` are activation_rows_plan's keyword arguments)."""
+    return PlannedFigure(activation_rows_plan(base, False, **plan_args),
+                         activation_rows_plan(base, True, **plan_args))
