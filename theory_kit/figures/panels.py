@@ -360,9 +360,36 @@ def artist_data(fig: object) -> list[np.ndarray]:
     return out
 
 
+# ----------------------------------------------------------------------------- figure plans
+class OdePlan:
+    """What the overlay and head plans share: one ODE piece per setting (same engine, step
+    and samples for all), a cost that is that of the pieces, and the ODE's parameters."""
+
+    settings: tuple[Setting, ...]
+    n_samples: int
+    dt: float
+    engine: str
+
+    def pieces(self) -> list[OdePiece | SimPiece]:
+        raise NotImplementedError
+
+    def compute(self, workdir: Path, jobs: int = 1) -> dict:
+        raise NotImplementedError
+
+    def seconds(self) -> float:
+        return pieces_seconds(self.pieces())
+
+    def ode_piece(self, setting: Setting, n_times: int) -> OdePiece:
+        return OdePiece(setting, self.n_samples, self.dt, n_times, engine=self.engine)
+
+    def ode_params(self) -> dict:
+        return {"ode_engine": {"kind": self.engine, "n_samples": self.n_samples, "fresh": False},
+                "ode_method": "rk4", "dt": self.dt}
+
+
 # ----------------------------------------------------------------------------- overlay figures
 @dataclass(frozen=True)
-class OverlayPlan:
+class OverlayPlan(OdePlan):
     """Figs. 1, 9, 10: for every setting, one ODE and ``runs`` reduced simulations at D."""
 
     settings: tuple[Setting, ...]
@@ -377,17 +404,13 @@ class OverlayPlan:
     def pieces(self) -> list[OdePiece | SimPiece]:
         out: list[OdePiece | SimPiece] = []
         for s in self.settings:
-            out += [OdePiece(s, self.n_samples, self.dt, self.n_times_ode, engine=self.engine),
+            out += [self.ode_piece(s, self.n_times_ode),
                     SimPiece(s, self.D, self.runs, self.n_times_sim)]
         return out
 
-    def seconds(self) -> float:
-        return pieces_seconds(self.pieces())
-
     def params(self) -> dict:
         return {"settings": [s.params() for s in self.settings], "D": self.D, "runs": self.runs,
-                "ode_engine": {"kind": self.engine, "n_samples": self.n_samples, "fresh": False},
-                "ode_method": "rk4", "dt": self.dt, "simulation": "reduced",
+                **self.ode_params(), "simulation": "reduced",
                 "n_times_ode": self.n_times_ode, "n_times_sim": self.n_times_sim}
 
     def compute(self, workdir: Path, jobs: int = 1) -> dict:
@@ -418,7 +441,7 @@ def overlay_draw(data: dict, what: str) -> object:
 
 # ----------------------------------------------------------------------------- head figures
 @dataclass(frozen=True)
-class HeadsPlan:
+class HeadsPlan(OdePlan):
     """Figs. 2, 3, 12, 13, 14: one ODE integration per setting (panel group)."""
 
     settings: tuple[Setting, ...]
@@ -428,16 +451,11 @@ class HeadsPlan:
     engine: str = "mc"
 
     def pieces(self) -> list[OdePiece]:
-        return [OdePiece(s, self.n_samples, self.dt, self.n_times, engine=self.engine)
-                for s in self.settings]
-
-    def seconds(self) -> float:
-        return pieces_seconds(self.pieces())
+        return [self.ode_piece(s, self.n_times) for s in self.settings]
 
     def params(self) -> dict:
-        return {"settings": [s.params() for s in self.settings],
-                "ode_engine": {"kind": self.engine, "n_samples": self.n_samples, "fresh": False},
-                "ode_method": "rk4", "dt": self.dt, "n_times": self.n_times}
+        return {"settings": [s.params() for s in self.settings], **self.ode_params(),
+                "n_times": self.n_times}
 
     def compute(self, workdir: Path, jobs: int = 1) -> dict:
         return heads_compute(self, workdir, jobs)
@@ -519,17 +537,17 @@ def head_titles(data: dict, *fields: str) -> list[str]:
     return [head_title(tr["setting"], *fields) for tr in data["trajectories"]]
 
 
-# ----------------------------------------------------------------------------- figure plans
+# ----------------------------------------------------------------------- figures of one plan
 @dataclass(frozen=True)
 class PlannedFigure:
     """A figure that runs one plan: its full and quick plans.  The methods are the figure
     contract's ``estimate_seconds`` and ``compute`` (and ``plan``), so a figure module keeps
     only its parameters, caption and drawing."""
 
-    full: OverlayPlan | HeadsPlan
-    quick: OverlayPlan | HeadsPlan
+    full: OdePlan
+    quick: OdePlan
 
-    def plan(self, quick: bool) -> OverlayPlan | HeadsPlan:
+    def plan(self, quick: bool) -> OdePlan:
         return self.quick if quick else self.full
 
     def estimate_seconds(self, quick: bool) -> float:
