@@ -13,15 +13,7 @@ FIELDS = ("dM", "dQ_lin", "dQ_noise", "da", "db", "sq_err")
 NAMES = list(PRESETS) + ["softplus"]
 
 
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("THEORY_KIT_CACHE", str(tmp_path_factory.getbasetemp() / "codegen-cache"))
-
-
-def _activation(name):
-    if name == "softplus":
-        return custom_activation("softplus(s)", norm="per-head", kappa=0.5)
-    return get_activation(name)
+pytestmark = pytest.mark.usefixtures("private_codegen_cache")
 
 
 def _random_state(rng, H=3, L=4, F=2, n=64, scale=1.0):
@@ -37,8 +29,8 @@ def _random_state(rng, H=3, L=4, F=2, n=64, scale=1.0):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_generated_equals_reference(name):
-    act = _activation(name)
+def test_generated_equals_reference(name, activation_by_name):
+    act = activation_by_name(name)
     args = _random_state(np.random.default_rng(1))
     got = codegen.drift_integrand(act, "conditional")(*args, 0.3)
     ref = reference_drift_integrands(act, *args, delta=0.3)
@@ -94,9 +86,9 @@ def _stein_projection_term(act, S, M, Q, a, b):
 
 
 @pytest.mark.parametrize("name", [_stein_case(n) for n in NAMES])
-def test_stein_agrees_with_conditional_mean(name):
+def test_stein_agrees_with_conditional_mean(name, activation_by_name):
     """Common random numbers: the per-sample difference has its own standard error."""
-    act = _activation(name)
+    act = activation_by_name(name)
     H, L = 2, 4
     rng = np.random.default_rng(5)
     samples = draw_samples(make_prior("flipping", nu=[2.0, 1.5]), H, L, 12000, rng)

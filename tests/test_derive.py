@@ -10,21 +10,13 @@ import pytest
 import sympy as sp
 
 from theory_kit import codegen, derive
-from theory_kit.activations import PRESETS, custom_activation, get_activation
+from theory_kit.activations import PRESETS, get_activation
 from theory_kit.cli import main
 
 RNG = np.random.default_rng(7)
 
 
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("THEORY_KIT_CACHE", str(tmp_path_factory.getbasetemp() / "codegen-cache"))
-
-
-def _activation(name):
-    if name == "softplus":
-        return custom_activation("softplus(s)", norm="per-head", kappa=0.5)
-    return get_activation(name)
+pytestmark = pytest.mark.usefixtures("private_codegen_cache")
 
 
 def _generated_pieces(act, S, a, b, qdiag):
@@ -38,8 +30,8 @@ def _generated_pieces(act, S, a, b, qdiag):
 
 
 @pytest.mark.parametrize("name", list(PRESETS) + ["softplus"])
-def test_structured_equals_expanded(name):
-    act = _activation(name)
+def test_structured_equals_expanded(name, activation_by_name):
+    act = activation_by_name(name)
     H, L, n = 2, 3, 16
     S = 1.5 * RNG.standard_normal((n, H, L))
     a, b, qdiag = RNG.uniform(0.2, 1.0, H), 0.3 * RNG.standard_normal(H), RNG.uniform(0.5, 2.0, H)
