@@ -2,8 +2,13 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from ..figures import runner
+
+# the budget of a full figure (15 min) assumes both cores of a 2-core machine are used
+DEFAULT_JOBS = max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                          else (os.cpu_count() or 1)))
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -16,7 +21,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quick", action="store_true",
                    help="fewer runs/samples and smaller D: under a minute, same layout")
     p.add_argument("--out", default="figures", help="output folder (default ./figures)")
-    p.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
+    p.add_argument("--jobs", type=int, default=DEFAULT_JOBS,
+                   help=f"worker processes for independent pieces (default: the number of "
+                        f"cores, capped at 4; here {DEFAULT_JOBS})")
     p.add_argument("--data", metavar="FILE.npz",
                    help="figures 5 and 7: your own images, an .npz with an 'images' array of "
                         "shape (n, h, w) or (n, d) (optional integer 'labels'); default: the "

@@ -22,6 +22,7 @@ from matplotlib.axes import Axes
 from .. import analysis
 from ..activations import Activation, get_activation
 from ..expect.drift import MonteCarloDrift, QuadratureDrift, SampleDrift
+from ..expect.montecarlo import head_permutations
 from ..initial import InitialCondition
 from ..error import population_error_mc
 from ..model import State, Task, ValidationError, make_prior
@@ -105,7 +106,7 @@ def sim_seconds(setting: Setting, D: int, runs: int) -> float:
 
 
 # ----------------------------------------------------------------------------- pieces
-ODE_ENGINES = ("mc", "sobol")
+ODE_ENGINES = ("mc", "sobol", "mc-sym", "sobol-sym")
 
 
 def drift_engine(kind: str, n_samples: int, seed: int, fresh: bool = False) -> SampleDrift:
@@ -113,11 +114,15 @@ def drift_engine(kind: str, n_samples: int, seed: int, fresh: bool = False) -> S
     (fixed, or ``fresh`` at every evaluation); ``sobol`` = ``n_samples`` scrambled Sobol
     points.  At equal cost the Sobol set has a much smaller error, which matters in long
     plateaus: there a fixed set's error, different for every head, acts as a spurious
-    symmetry breaking between heads (heads drifting apart along the constant direction)."""
-    if kind == "mc":
-        return MonteCarloDrift(n_samples, seed=seed, fresh=fresh)
-    if kind == "sobol" and not fresh:
-        return QuadratureDrift(max_tensor_dim=1, qmc_points=n_samples, seed=seed)
+    symmetry breaking between heads (heads drifting apart along the constant direction).
+    The ``-sym`` kinds remove that at its source by pairing every draw with its head
+    permutations (``expect.montecarlo.with_head_permutations``), at that factor in cost."""
+    symmetric = kind.endswith("-sym")  # each draw paired with its head permutations
+    if kind in ("mc", "mc-sym"):
+        return MonteCarloDrift(n_samples, seed=seed, fresh=fresh, head_symmetric=symmetric)
+    if kind in ("sobol", "sobol-sym") and not fresh:
+        return QuadratureDrift(max_tensor_dim=1, qmc_points=n_samples, seed=seed,
+                               head_symmetric=symmetric)
     raise ValidationError(f"engine: must be one of {ODE_ENGINES} (sobol only with fixed "
                           f"samples) (got {kind}, fresh={fresh})")
 
@@ -144,7 +149,8 @@ class OdePiece:
         return f"ode-{key}"
 
     def seconds(self) -> float:
-        return ode_seconds(self.setting, self.n_samples, self.dt)
+        copies = len(head_permutations(self.setting.H)) if self.engine.endswith("-sym") else 1
+        return ode_seconds(self.setting, self.n_samples * copies, self.dt)
 
     def run(self, path: Path, progress: bool) -> dict:
         s = self.setting
