@@ -149,3 +149,75 @@ def test_missing_module_exits_2(monkeypatch, capsys):
 def test_json_is_plain_json(quick_fig1, out_dir):
     text = (out_dir / "fig1.json").read_text()
     assert json.loads(text)["data"]["params"]["D"] == 300
+
+
+# ----------------------------------------------------------------------------- Fig. 6
+def escape_times(rng, D, runs, c=20.0, rate=0.02):
+    """Synthetic τ = c + ln(√D/|ξ|)/λ, ξ ~ N(0, 1): the escape from an O(1/√D) asymmetry."""
+    return c + np.log(np.sqrt(D) / np.abs(rng.standard_normal(runs))) / rate
+
+
+def test_fig6_statistics_match_the_escape_law():
+    from theory_kit.figures import fig6
+    from scipy import stats as sps
+    rng = np.random.default_rng(3)
+    D, runs, rate = np.array([250.0, 4000.0]), 4000, 0.02
+    taus = [escape_times(rng, d, runs, rate=rate) for d in D]
+    stats = fig6.summary(D, taus, 0.0)
+    # ln|ξ| = ½ ln χ²_1: mean −(γ_E + ln 2)/2, variance π²/8, excess kurtosis 4; τ = c − ln|ξ|/λ
+    mean = 20.0 + (0.5 * np.log(D) + 0.5 * (np.euler_gamma + np.log(2))) / rate
+    std = np.pi / np.sqrt(8) / rate
+    assert np.allclose(stats["mean"], mean, atol=4 * std / np.sqrt(runs))
+    assert np.allclose(stats["std"], std, rtol=4 * np.sqrt((4.0 + 2) / (4 * runs)))
+    assert np.allclose(stats["rel_std"], std / mean, rtol=0.06)
+    assert np.all(stats["fraction"] == 1.0) and np.all(stats["started_above"] == 0.0)
+    # bootstrap error of std/mean against the delta method with the sample's own moments:
+    # (se/rel)² = [(κ − 1)/4 + rel² − skew·rel]/n, κ the kurtosis
+    rel = stats["rel_std"]
+    skew = np.array([sps.skew(t) for t in taus])
+    kurt = np.array([sps.kurtosis(t, fisher=False) for t in taus])
+    delta_method = rel * np.sqrt(((kurt - 1) / 4 + rel ** 2 - skew * rel) / runs)
+    assert np.allclose(stats["rel_std_se"], delta_method, rtol=0.1)
+
+
+def test_fig6_censored_runs_are_counted_not_dropped():
+    from theory_kit.figures import fig6
+    taus = np.array([10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0, 90.0, np.inf])
+    stats = fig6.summary(np.array([500.0]), [taus], 0.0)
+    assert stats["fraction"][0] == 0.9 and stats["mean"][0] == 50.0
+    assert np.isfinite(stats["rel_quantile"][0])           # q90 is still a crossed run
+    assert stats["rel_quantile"][0] == (90.0 - 10.0) / 50.0
+    two_censored = np.where(taus > 80.0, np.inf, taus)
+    assert np.isnan(fig6.quantile_spread(two_censored))     # q90 unknown: no number
+    assert fig6.summary(np.array([500.0]), [np.r_[0.0, taus]], 0.0)["started_above"][0] > 0
+
+
+def test_fig6_draws_from_its_data():
+    from theory_kit.figures import fig6
+    rng = np.random.default_rng(4)
+    D = np.array([250.0, 1000.0, 4000.0])
+    taus = [escape_times(rng, d, 30) for d in D]
+    taus[-1][:2] = np.inf
+    data = {"params": {"D": D, "runs": 30, "T": 400.0, "delta": 0.2}, "tau": taus,
+            **fig6.summary(D, taus, 0.0)}
+    arrays = panels.artist_data(fig6.draw(data))
+    assert any(a.size and np.isfinite(a).all() for a in arrays)
+
+
+@pytest.mark.slow
+def test_quick_fig6_relative_spread_falls_with_D(out_dir):
+    if not (out_dir / "fig6.json").exists():
+        assert main(["figure", "6", "--quick", "--out", str(out_dir)]) == 0
+    data = read_json(out_dir / "fig6.json")["data"]
+    rel, se = np.asarray(data["rel_std"]), np.asarray(data["rel_std_se"])
+    mean, std = np.asarray(data["mean"]), np.asarray(data["std"])
+    runs = data["params"]["runs"]
+    assert np.all(np.asarray(data["fraction"]) >= 0.9)
+    assert np.all(np.asarray(data["started_above"]) == 0.0)
+    # measured (D = 250 → 1000, 24 runs): std/mean 0.67 ± 0.10 → 0.44 ± 0.06, a drop of
+    # 2.0 combined bootstrap errors; require at least one
+    assert rel[-1] + np.hypot(se[0], se[-1]) < rel[0]
+    # measured 1.73 → 1.30; the censoring-robust spread must fall too
+    assert data["rel_quantile"][-1] < data["rel_quantile"][0]
+    # while the mean grows (like ln D): measured 64 → 119, errors of the means 9 and 11
+    assert mean[-1] - mean[0] > 3 * np.hypot(*(std[[0, -1]] / np.sqrt(runs)))
