@@ -103,6 +103,9 @@ def parse_phi(phi: str | sp.Expr) -> sp.Expr:
                        if not isinstance(f, (Sigmoid, Softplus)))
     if extra or undefined:
         fail("phi", "must be a function of the score s alone", f"{phi} (also uses {extra + undefined})")
+    # zoo/oo/nan/I would only surface later, as a KeyError in the code generator or NaN drifts
+    if expr.has(sp.zoo, sp.oo, sp.nan, sp.I):
+        fail("phi", "must be real and finite (no I, oo, zoo or nan constants)", str(phi))
     if S_SYMBOL not in expr.free_symbols:
         fail("phi", "must depend on the score s", str(phi))
     return expr

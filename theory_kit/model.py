@@ -24,8 +24,11 @@ class ValidationError(ValueError):
 
 def fail(param: str, allowed: str, got: object) -> None:
     """Raise the toolkit's one error style: ``param: allowed (got value)``."""
-    text = np.array2string(np.asarray(got), precision=4, threshold=12) if isinstance(
-        got, (np.ndarray, list, tuple)) else repr(got)
+    try:
+        text = np.array2string(np.asarray(got), precision=4, threshold=12) if isinstance(
+            got, (np.ndarray, list, tuple)) else repr(got)
+    except ValueError:  # ragged nested lists cannot become an array; show them as given
+        text = repr(got)
     raise ValidationError(f"{param}: {allowed} (got {' '.join(text.split())})")
 
 

@@ -349,6 +349,8 @@ def initial_condition(act: Activation, task: Task, H: int | None = None,
         raise ValidationError("M0/Q0: give both M0 and Q0, or neither (then D draws them)")
     if M0 is not None:
         M = as_finite_array(M0, "M0", ndim=2)
+        if M.shape[1] != task.F:
+            fail("M0", f"must have F = {task.F} columns (one per signal strength)", M.shape)
         if H is not None and M.shape[0] != H:
             fail("H", f"must match the rows of M0 ({M.shape[0]})", H)
         H = M.shape[0]

@@ -35,11 +35,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except ValidationError as exc:
-        print(f"theory-kit {args.command}: error: {exc}", file=sys.stderr)
-        return 2
-    except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
-        print(f"theory-kit {args.command}: error: {exc}", file=sys.stderr)
+    except (ValidationError, FileNotFoundError, IsADirectoryError, PermissionError) as exc:
+        # one line: wrapped messages (e.g. SymPy parse errors) are joined
+        print(f"theory-kit {args.command}: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"theory-kit {args.command}: interrupted; finished work is saved, "

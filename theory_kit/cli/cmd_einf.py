@@ -4,7 +4,8 @@ from __future__ import annotations
 import argparse
 
 from .. import einf
-from ..model import check_int
+from ..expect.drift import ENGINES
+from ..model import check_int, fail
 from .common import add_activation_args, add_task_args, build_activation, build_task, print_json
 
 
@@ -54,6 +55,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def settings_from_args(args: argparse.Namespace) -> einf.RunSettings:
     """RunSettings (γ, stop rule, integrator, drift samples) from the command line."""
+    if args.engine not in ENGINES:  # RunSettings would name its field 'drift', not the option
+        fail("engine", f"must be one of {', '.join(ENGINES)}", args.engine)
     rule = einf.StopRule(args.tol, args.chunk, check_int(args.window, "window", 1), args.T_min,
                          args.T_max)
     return einf.RunSettings(gamma=args.gamma, gradient_flow=args.gradient_flow, rule=rule,

@@ -8,6 +8,7 @@ import numpy as np
 from ..activations import Activation
 from ..initial import InitialCondition
 from ..model import Task, ValidationError
+from ..ode import initial_condition as ode_initial_condition
 from ..simulate import METHODS, SimConfig, simulate_to_file
 from .common import (add_activation_args, add_task_args, build_activation, build_task,
                      parse_float_list, parse_json_array)
@@ -60,15 +61,13 @@ def recorded_times(T: float | None, times: str | None) -> np.ndarray:
 
 def initial_condition(args: argparse.Namespace, act: Activation,
                       task: Task) -> InitialCondition | None:
-    """A given start (--M0/--Q0, a and b from the activation) or None (drawn per run)."""
+    """A given start (--M0/--Q0, a and b from the activation) or None (drawn per run).
+
+    Shares the ODE's checks, so errors name M0, Q0 and H as the command line spells them."""
     if args.M0 is None and args.Q0 is None:
         return None
-    if args.M0 is None or args.Q0 is None:
-        raise ValidationError("M0: give both --M0 and --Q0, or neither")
-    M0 = parse_json_array(args.M0, "M0", 2)
-    Q0 = parse_json_array(args.Q0, "Q0", 2)
-    H = M0.shape[0]
-    return InitialCondition.from_arrays(M0, Q0, act.a_default(H, task.L), act.b_default(H, task.L))
+    return ode_initial_condition(act, task, H=args.H, M0=parse_json_array(args.M0, "M0", 2),
+                                 Q0=parse_json_array(args.Q0, "Q0", 2))
 
 
 def run_simulate(args: argparse.Namespace) -> int:
