@@ -158,6 +158,8 @@ def draw(data: dict) -> Figure:
         ax.plot(x, [r["bayes"]["error"] for r in rows], "k--", lw=1.2, label="Bayes")
         ax.set_yscale("log")  # the Bayes error at ν = 10, F = 4 is ~1e-4
         ax.yaxis.set_minor_formatter(NullFormatter())
+        if panel == "H":
+            ax.set_xticks(x)  # heads are counted: integer ticks only
         if panel == "nu":
             ax.set_xscale("log")
             ax.set_xticks(x)
