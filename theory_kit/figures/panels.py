@@ -35,7 +35,9 @@ from .style import label_axes, new_figure, series_colors
 
 # rough costs measured on the 2-core development machine under load (seconds); the full
 # Fig. 1 (ODE 2000 drift evaluations × 8000 rows, SGD 2.5·10^6 steps × 8 runs) took 5.6 min
-ODE_COST_PER_ELEMENT = 2e-7     # per drift evaluation and sample row × H² × L
+# the drift no longer builds (H, H, L) arrays (Kernel.jj_sum), so its cost grows like H·L per
+# sample row: measured 0.9–2.2·10⁻⁷ s for H = 2…8, L = 4…10 (MC and Sobol alike)
+ODE_COST_PER_ELEMENT = 2e-7     # per drift evaluation and sample row × H × L
 SIM_COST_PER_STEP = 7e-5        # Python overhead of one SGD step, all runs together
 SIM_COST_PER_ELEMENT = 1e-7     # per step and run × H² × L
 ACT_LABELS = {"softmax": "softmax", "softmax1": "softmax-1", "bsoftmax": "B-softmax"}
@@ -96,7 +98,7 @@ def n_rows(setting: Setting, n_samples: int) -> int:
 def ode_seconds(setting: Setting, n_samples: int, dt: float) -> float:
     """Estimated run time of one RK4 integration (4 drift evaluations per step)."""
     evals = 4 * setting.T / dt
-    return evals * n_rows(setting, n_samples) * setting.H ** 2 * setting.L * ODE_COST_PER_ELEMENT
+    return evals * n_rows(setting, n_samples) * setting.H * setting.L * ODE_COST_PER_ELEMENT
 
 
 def sim_seconds(setting: Setting, D: int, runs: int) -> float:
