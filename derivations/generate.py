@@ -8,7 +8,7 @@ from pathlib import Path
 
 from theory_kit.activations import PRESETS, get_activation
 from theory_kit.derive import render
-from theory_kit.results import _atomic_replace
+from theory_kit.results import atomic_replace
 
 HERE = Path(__file__).resolve().parent
 
@@ -17,7 +17,7 @@ def main() -> None:
     for name in PRESETS:
         text = render(get_activation(name), "markdown")
         path = HERE / f"{name}.md"
-        _atomic_replace(path, lambda handle: handle.write(text.encode()), ".md")
+        atomic_replace(path, lambda handle: handle.write(text.encode()), ".md")
         print(f"wrote {path}")
 
 

@@ -212,6 +212,12 @@ class Activation:
             return tuple(lambdify_numpy(e) for e in (psi, d1, sp.diff(d1, S_SYMBOL) + d1 ** 2))
         return tuple(lambdify_numpy(e) for e in self.scalar_derivatives)
 
+    def psi_numpy(self, t: np.ndarray) -> np.ndarray:
+        """ψ(t) = log φ(t) when φ = exp(ψ) (finite wherever ψ is); ValidationError otherwise."""
+        if self.log_psi is None:
+            raise ValidationError(f"activation '{self.name}': phi is not of the form exp(psi)")
+        return self._numeric[0](t)
+
     def phi_numpy(self, t: np.ndarray) -> np.ndarray:
         """φ(t) elementwise (may overflow for exponential φ; the weights never do)."""
         if self.log_psi is not None:
@@ -233,7 +239,7 @@ class Activation:
         axes = {"elementwise": None, "per-head": (-1,), "joint": (-2, -1)}[self.norm]
         if self.is_plain_exp and axes is not None:
             # the hot path of simulations and drift samples: no lambdified calls
-            W = _log_normalise(T, axes, self.kappa)
+            W = log_normalise(T, axes, self.kappa)
             return W, W, W
         if self.log_psi is not None:
             logphi = self._numeric[0](T)
@@ -242,7 +248,7 @@ class Activation:
                 with np.errstate(over="ignore"):
                     W = np.exp(logphi)
             else:
-                W = _log_normalise(logphi, axes, self.kappa)
+                W = log_normalise(logphi, axes, self.kappa)
             return W, W * r1, W * r2
         phi, d1, d2 = (f(T) for f in self._numeric)
         if axes is None:
@@ -277,7 +283,7 @@ class Activation:
         return Kernel(self.norm, self.offset, np.asarray(a, dtype=float), W, D, D2)
 
 
-def _log_normalise(logphi: np.ndarray, axes: tuple[int, ...], kappa: float) -> np.ndarray:
+def log_normalise(logphi: np.ndarray, axes: tuple[int, ...], kappa: float) -> np.ndarray:
     """e^{logφ}/(κ + Σ e^{logφ}) over ``axes``, shifting by m = max(log κ, max logφ).
 
     The shift keeps κ exact: the normaliser is κ e^{−m} + Σ e^{logφ − m}."""

@@ -39,7 +39,7 @@ from . import derive as dv
 from .activations import S_SYMBOL, Activation
 from .integrands import DriftSamples, conditional_projections
 from .model import as_finite_array, fail
-from .results import _atomic_replace
+from .results import atomic_replace
 
 PROJECTIONS = ("conditional", "stein")
 AXIS_OF_FREE = {dv.h: 1, dv.g: 2, dv.l: 3}
@@ -148,7 +148,7 @@ import functools
 import numpy
 import scipy.constants
 import scipy.special
-from theory_kit.activations import NUMPY_NAMESPACE as _NS, _log_normalise
+from theory_kit.activations import NUMPY_NAMESPACE as _NS, log_normalise
 from theory_kit.model import ValidationError
 
 Sigmoid, Softplus = _NS["Sigmoid"], _NS["Softplus"]
@@ -202,7 +202,7 @@ def _normalised_source(act: Activation) -> str:
     if sc.log_domain:
         lines += [f"        logphi = _full({f0}, T)", f"        r1 = _full({f1}, T)",
                   f"        r2 = _full({f2}, T)",
-                  "        W = numpy.exp(logphi) if AXES is None else _log_normalise(logphi, AXES, KAPPA)",
+                  "        W = numpy.exp(logphi) if AXES is None else log_normalise(logphi, AXES, KAPPA)",
                   "    return W, W * r1, W * r2", ""]
         return "\n".join(lines)
     lines += [f"        phi = _full({f0}, T)", f"        d1 = _full({f1}, T)", f"        d2 = _full({f2}, T)",
@@ -273,7 +273,7 @@ def load_module(act: Activation) -> types.ModuleType:
         source = generate_source(act)
         STATS["generated"] += 1
         try:
-            _atomic_replace(path, lambda handle: handle.write(source.encode()), ".py")
+            atomic_replace(path, lambda handle: handle.write(source.encode()), ".py")
         except OSError:
             pass  # an unwritable cache only costs regeneration next time
     module = types.ModuleType(f"theory_kit_generated_{key}")

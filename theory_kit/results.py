@@ -30,7 +30,9 @@ def to_jsonable(obj: Any) -> Any:
     return obj
 
 
-def _atomic_replace(path: Path, write: Any, suffix: str) -> None:
+def atomic_replace(path: Path, write: Any, suffix: str) -> None:
+    """Write through ``write(handle)`` to a temporary file in the same folder, then rename it
+    over ``path``: readers see the old file or the complete new one, never a partial one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix)
     try:
@@ -50,7 +52,7 @@ def write_json(path: str | os.PathLike, data: dict) -> Path:
     path = Path(path)
     payload = {"version": __version__, **to_jsonable(data)}
     text = json.dumps(payload, indent=1, allow_nan=True).encode()
-    _atomic_replace(path, lambda h: h.write(text), ".tmp")
+    atomic_replace(path, lambda h: h.write(text), ".tmp")
     return path
 
 
@@ -64,7 +66,7 @@ def write_npz(path: str | os.PathLike, params: dict, **arrays: np.ndarray) -> Pa
     """Write arrays plus the parameters (as a JSON string) and version to NPZ, atomically."""
     path = Path(path)
     meta = json.dumps({"version": __version__, "params": to_jsonable(params)})
-    _atomic_replace(path, lambda h: np.savez(h, __meta__=np.array(meta), **arrays), ".npz")
+    atomic_replace(path, lambda h: np.savez(h, __meta__=np.array(meta), **arrays), ".npz")
     return path
 
 

@@ -154,7 +154,7 @@ def kinks(act: Activation) -> np.ndarray:
 def log_phi(act: Activation, t: np.ndarray) -> np.ndarray:
     """ψ = log φ(t) (−inf where φ = 0), computed without overflow for φ = exp(ψ)."""
     if act.log_psi is not None:
-        return act._numeric[0](t)
+        return act.psi_numpy(t)
     phi = act.phi_numpy(t)
     if np.any(phi < 0):
         raise ValidationError(f"activation '{act.name}': a normalised activation needs phi >= 0")

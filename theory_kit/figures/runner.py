@@ -24,7 +24,7 @@ from typing import Callable
 import matplotlib.pyplot as plt
 
 from ..model import ValidationError, check_int
-from ..results import _atomic_replace, read_json, write_json
+from ..results import atomic_replace, read_json, write_json
 
 FIGURE_NUMBERS = tuple(range(1, 15))
 CONTRACT = ("NUMBER", "CAPTION", "estimate_seconds", "compute", "draw")
@@ -69,7 +69,7 @@ def work_folder(out: str | Path, number: int, quick: bool) -> Path:
 
 def save_png(fig: plt.Figure, path: Path) -> Path:
     """Write a figure as PNG atomically and close it."""
-    _atomic_replace(path, lambda handle: fig.savefig(handle, format="png"), ".png")
+    atomic_replace(path, lambda handle: fig.savefig(handle, format="png"), ".png")
     plt.close(fig)
     return path
 
