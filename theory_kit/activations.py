@@ -29,13 +29,14 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Callable
 
 import numpy as np
 import sympy as sp
 from scipy import special
 
+from . import phi_parser
 from .model import ValidationError, fail
 
 S_SYMBOL = sp.Symbol("s", real=True)
@@ -82,32 +83,46 @@ PARSE_NAMESPACE: dict[str, object] = {
 }
 
 
-def parse_phi(phi: str | sp.Expr) -> sp.Expr:
-    """φ from a SymPy expression or a string in the score symbol ``s``.
+# functions an activation may contain once built (``relu`` becomes Max, ``sqrt`` a Pow; the
+# derivatives add Heaviside, DiracDelta and sign, never φ itself unless the user asks)
+TREE_FUNCTIONS: tuple[type, ...] = (sp.exp, sp.log, sp.erf, sp.tanh, sp.Max, sp.Min, Sigmoid,
+                                    Softplus, sp.Abs, sp.Heaviside, sp.sign)
+SREPR_FUNCTIONS: dict[str, type] = {f.__name__: f for f in TREE_FUNCTIONS}
 
-    Raises ValidationError unless the result is an expression in ``s`` alone
-    (no other symbols, no undefined functions)."""
+
+def parse_phi(phi: str | sp.Expr, srepr: bool = False) -> sp.Expr:
+    """φ from a SymPy expression or a string in the score symbol ``s``, never evaluated.
+
+    Strings go through :mod:`theory_kit.phi_parser` (an AST whitelist of numbers, ``s``,
+    ``pi``, ``E``, ``+ - * / **`` and the functions of ``PARSE_NAMESPACE``); with
+    ``srepr=True`` the string is the ``sp.srepr`` form stored in result files.  Any φ is
+    then checked node by node (``TREE_FUNCTIONS`` only, real finite constants, ``s``
+    alone) and for finite Gaussian expectations of φ, φ′, φ″ (no pole on the real line,
+    no log or fractional power of negative scores).  Raises ValidationError ``phi: ...``."""
+    text = phi if isinstance(phi, str) else str(phi)
     if isinstance(phi, str):
-        try:
-            expr = sp.sympify(phi, locals=dict(PARSE_NAMESPACE))
-        except (sp.SympifyError, SyntaxError, TypeError) as exc:
-            raise ValidationError(f"phi: must be a SymPy expression in the score s (got {phi!r}: {exc})")
+        functions = {k: v for k, v in PARSE_NAMESPACE.items() if k != "s"}
+        expr = (phi_parser.parse_srepr(phi, S_SYMBOL, SREPR_FUNCTIONS) if srepr
+                else phi_parser.parse_expression(phi, S_SYMBOL, functions))
+    elif isinstance(phi, sp.Basic):
+        # users may write their own Symbol('s') without the real assumption
+        expr = phi.subs({sym: S_SYMBOL for sym in phi.free_symbols
+                         if isinstance(sym, sp.Symbol) and sym.name == "s"})
     else:
-        expr = sp.sympify(phi)
+        fail("phi", "must be a string or a SymPy expression in the score s", phi)
     if not isinstance(expr, sp.Expr):
-        fail("phi", "must be a scalar SymPy expression in the score s", phi)
-    # users may write their own Symbol('s') without the real assumption
-    expr = expr.subs({sym: S_SYMBOL for sym in expr.free_symbols if sym.name == "s"})
-    extra = sorted(str(x) for x in expr.free_symbols - {S_SYMBOL})
-    undefined = sorted(str(f.func) for f in expr.atoms(sp.core.function.AppliedUndef)
-                       if not isinstance(f, (Sigmoid, Softplus)))
-    if extra or undefined:
-        fail("phi", "must be a function of the score s alone", f"{phi} (also uses {extra + undefined})")
-    # zoo/oo/nan/I would only surface later, as a KeyError in the code generator or NaN drifts
-    if expr.has(sp.zoo, sp.oo, sp.nan, sp.I):
-        fail("phi", "must be real and finite (no I, oo, zoo or nan constants)", str(phi))
+        fail("phi", "must be a scalar SymPy expression in the score s", text)
+    return _checked_phi(expr, text)
+
+
+@lru_cache(maxsize=256)
+def _checked_phi(expr: sp.Expr, text: str) -> sp.Expr:
+    phi_parser.check_tree(expr, S_SYMBOL, TREE_FUNCTIONS, text)
     if S_SYMBOL not in expr.free_symbols:
-        fail("phi", "must depend on the score s", str(phi))
+        fail("phi", "must depend on the score s", text)
+    d1 = sp.diff(expr, S_SYMBOL)
+    for e in (expr, d1, _drop_distributions(sp.diff(d1, S_SYMBOL))):
+        phi_parser.check_domain(e, S_SYMBOL, lambdify_numpy, text)
     return expr
 
 
@@ -421,7 +436,8 @@ def custom_activation(phi: str | sp.Expr, norm: str = "per-head", kappa: float =
 
 def activation_from_params(params: dict) -> Activation:
     """Inverse of :meth:`Activation.params`."""
-    phi = sp.sympify(params["phi"], locals={"Sigmoid": Sigmoid, "Softplus": Softplus})
+    # files may come from anyone: read the srepr with the whitelist parser, never sympify
+    phi = parse_phi(params["phi"], srepr=True)
     log_pi = params.get("log_pi")
     return Activation(params["name"], phi, params["norm"], params["kappa"], params["offset"],
                       params["a_rule"], params["b_rule"], params["train_a"], params["train_b"],

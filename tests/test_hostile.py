@@ -1,0 +1,289 @@
+"""Hostile inputs: each must end with a documented exit code, ONE stderr line, no traceback,
+no code executed and no file created outside the run's own folder.
+
+Run in-process through ``theory_kit.cli.main`` (fast); every case fails at validation,
+before any heavy work.  A canary file records code execution: every injection string
+below, if evaluated, would create it.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import sympy as sp
+
+from theory_kit.activations import activation_from_params, get_activation, parse_phi
+from theory_kit.cli import main
+from theory_kit.model import ValidationError
+
+CANARY = "/tmp/theory_kit_hostile_canary"
+TOUCH = f'__import__("os").system("touch {CANARY}")'
+
+# --------------------------------------------------------------------------- φ strings
+PHI_INJECTIONS = [
+    TOUCH,
+    f'__import__("subprocess").call(["touch", "{CANARY}"])',
+    f'exec("open(\'{CANARY}\', \'w\')")',
+    f'eval("open(\'{CANARY}\', \'w\')")',
+    f'open("{CANARY}", "w")',
+    f'open("{CANARY}", "w").write("x")',
+    f'compile("open(\'{CANARY}\',\'w\')", "x", "exec")',
+    "().__class__.__bases__[0].__subclasses__()",
+    "s.__class__.__mro__",
+    "s.func",
+    "s.subs(s, 1)",
+    "exp.__globals__",
+    "sp.exp(s)",
+    "sympy.exp(s)",
+    "numpy.exp(s)",
+    "os.system('ls')",
+    "globals()",
+    "locals()",
+    "vars()",
+    "dir()",
+    "getattr(s, 'func')",
+    "setattr(s, 'x', 1)",
+    "type(s)",
+    "__builtins__",
+    "__import__",
+    "__name__",
+    "_",
+    "_s",
+    "__class__",
+    "lambda: s",
+    "(lambda x: x)(s)",
+    "[s for s in range(3)]",
+    "{s: 1}",
+    "{s}",
+    "[s, s]",
+    "(s, s)",
+    "s[0]",
+    "s[0:1]",
+    "'s'",
+    '"exp(s)"',
+    "b's'",
+    "f'{s}'",
+    "s if s else 1",
+    "s and 1",
+    "s or 1",
+    "not s",
+    "s < 1",
+    "s == s",
+    "s @ s",
+    "s % 2",
+    "s // 2",
+    "s << 1",
+    "s & 1",
+    "s | 1",
+    "~s",
+    "(x := s)",
+    "exp(s, evaluate=False)",
+    "exp(*[s])",
+    "exp(**{})",
+    "Symbol('x')",
+    "Function('f')(s)",
+    "Integer(2)*s",
+    "S(1)*s",
+    "Lambda(s, s)(s)",
+    "parse_expr('s')",
+    "sympify('s')",
+    "srepr(s)",
+    "print(s)",
+    "input()",
+    "breakpoint()",
+    "exit()",
+    "quit()",
+    "help()",
+    "memoryview(b'')",
+    "await s",
+    "yield s",
+    "s; import os",
+    "import os",
+    "s\nimport os",
+    "s = 1",
+    "del s",
+    "...",
+    "None",
+    "True*s",
+    "s if True else s",
+    "gamma(s)",
+    "floor(s)",
+    "ceiling(s)",
+    "tan(s)",
+    "sin(s)",
+    "cos(s)",
+    "Piecewise((s, s > 0), (0, True))",
+    "DiracDelta(s)",
+    "Heaviside(s)",
+    "zeta(s)",
+    "besselj(0, s)",
+    "Abs(s)",
+    "x*s",
+    "s*t",
+    "f(s)",
+    "3",
+    "pi",
+    "",
+    "   ",
+    "exp(",
+    "s**",
+    ")",
+    "s)(",
+    "\x00s",
+    "s\u200b",
+    "ｓ",
+    "exp()",
+    "Max()",
+    "exp(s, s)",
+    "relu(s, s)",
+    "1/s",
+    "1/s**2",
+    "1/(s-0.3)",
+    "1/(s-100)",
+    "s/(s**2-1)",
+    "1/Max(0, s)",
+    "1/tanh(s)",
+    "1/erf(s)",
+    "log(s)",
+    "log(-s)",
+    "log(s**2)",
+    "log(tanh(s))",
+    "sqrt(s)",
+    "sqrt(-s**2-1)",
+    "s**0.5",
+    "s**(-0.5)",
+    "s**s",
+    "(-2)**s",
+    "s**1000",
+    "s**-100",
+    "s**10**10**10",
+    "10**10**10*s",
+    "9" * 60 + "*s",
+    "1e400*s",
+    "1e-400*s + s**(1e400)",
+    "zoo*s",
+    "oo*s",
+    "nan + s",
+    "I*s",
+    "1j*s",
+    "log(0)*s",
+    "0**-1*s",
+    "exp(" * 30 + "s" + ")" * 30,
+    "-" * 3000 + "s",
+    "+".join(["s"] * 700),
+    "s" + "*s" * 700,
+    "exp(s)" + "+exp(s)" * 400,
+]
+# φ that is fine, for contrast (the parser must not refuse everything)
+PHI_ACCEPTED = ["exp(s)", "log(1+exp(s))", "softplus(s)", "sigmoid(s)", "relu(s)", "s^2",
+                "sqrt(s**2+1)", "1/(1+s**2)", "exp(-s**2/2)", "pi*s + E", "2**s",
+                "Max(0, s) + Min(0, s)/10", "erf(s)*tanh(s)", "log(sigmoid(s))",
+                "(" * 30 + "s" + ")" * 30, "--s",
+                "+".join(f"exp({i / 10}*s)" for i in range(70))]
+
+
+def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
+    try:
+        status = main(argv)
+    except SystemExit as exc:  # argparse's own errors
+        status = exc.code
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def assert_one_line(err: str, verb: str, status: int, code: int, start: str) -> None:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert status == code, err
+    assert "Traceback" not in err, err
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"theory-kit {verb}: error: {start}"), lines[0]
+
+
+@pytest.fixture(autouse=True)
+def _no_canary():
+    if os.path.exists(CANARY):
+        os.unlink(CANARY)
+    yield
+    assert not os.path.exists(CANARY), "a hostile input executed code"
+
+
+ERROR_ARGS = ["--L", "2", "--nu", "2,2", "--M", "[[0.1,0],[0,0.1]]", "--Q", "[[1,0],[0,1]]"]
+
+
+@pytest.mark.parametrize("verb", ["derive", "error"])
+@pytest.mark.parametrize("phi", PHI_INJECTIONS, ids=[repr(p)[:40] for p in PHI_INJECTIONS])
+def test_hostile_phi_exits_2(phi, verb, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    argv = [verb, f"--phi={phi}"] + (ERROR_ARGS if verb == "error" else [])
+    status, out, err = run_cli(argv, capsys)
+    assert_one_line(err, verb, status, 2, "phi: ")
+    assert out == "" and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("phi", PHI_ACCEPTED)
+def test_reasonable_phi_is_accepted(phi):
+    expr = parse_phi(phi)
+    assert expr.free_symbols == {sp.Symbol("s", real=True)}
+
+
+def test_injection_is_never_evaluated():
+    """The one thing that matters: the string that used to run a shell command is refused."""
+    with pytest.raises(ValidationError, match="^phi: calls something other than a named function"):
+        parse_phi(TOUCH)
+    assert not os.path.exists(CANARY)
+
+
+@pytest.mark.parametrize("func", [sp.gamma, sp.floor, sp.ceiling, sp.tan, sp.DiracDelta,
+                                  sp.Function("f")])
+def test_python_api_refuses_unprintable_functions(func):
+    s = sp.Symbol("s", real=True)
+    with pytest.raises(ValidationError, match="^phi: "):
+        parse_phi(func(s))
+
+
+def test_python_api_refuses_poles_and_other_symbols():
+    s, x = sp.Symbol("s", real=True), sp.Symbol("x")
+    for bad in (1 / s, sp.log(s), sp.sqrt(s), x * s, sp.I * s, sp.Piecewise((s, s > 0), (0, True))):
+        with pytest.raises(ValidationError, match="^phi: "):
+            parse_phi(bad)
+
+
+@pytest.mark.parametrize("srepr", [
+    TOUCH,
+    "exp(Symbol('x'))",
+    "Symbol('s').__class__",
+    "exp(Symbol('s', commutative=False))",
+    "Function('f')(Symbol('s'))",
+    "gamma(Symbol('s'))",
+    "Float('1e400', precision=53)*Symbol('s')",
+    "Pow(Symbol('s'), Integer(-1))",
+    "Integer(" + "9" * 60 + ")",
+    "Rational(1, 0)",
+    "Add()",
+    "exp(Symbol('s'), evaluate=False)",
+    "Symbol('s', real=__import__('os'))",
+])
+def test_result_file_activation_is_parsed_not_evaluated(srepr):
+    """activation_from_params reads φ back from result files and checkpoints."""
+    params = get_activation("softmax").params()
+    params["phi"] = srepr
+    with pytest.raises(ValidationError, match="^phi: "):
+        activation_from_params(params)
+
+
+def test_srepr_round_trip_keeps_fingerprints():
+    from theory_kit.activations import PRESETS, custom_activation
+    acts = [make() for make in PRESETS.values()]
+    acts.append(custom_activation("0.1234567890123456789*s + 1.5*exp(s)/3 + sqrt(s**2+2)",
+                                  norm="elementwise"))
+    for act in acts:
+        back = activation_from_params(act.params())
+        assert back.phi == act.phi and back.fingerprint() == act.fingerprint()
+
+
+def test_canary_path_is_writable():
+    """The canary would be created if any injection ran (so the tests above can fail)."""
+    Path(CANARY).write_text("x")
+    assert os.path.exists(CANARY)
+    os.unlink(CANARY)
