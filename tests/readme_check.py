@@ -1,0 +1,202 @@
+"""Run the README's shell commands and check the outputs it claims.
+
+The README is part of the product: every command in a ```bash block must run as written from the
+repository root of a fresh clone, and every output it shows must be what the command prints now.
+
+Conventions of the README that this module relies on (stated in the README itself):
+
+* a command is a line of a ```bash block (with ``\\`` continuations joined); text after ``  #`` on
+  a command line is a remark;
+* a line ``# …`` directly after a command (or a plain ``` block right after the bash block) is a
+  *claimed output*: it must match the command's output, where ``...`` matches anything, numbers
+  must agree to the digits shown, and error estimates (after ``+/-``, ``±`` or an ``abs_err`` key)
+  must agree within a factor of 10 (they depend on the machine's rounding and sampling);
+* install and test commands (``python3 -m venv …``, ``pip install …``, ``pytest``) are what CI
+  itself runs, so they are checked by CI, not here.
+
+``python tests/readme_check.py`` runs every command (quick variants with ``--quick``) and prints a
+report; the test suite calls :func:`check_all`.
+"""
+from __future__ import annotations
+
+import math
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+NUMBER = r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?"
+ERROR_MARKERS = ("+/-", "±", '"abs_err":', "abs_err", "spread")
+# commands CI runs itself (install, the test run): checked there, never recursively here
+CI_COMMANDS = re.compile(r"(python3 -m venv|pip install|pytest)")
+
+
+@dataclass
+class Command:
+    """One README command, the outputs claimed for it, and where it stands in the README."""
+
+    line: int
+    text: str
+    claims: list[str] = field(default_factory=list)
+
+    def quick(self) -> str:
+        """The quick variant: full figure runs become ``--quick`` runs (same code path)."""
+        parts = []
+        for piece in re.split(r"(\s*&&\s*)", self.text):
+            if re.match(r"\s*theory-kit figure \d+", piece) and "--quick" not in piece \
+                    and "--redraw" not in piece:
+                piece = piece.rstrip() + " --quick"
+            parts.append(piece)
+        return "".join(parts)
+
+
+def _strip_remark(line: str) -> str:
+    match = re.search(r"\s{2,}#\s", line)
+    return line[:match.start()] if match else line
+
+
+def parse_readme(text: str) -> list[Command]:
+    """Commands of every ```bash block, with the claimed outputs that follow them."""
+    lines = text.splitlines()
+    commands: list[Command] = []
+    i = 0
+    while i < len(lines):
+        if lines[i].strip() != "```bash":
+            i += 1
+            continue
+        i += 1
+        last: Command | None = None
+        while i < len(lines) and lines[i].strip() != "```":
+            raw = lines[i]
+            if raw.lstrip().startswith("#"):
+                if last is not None:
+                    last.claims.append(raw.lstrip()[1:].strip())
+                i += 1
+                continue
+            start, body = i + 1, _strip_remark(raw).rstrip()
+            while body.endswith("\\") and i + 1 < len(lines):
+                i += 1
+                body = body[:-1].rstrip() + " " + _strip_remark(lines[i]).strip()
+            if body.strip():
+                last = Command(start, body.strip())
+                commands.append(last)
+            i += 1
+        i += 1
+        # a plain ``` block right after a bash block shows the last command's output
+        j = i
+        while j < len(lines) and not lines[j].strip():
+            j += 1
+        if last is not None and j < len(lines) and lines[j].strip() == "```":
+            j += 1
+            while j < len(lines) and lines[j].strip() != "```":
+                if lines[j].strip():
+                    last.claims.append(lines[j].strip().lstrip("#").strip())
+                j += 1
+            i = j + 1
+    return commands
+
+
+def _claim_pattern(claim: str) -> tuple[re.Pattern, list[tuple[str, bool]]]:
+    """A regex for a claim, and its numbers (text, is_error_estimate) in order."""
+    pattern, numbers, pos = "", [], 0
+    tokens = re.finditer(rf"(\.\.\.|…)|({NUMBER})|(\s+)", claim)
+    for tok in tokens:
+        pattern += re.escape(claim[pos:tok.start()])
+        before = claim[:tok.start()].rstrip()
+        if tok.group(1):
+            pattern += r".*?"
+        elif tok.group(2):
+            is_error = any(before.endswith(m) for m in ERROR_MARKERS)
+            numbers.append((tok.group(2), is_error))
+            pattern += f"({NUMBER})"
+        else:
+            pattern += r"\s+"
+        pos = tok.end()
+    pattern += re.escape(claim[pos:])
+    return re.compile(pattern), numbers
+
+
+def _digits_agree(claimed: str, actual: str) -> bool:
+    """Same value to the digits shown in ``claimed`` (integers exactly)."""
+    c, a = float(claimed), float(actual)
+    mantissa = re.sub(r"[eE].*", "", claimed)
+    decimals = len(mantissa.split(".")[1]) if "." in mantissa else 0
+    exponent = int(re.search(r"[eE]([-+]?\d+)", claimed).group(1)) if re.search(r"[eE]", claimed) else 0
+    half_ulp = 0.5 * 10.0 ** (exponent - decimals)
+    return abs(a - c) <= half_ulp * (1 + 1e-9)
+
+
+def _error_agrees(claimed: str, actual: str) -> bool:
+    c, a = abs(float(claimed)), abs(float(actual))
+    if c == 0 or a == 0:
+        return c == a
+    return abs(math.log10(a / c)) <= 1.0
+
+
+def check_claim(claim: str, output: str) -> str | None:
+    """None if ``output`` shows ``claim``, else the reason it does not."""
+    pattern, numbers = _claim_pattern(claim)
+    candidates = list(pattern.finditer(output))
+    if not candidates:
+        return f"claimed output not found: {claim!r}"
+    reasons = []
+    for match in candidates:
+        bad = [(c, a) for (c, is_err), a in zip(numbers, match.groups())
+               if not (_error_agrees(c, a) if is_err else _digits_agree(c, a))]
+        if not bad:
+            return None
+        reasons.append(", ".join(f"{c} (README) vs {a} (now)" for c, a in bad))
+    return f"numbers differ in {claim!r}: {reasons[0]}"
+
+
+def fresh_copy(dest: Path) -> Path:
+    """The tracked files of the repository copied to ``dest`` (a fresh clone without .git)."""
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT,
+                            capture_output=True, text=True, check=True).stdout.split("\n")
+    for rel in filter(None, listed):
+        src = ROOT / rel
+        if src.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+    return dest
+
+
+def run(cmd: Command, cwd: Path, quick: bool, timeout: float = 900) -> tuple[int, str]:
+    """Exit status and combined output of the command (or its quick variant) in ``cwd``."""
+    text = cmd.quick() if quick else cmd.text
+    proc = subprocess.run(["bash", "-c", f"set -o pipefail; {text}"], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def checkable(commands: list[Command]) -> list[Command]:
+    return [c for c in commands if not CI_COMMANDS.search(c.text)]
+
+
+def check_all(workdir: Path, quick: bool = True) -> list[str]:
+    """Run every checkable README command in order in a fresh copy; the list of failures."""
+    cwd = fresh_copy(workdir)
+    failures = []
+    for cmd in checkable(parse_readme(README.read_text())):
+        status, output = run(cmd, cwd, quick)
+        if status != 0:
+            failures.append(f"README line {cmd.line}: exit {status}: {cmd.text}\n{output[-2000:]}")
+            continue
+        for claim in cmd.claims:
+            reason = check_claim(claim, output)
+            if reason:
+                failures.append(f"README line {cmd.line}: {reason}\n  command: {cmd.text}\n"
+                                f"  output: {output[-1500:]}")
+    return failures
+
+
+if __name__ == "__main__":
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        found = check_all(Path(tmp), quick="--full" not in sys.argv)
+    print("\n\n".join(found) if found else "every README command ran and showed what it claims")
+    sys.exit(1 if found else 0)
