@@ -39,12 +39,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import matplotlib.pyplot as plt
 import numpy as np
 
-from .activations import Activation
+from .activations import Activation, activation_from_params
+from .executor import run_sweep, runs_in_process
 from .expect.drift import MonteCarloDrift
 from .figures.compare import Comparison, comparison_figure
 from .initial import InitialCondition
@@ -143,48 +143,79 @@ def initial_condition(log: TrainingLog, act: Activation, task: Task) -> InitialC
     return InitialCondition(state, origin="given", D=log.D)
 
 
-def cached(path: Path | None, key: dict, compute: Callable[[], dict]) -> dict:
-    """A finished piece stored at ``path`` with its key; recomputed only when the key changed,
-    so an interrupted ``compare`` resumes after its last finished integration or simulation."""
-    key = to_jsonable(key)
-    if path is not None and path.exists():
+@dataclass(frozen=True)
+class KeyedFiles:
+    """The sweep store of the comparison: piece ``name`` is ``folder/<name>.json`` holding
+    ``{"key", "value"}``, and counts as finished only when its key (everything that fixes the
+    piece) is unchanged, so an interrupted ``compare`` resumes after its last finished
+    integration or simulation and a changed command line never reuses a stale one."""
+
+    folder: Path
+    keys: dict          # name -> key dict
+
+    def path(self, name: str) -> Path:
+        return self.folder / f"{name}.json"
+
+    def load(self, name: str) -> dict | None:
+        path = self.path(name)
+        if not path.exists():
+            return None
         saved = read_json(path)
-        if saved.get("key") == key:
-            return saved["value"]
-    value = to_jsonable(compute())
-    if path is not None:
-        write_json(path, {"key": key, "value": value})
-    return value
+        return saved["value"] if saved.get("key") == to_jsonable(self.keys[name]) else None
+
+    def save(self, name: str, value: dict) -> dict:
+        write_json(self.path(name), {"key": self.keys[name], "value": value})
+        return read_json(self.path(name))["value"]
 
 
-def ode_runs(log: TrainingLog, task: Task, act: Activation, ic: InitialCondition,
-             settings: CompareSettings, workdir: Path | None, progress: bool) -> list[dict]:
-    """The ODE over the log's span, once per Monte Carlo seed (times shifted to start at 0)."""
+def _theory_piece(job: tuple) -> dict:
+    """One piece of the theory (worker side): ``("ode", ...)`` integrates the ODE with one
+    Monte Carlo seed, ``("simulation", ...)`` runs the reduced simulations."""
+    what, task, act_params, ic, settings, times, H, seed, progress = job
+    # rebuilt here: an activation's cached NumPy callables do not pickle to worker processes
+    act = activation_from_params(act_params)
+    if what == "ode":
+        traj = integrate_ode(task, act, ic, settings.gamma, float(times[-1]), times=times,
+                             dt=settings.dt, engine=MonteCarloDrift(settings.samples, seed),
+                             progress=progress)
+        return to_jsonable(traj.to_dict())
+    return to_jsonable(simulate(sim_config(task, act, ic, settings, times, H)).to_dict())
+
+
+def sim_config(task: Task, act: Activation, ic: InitialCondition, settings: CompareSettings,
+               times: np.ndarray, H: int) -> SimConfig:
+    """``runs`` exact reduced simulations at the log's D from its first state."""
+    return SimConfig(task, act, H=H, D=settings.D, times=tuple(times), runs=settings.runs,
+                     gamma=settings.gamma, seed=settings.seed, initial=ic,
+                     error_samples=settings.error_samples)
+
+
+def theory_runs(log: TrainingLog, task: Task, act: Activation, ic: InitialCondition,
+                settings: CompareSettings, workdir: Path | None, progress: bool,
+                executor: object | None = None, jobs: int = 1) -> tuple[list[dict], dict]:
+    """The ODE over the log's span once per Monte Carlo seed (times shifted to start at 0),
+    and the reduced simulations: one sweep of ``ode_seeds + 1`` pieces
+    (``executor.run_sweep``; ``jobs`` local processes or ``executor``), each kept in
+    ``workdir`` when given.  Returns (ODE trajectories, simulation)."""
     times = log.t - log.t[0]
-    out = []
+    inside = progress and runs_in_process(executor, jobs, settings.ode_seeds + 1)
+    names, jobs_list, keys = [], [], {}
     for k in range(settings.ode_seeds):
         seed = settings.seed + k
-        key = {"what": "ode", "task": task.params(), "activation": act.params(),
-               "initial": ic.params(), "gamma": settings.gamma, "times": times,
-               "samples": settings.samples, "seed": seed, "dt": settings.dt}
-
-        def run(seed: int = seed) -> dict:
-            traj = integrate_ode(task, act, ic, settings.gamma, float(times[-1]), times=times,
-                                 dt=settings.dt, engine=MonteCarloDrift(settings.samples, seed),
-                                 progress=progress)
-            return traj.to_dict()
-        out.append(cached(workdir / f"ode_seed{seed}.json" if workdir else None, key, run))
-    return out
-
-
-def simulation_runs(log: TrainingLog, task: Task, act: Activation, ic: InitialCondition,
-                    settings: CompareSettings, workdir: Path | None) -> dict:
-    """``runs`` exact reduced simulations at the log's D from its first state."""
-    cfg = SimConfig(task, act, H=log.H, D=settings.D, times=tuple(log.t - log.t[0]),
-                    runs=settings.runs, gamma=settings.gamma, seed=settings.seed, initial=ic,
-                    error_samples=settings.error_samples)
-    return cached(workdir / "simulation.json" if workdir else None,
-                  {"what": "simulation", **cfg.params()}, lambda: simulate(cfg).to_dict())
+        names.append(f"ode_seed{seed}")
+        keys[names[-1]] = {"what": "ode", "task": task.params(), "activation": act.params(),
+                           "initial": ic.params(), "gamma": settings.gamma, "times": times,
+                           "samples": settings.samples, "seed": seed, "dt": settings.dt}
+        jobs_list.append(("ode", task, act.params(), ic, settings, times, log.H, seed, inside))
+    names.append("simulation")
+    keys["simulation"] = {"what": "simulation",
+                          **sim_config(task, act, ic, settings, times, log.H).params()}
+    jobs_list.append(("simulation", task, act.params(), ic, settings, times, log.H,
+                      settings.seed, inside))
+    store = None if workdir is None else KeyedFiles(Path(workdir), keys)
+    out = run_sweep(_theory_piece, jobs_list, names, store=store, executor=executor,
+                    jobs=jobs, desc="compare: ODE seeds + simulation")
+    return out[:-1], out[-1]
 
 
 # ----------------------------------------------------------------------------- the comparison
@@ -242,8 +273,11 @@ def null_max_z(b: Bands, names: list[str]) -> list[float]:
 
 
 def compare_log(log: TrainingLog, task: Task, act: Activation, settings: CompareSettings,
-                workdir: Path | None = None, progress: bool = True) -> dict:
+                workdir: Path | None = None, progress: bool = True,
+                executor: object | None = None, jobs: int = 1) -> dict:
     """The full comparison report (JSON-ready): verdict, per-quantity deviations, the series.
+    The ODE seeds and the simulation are pieces of one sweep (``jobs`` local processes or
+    ``executor``, see :func:`theory_runs`).
 
     See the module docstring for the statistic and the threshold."""
     if log.F != task.F:
@@ -251,8 +285,7 @@ def compare_log(log: TrainingLog, task: Task, act: Activation, settings: Compare
     if log.D is not None and log.D != settings.D:
         fail("D", f"the log was recorded at D = {log.D}", settings.D)
     ic = initial_condition(log, act, task)
-    odes = ode_runs(log, task, act, ic, settings, workdir, progress)
-    sim = simulation_runs(log, task, act, ic, settings, workdir)
+    odes, sim = theory_runs(log, task, act, ic, settings, workdir, progress, executor, jobs)
     b = bands(odes, sim, log.a is not None, log.b is not None)
     data = element_series(log.M, log.Q, log.a, log.b)
     rows = {name: quantity_row(log.t, data[name], b.theory[name],

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -35,6 +34,7 @@ from .activations import Activation, activation_from_params, get_activation
 from .error import METHODS as ERROR_METHODS
 from .error import ErrorResult, bayes_error, population_error, squared_residual
 from .expect import montecarlo as mc
+from .executor import run_sweep, runs_in_process
 from .expect.drift import ENGINES, MonteCarloDrift, QuadratureDrift, SampleDrift
 from .initial import InitialCondition
 from .model import Prior, State, Task, check_int, fail
@@ -462,8 +462,7 @@ def run_to_convergence(task: Task, act: Activation, ic: InitialCondition,
     :func:`precise_error` (``auto``: quadrature) with its error estimate.  With ``out``
     the finished run is written there and the progress after every chunk is checkpointed
     next to it, so an interrupted run resumes."""
-    params = {"task": task.params(), "activation": act.params(), "initial": ic.params(),
-              "settings": settings.params()}
+    params = run_params(task, act, ic, settings)
     if out is not None and _finished(out, params):
         return EinfRun.from_dict(read_json(out)["run"])
     checkpoint = Checkpoint(out) if out is not None else None
@@ -509,6 +508,13 @@ def _advance(task: Task, act: Activation, state: State, span: float, settings: R
                          atol=settings.atol, progress=False)
     end = admissible_state(traj.M[-1], traj.Q[-1], traj.a[-1], traj.b[-1])
     return end, float(traj.error[-1])
+
+
+def run_params(task: Task, act: Activation, ic: InitialCondition,
+               settings: RunSettings) -> dict:
+    """Everything that fixes a run of :func:`run_to_convergence` (stored with its result)."""
+    return {"task": task.params(), "activation": act.params(), "initial": ic.params(),
+            "settings": settings.params()}
 
 
 def _finished(out: str, params: dict) -> bool:
@@ -576,26 +582,58 @@ def _one_run(job: tuple) -> EinfRun:
                               progress=progress)
 
 
+@dataclass(frozen=True)
+class RunFiles:
+    """The sweep store of :func:`asymptotic_error`: a finished run is ``run_<seed>.json`` in
+    the work folder, the file :func:`run_to_convergence` writes (``{"params", "run"}``), and
+    counts only when it was made with the same parameters."""
+
+    folder: Path
+    params: dict            # key -> run_params of that run
+
+    def path(self, key: str) -> Path:
+        return self.folder / f"{key}.json"
+
+    def load(self, key: str) -> EinfRun | None:
+        path = self.path(key)
+        if not _finished(str(path), self.params[key]):
+            return None
+        return EinfRun.from_dict(read_json(path)["run"])
+
+    def save(self, key: str, run: EinfRun) -> EinfRun:
+        write_json(self.path(key), {"params": self.params[key], "run": run.to_dict()})
+        return EinfRun.from_dict(read_json(self.path(key))["run"])
+
+
 def asymptotic_error(task: Task, act: Activation, H: int, settings: RunSettings,
                      runs: int = 5, D: int = 10_000, eta: float = 1.0, seed: int = 0,
                      workdir: str | Path | None = None, jobs: int = 1,
                      with_bayes: bool = True, with_minimum: bool = False,
-                     minimum_starts: int = 8, progress: bool = True) -> EinfResult:
+                     minimum_starts: int = 8, progress: bool = True,
+                     executor: object | None = None) -> EinfResult:
     """E∞ from ``runs`` initialisations drawn at dimension D (seeds seed, seed+1, …).
 
-    Each run is :func:`run_to_convergence`; runs go to ``jobs`` processes and, with a
-    ``workdir``, each finished run is a file there (``run_<seed>.json``) so a stopped call
-    resumes.  The runs are grouped by end point (:func:`group_runs`).  Optionally the Bayes
-    error and the global minimum of E (started also from the runs' end points) come along."""
+    Each run is :func:`run_to_convergence`, one piece of a sweep (``executor.run_sweep``):
+    ``jobs`` local processes, or ``executor`` (a ``concurrent.futures.Executor`` or a
+    ``distributed.Client``).  With a ``workdir`` each finished run is a file there
+    (``run_<seed>.json``, plus a checkpoint inside a run) so a stopped call resumes.  The
+    runs are grouped by end point (:func:`group_runs`).  Optionally the Bayes error and the
+    global minimum of E (started also from the runs' end points) come along."""
     check_int(runs, "runs", 1)
     check_int(jobs, "jobs", 1)
-    wd = None if workdir is None else Path(workdir)
-    jobs_list = []
+    wd = None if workdir is None else Path(workdir).absolute()
+    inside = progress and runs_in_process(executor, jobs, runs)
+    jobs_list, keys, params = [], [], {}
     for r in range(runs):
         ic = InitialCondition.draw(act, H, task.F, task.L, D, eta, seed + r)
-        out = None if wd is None else str(wd / f"run_{seed + r}.json")
-        jobs_list.append((task, act.params(), ic, settings, out, progress and jobs == 1))
-    results = map_jobs(_one_run, jobs_list, jobs, desc=f"einf {act.name} H={H}")
+        key = f"run_{seed + r}"
+        out = None if wd is None else str(wd / f"{key}.json")
+        jobs_list.append((task, act.params(), ic, settings, out, inside))
+        keys.append(key)
+        params[key] = run_params(task, act, ic, settings)
+    store = None if wd is None else RunFiles(wd, params)
+    results = map_jobs(_one_run, jobs_list, jobs, desc=f"einf {act.name} H={H}",
+                       executor=executor, keys=keys, store=store)
     groups = group_runs([r.state for r in results], [r.error for r in results], task.prior)
     bayes = bayes_floor(task, settings.error_method, settings.error_samples) if with_bayes else None
     minimum = (global_minimum(task, act, H, n_starts=minimum_starts, seed=seed,
@@ -606,21 +644,14 @@ def asymptotic_error(task: Task, act: Activation, H: int, settings: RunSettings,
     return EinfResult(results, groups, bayes, minimum, params)
 
 
-def map_jobs(fn: Callable, items: list, jobs: int, desc: str = "jobs") -> list:
-    """[fn(x) for x in items], in ``jobs`` processes when jobs > 1, with a progress bar."""
-    if jobs == 1 or len(items) <= 1:
-        return [fn(x) for x in items]
-    out: list = [None] * len(items)
-    bar = progress_bar(len(items), desc, unit="run")
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
-        futures = {pool.submit(fn, x): i for i, x in enumerate(items)}
-        try:
-            for fut in as_completed(futures):
-                out[futures[fut]] = fut.result()
-                bar.update(1)
-        finally:
-            bar.close()
-    return out
+def map_jobs(fn: Callable, items: list, jobs: int, desc: str = "jobs",
+             executor: object | None = None, keys: list[str] | None = None,
+             store: object | None = None) -> list:
+    """[fn(x) for x in items] as one sweep (:func:`theory_kit.executor.run_sweep`): ``jobs``
+    local processes or ``executor``; with a ``store`` (and stable ``keys``) finished items
+    are kept and skipped on a rerun.  One progress bar counting items."""
+    return run_sweep(fn, items, keys if keys is not None else range(len(items)), store=store,
+                     executor=executor, jobs=jobs, desc=desc, unit="run")
 
 
 def summary(result: EinfResult) -> str:

@@ -8,7 +8,8 @@ from pathlib import Path
 from ..comparison import THRESHOLD, CompareSettings, compare_log, write_report
 from ..model import ValidationError
 from ..userdata import TIME_UNITS, load_training_log
-from .common import add_activation_args, add_task_args, build_activation, build_task
+from .common import (add_activation_args, add_executor_args, add_task_args, build_activation,
+                     build_task, sweep_executor)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -39,6 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="largest |deviation| / spread still called consistent")
     p.add_argument("--out", default="compare", help="output folder (default ./compare)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    add_executor_args(p, 1, "the ODE seeds and the simulation")
     p.set_defaults(func=run_compare)
 
 
@@ -60,8 +62,9 @@ def run_compare(args: argparse.Namespace) -> int:
                                ode_seeds=args.ode_seeds, dt=args.dt, seed=args.seed,
                                threshold=args.threshold)
     out = Path(args.out)
-    report = compare_log(log, task, act, settings, workdir=out / "work",
-                         progress=not args.no_progress)
+    with sweep_executor(args) as executor:
+        report = compare_log(log, task, act, settings, workdir=out / "work",
+                             progress=not args.no_progress, executor=executor, jobs=args.jobs)
     js, png = write_report(report, out)
     worst = report["worst"]
     print(f"{report['verdict']}: largest deviation {worst['quantity']} = "

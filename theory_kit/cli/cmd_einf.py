@@ -6,7 +6,8 @@ import argparse
 from .. import einf
 from ..expect.drift import ENGINES
 from ..model import check_int, fail
-from .common import add_activation_args, add_task_args, build_activation, build_task, print_json
+from .common import (add_activation_args, add_executor_args, add_task_args, build_activation,
+                     build_task, print_json, sweep_executor)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -48,7 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-global-min", action="store_true", help="skip the global minimum")
     p.add_argument("--min-starts", type=int, default=8, help="random starts of the minimiser")
     p.add_argument("--workdir", help="folder for per-run results (resume)")
-    p.add_argument("--jobs", type=int, default=1, help="runs in parallel processes")
+    add_executor_args(p, 1, "runs")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run_einf)
 
@@ -71,13 +72,13 @@ def run_einf(args: argparse.Namespace) -> int:
     act = build_activation(args)
     settings = settings_from_args(args)
     check_int(args.min_starts, "min-starts", 1)
-    result = einf.asymptotic_error(task, act, check_int(args.H, "H", 1), settings,
-                                   runs=check_int(args.runs, "runs", 1),
-                                   D=check_int(args.D, "D", task.F + args.H), eta=args.eta,
-                                   seed=args.seed, workdir=args.workdir,
-                                   jobs=check_int(args.jobs, "jobs", 1),
-                                   with_minimum=not args.no_global_min,
-                                   minimum_starts=args.min_starts)
+    H, runs = check_int(args.H, "H", 1), check_int(args.runs, "runs", 1)
+    D = check_int(args.D, "D", task.F + args.H)
+    with sweep_executor(args) as executor:
+        result = einf.asymptotic_error(task, act, H, settings, runs=runs, D=D, eta=args.eta,
+                                       seed=args.seed, workdir=args.workdir, jobs=args.jobs,
+                                       with_minimum=not args.no_global_min,
+                                       minimum_starts=args.min_starts, executor=executor)
     data = result.to_dict()
     if args.json:
         print_json(data)

@@ -5,6 +5,7 @@ import argparse
 import os
 
 from ..figures import runner
+from .common import add_executor_args, sweep_executor
 
 # the budget of a full figure (15 min) assumes both cores of a 2-core machine are used
 DEFAULT_JOBS = max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
@@ -21,9 +22,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quick", action="store_true",
                    help="fewer runs/samples and smaller D: under a minute, same layout")
     p.add_argument("--out", default="figures", help="output folder (default ./figures)")
-    p.add_argument("--jobs", type=int, default=DEFAULT_JOBS,
-                   help=f"worker processes for independent pieces (default: the number of "
-                        f"cores, capped at 4; here {DEFAULT_JOBS})")
+    add_executor_args(p, DEFAULT_JOBS, "independent pieces (default: the number of cores, "
+                                       "capped at 4)")
     p.add_argument("--data", metavar="FILE.npz",
                    help="figures 5 and 7: your own images, an .npz with an 'images' array of "
                         "shape (n, h, w) or (n, d) (optional integer 'labels'); default: the "
@@ -38,8 +38,9 @@ def run(args: argparse.Namespace) -> int:
     if args.redraw:
         written = [runner.redraw(number, args.out)]
     else:
-        written = runner.run_figure(number, quick=args.quick, out=args.out, jobs=args.jobs,
-                                     data=args.data)
+        with sweep_executor(args) as executor:
+            written = runner.run_figure(number, quick=args.quick, out=args.out, jobs=args.jobs,
+                                         data=args.data, executor=executor)
     for path in written:
         print(f"wrote {path}")
     return 0

@@ -3,11 +3,15 @@ from __future__ import annotations
 
 import argparse
 import json
+from contextlib import contextmanager
+from typing import Iterator
 
 import numpy as np
 
+from .. import executor
 from ..activations import NORMS, OFFSETS, Activation, custom_activation, get_activation
-from ..model import PRIOR_NAMES, State, Task, ValidationError, as_finite_array, make_prior
+from ..model import (PRIOR_NAMES, State, Task, ValidationError, as_finite_array, check_int,
+                     make_prior)
 
 
 def parse_json_array(text: str | None, param: str, ndim: int) -> np.ndarray | None:
@@ -84,3 +88,24 @@ def build_state(args: argparse.Namespace, act: Activation, task: Task) -> State:
 def print_json(obj: dict) -> None:
     from ..results import to_jsonable
     print(json.dumps(to_jsonable(obj)))
+
+
+def add_executor_args(parser: argparse.ArgumentParser, default_jobs: int = 1,
+                      what: str = "independent pieces") -> None:
+    """--jobs K (local worker processes) and --scheduler (a Dask cluster instead)."""
+    parser.add_argument("--jobs", type=int, default=default_jobs,
+                        help=f"{what} in K parallel worker processes (default {default_jobs}); "
+                             "with --scheduler local, the number of Dask workers")
+    parser.add_argument("--scheduler", metavar="local|tcp://HOST:PORT",
+                        help="send the pieces to Dask instead: 'local' starts a LocalCluster of "
+                             "--jobs processes on this machine (loopback only), tcp://HOST:PORT "
+                             f"connects to a running scheduler (needs {executor.DASK_INSTALL})")
+
+
+@contextmanager
+def sweep_executor(args: argparse.Namespace) -> Iterator[object | None]:
+    """The executor of --jobs/--scheduler for the duration of a command: None (local
+    processes) or a ``distributed.Client`` (closed, with a cluster started here, on exit)."""
+    jobs = check_int(args.jobs, "jobs", 1)
+    with executor.open_executor(args.scheduler, jobs) as ex:
+        yield ex

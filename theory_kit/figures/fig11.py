@@ -42,9 +42,9 @@ def estimate_seconds(quick: bool) -> float:
     return pieces_seconds(pieces(quick))
 
 
-def compute(quick: bool, workdir: Path, jobs: int = 1) -> dict:
+def compute(quick: bool, workdir: Path, jobs: int = 1, executor: object | None = None) -> dict:
     plan = pieces(quick)
-    results = run_pieces(plan, workdir, jobs, desc="ODE grid")
+    results = run_pieces(plan, workdir, jobs, desc="ODE grid", executor=executor)
     nu1, nu2 = grid(quick)
     cos = np.array([analysis.cosine_similarity(np.asarray(r["Q"])[-1])[0, 1] for r in results])
     tau2 = np.array([analysis.specialisation_times(r["t"], r["M"])[1] for r in results])

@@ -109,7 +109,7 @@ def _run(job: tuple) -> einf.EinfRun:
     return einf.run_to_convergence(task, act, ic, p.settings(), out=out, progress=False)
 
 
-def compute(quick: bool, workdir: Path, jobs: int = 1) -> dict:
+def compute(quick: bool, workdir: Path, jobs: int = 1, executor: object | None = None) -> dict:
     """E∞ per (panel point, activation, run), grouped runs, and the Bayes error per task."""
     p = plan(quick)
     workdir = Path(workdir)
@@ -120,7 +120,7 @@ def compute(quick: bool, workdir: Path, jobs: int = 1) -> dict:
                 out = workdir / f"{pt['panel']}{i}_{name}_seed{seed}.json"
                 jobs_list.append((pt, name, seed, p, str(out)))
                 keys.append((i, name))
-    runs = einf.map_jobs(_run, jobs_list, jobs, desc="fig4 runs")
+    runs = einf.map_jobs(_run, jobs_list, jobs, desc="fig4 runs", executor=executor)
     rows = []
     for i, pt in enumerate(p.points()):
         task = task_of(pt, p)

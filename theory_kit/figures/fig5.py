@@ -108,14 +108,15 @@ def summarise(piece: dict) -> dict:
             "E_inf_sem": sem, "error_curve_mean": np.mean(piece["error_curves"], axis=0)}
 
 
-def compute(quick: bool, workdir: Path, jobs: int = 1, data: str | None = None) -> dict:
+def compute(quick: bool, workdir: Path, jobs: int = 1, data: str | None = None,
+            executor: object | None = None) -> dict:
     """Train every activation (one resumable piece each) and collect E∞, keys, matches."""
     p = plan(quick)
     setup = DigitSetup(data=data)
     dtask = setup.load()
     setup = replace(setup, F=dtask.F)
     rows = run_pieces(pieces(p, setup, data_fingerprint(dtask)), workdir, jobs,
-                      desc="fig5 activations")
+                      desc="fig5 activations", executor=executor)
     baseline, templates = None, None
     if dtask.data.labels is not None:
         classes, templates = digits.class_templates(dtask.data)

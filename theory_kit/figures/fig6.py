@@ -103,9 +103,9 @@ def summary(D: np.ndarray, taus: list[np.ndarray], t0: float) -> dict:
     return out
 
 
-def compute(quick: bool, workdir: Path, jobs: int = 1) -> dict:
+def compute(quick: bool, workdir: Path, jobs: int = 1, executor: object | None = None) -> dict:
     work = pieces(quick)
-    results = run_pieces(work, workdir, jobs, desc="SGD runs per D")
+    results = run_pieces(work, workdir, jobs, desc="SGD runs per D", executor=executor)
     order = np.argsort([p.D for p in work])
     D = np.array([work[i].D for i in order])
     taus = [analysis.specialisation_times(results[i]["t"], results[i]["M"], DELTA)[:, 1]

@@ -87,7 +87,8 @@ def estimate_seconds(quick: bool) -> float:
     return float(sum(pc.seconds() for pc in pieces(plan(quick), DigitSetup(), "")))
 
 
-def compute(quick: bool, workdir: Path, jobs: int = 1, data: str | None = None) -> dict:
+def compute(quick: bool, workdir: Path, jobs: int = 1, data: str | None = None,
+            executor: object | None = None) -> dict:
     """All batches (resumable), then τ statistics over every run."""
     p = plan(quick)
     setup = DigitSetup(data=data)
@@ -96,7 +97,7 @@ def compute(quick: bool, workdir: Path, jobs: int = 1, data: str | None = None) 
     n_dirs = min(p.n_directions, dtask.F)
     p = replace(p, n_directions=n_dirs)
     batches = run_pieces(pieces(p, setup, data_fingerprint(dtask)), workdir, jobs,
-                         desc="fig7 batches")
+                         desc="fig7 batches", executor=executor)
     taus = np.concatenate([np.asarray(b["tau"], dtype=float) for b in batches])
     weights = np.array([len(b["tau"]) for b in batches], dtype=float)
     spread = np.average([b["spread_mean"] for b in batches], axis=0, weights=weights)

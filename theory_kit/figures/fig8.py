@@ -33,9 +33,9 @@ def estimate_seconds(quick: bool) -> float:
     return pieces_seconds(pieces(quick))
 
 
-def compute(quick: bool, workdir: Path, jobs: int = 1) -> dict:
+def compute(quick: bool, workdir: Path, jobs: int = 1, executor: object | None = None) -> dict:
     plan = pieces(quick)
-    results = run_pieces(plan, workdir, jobs, desc="ODE fixed/fresh")
+    results = run_pieces(plan, workdir, jobs, desc="ODE fixed/fresh", executor=executor)
     diffs = np.stack([np.asarray(fresh["M"])[:, 0, :] - np.asarray(fixed["M"])[:, 0, :]
                       for fixed, fresh in zip(results[::2], results[1::2])])  # pairs × t × F
     pooled = diffs[:, 1:, :].reshape(-1, diffs.shape[-1])    # t = 0 is identical by design

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-from concurrent.futures import ProcessPoolExecutor
+import tempfile
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Sequence
@@ -27,8 +26,8 @@ from ..initial import InitialCondition
 from ..error import population_error_mc
 from ..model import State, Task, ValidationError, make_prior
 from ..ode import initial_condition, integrate_ode
-from ..progress import progress_bar
-from ..results import read_json, to_jsonable, write_json
+from ..executor import FolderStore, run_sweep, runs_in_process
+from ..results import to_jsonable
 from ..simulate import SimConfig, simulate_to_file
 from . import compare
 from .style import label_axes, new_figure, series_colors
@@ -213,40 +212,39 @@ def independent_error(setting: Setting, M: np.ndarray, Q: np.ndarray, a: np.ndar
     return values, errors
 
 
-def _run_piece(piece: OdePiece | SimPiece, workdir: Path, progress: bool) -> dict:
-    """Result of a piece, from its file when an earlier (stopped) run finished it."""
-    path = workdir / f"{piece.name}.json"
-    if path.exists():
-        return read_json(path)
-    # the ODE and the simulation write (and checkpoint) the same path; rewrite it with the
-    # setting attached so that the summaries can name it
-    write_json(path, piece.run(path, progress))
-    return read_json(path)
+def _run_piece(job: tuple[OdePiece | SimPiece, str, bool]) -> dict:
+    """A piece's result (JSON-ready).  Its inner output and checkpoint go to
+    ``<name>.run.json`` in the work folder (so a piece stopped mid-way resumes inside), never
+    to the result file itself, which only the sweep writes once the piece is complete."""
+    piece, workdir, progress = job
+    inner = scratch_folder(Path(workdir)) / f"{piece.name}.run.json"
+    value = to_jsonable(piece.run(inner, progress))
+    inner.unlink(missing_ok=True)
+    return value
 
 
-def _quiet_worker() -> None:
-    os.environ["THEORY_KIT_NO_PROGRESS"] = "1"
+def scratch_folder(workdir: Path) -> Path:
+    """The work folder, or a temporary one on a worker that cannot create it (a remote Dask
+    worker without the caller's disk: then a piece only resumes from its start)."""
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+        return workdir
+    except OSError:
+        return Path(tempfile.mkdtemp(prefix="theory_kit-piece-"))
 
 
 def run_pieces(pieces: Sequence[OdePiece | SimPiece], workdir: Path, jobs: int = 1,
-               desc: str = "pieces") -> list[dict]:
-    """Results of all pieces (in order), ``jobs`` at a time in worker processes; each finished
-    piece is on disk, so a rerun skips it."""
-    workdir = Path(workdir)
+               desc: str = "pieces", executor: object | None = None) -> list[dict]:
+    """Results of all pieces (in order) through :func:`theory_kit.executor.run_sweep`:
+    ``jobs`` local worker processes, or ``executor`` (a ``concurrent.futures.Executor`` or a
+    ``distributed.Client``).  Each finished piece is ``workdir/<name>.json``, so a rerun
+    skips it."""
+    workdir = Path(workdir).absolute()
     workdir.mkdir(parents=True, exist_ok=True)
-    results: list[dict | None] = [None] * len(pieces)
-    with progress_bar(len(pieces), desc, unit="piece") as bar:
-        if jobs <= 1 or len(pieces) == 1:
-            for i, piece in enumerate(pieces):
-                results[i] = _run_piece(piece, workdir, progress=True)
-                bar.update(1)
-        else:
-            with ProcessPoolExecutor(max_workers=jobs, initializer=_quiet_worker) as pool:
-                futures = [pool.submit(_run_piece, p, workdir, False) for p in pieces]
-                for i, fut in enumerate(futures):
-                    results[i] = fut.result()
-                    bar.update(1)
-    return results  # type: ignore[return-value]
+    progress = runs_in_process(executor, jobs, len(pieces))
+    return run_sweep(_run_piece, [(p, str(workdir), progress) for p in pieces],
+                     [p.name for p in pieces], store=FolderStore(workdir), executor=executor,
+                     jobs=jobs, desc=desc)
 
 
 def pieces_seconds(pieces: Sequence[OdePiece | SimPiece]) -> float:
@@ -381,7 +379,7 @@ class OdePlan:
     def pieces(self) -> list[OdePiece | SimPiece]:
         raise NotImplementedError
 
-    def compute(self, workdir: Path, jobs: int = 1) -> dict:
+    def compute(self, workdir: Path, jobs: int = 1, executor: object | None = None) -> dict:
         raise NotImplementedError
 
     def seconds(self) -> float:
@@ -421,13 +419,15 @@ class OverlayPlan(OdePlan):
                 **self.ode_params(), "simulation": "reduced",
                 "n_times_ode": self.n_times_ode, "n_times_sim": self.n_times_sim}
 
-    def compute(self, workdir: Path, jobs: int = 1) -> dict:
-        return overlay_compute(self, workdir, jobs)
+    def compute(self, workdir: Path, jobs: int = 1, executor: object | None = None) -> dict:
+        return overlay_compute(self, workdir, jobs, executor)
 
 
-def overlay_compute(plan: OverlayPlan, workdir: Path, jobs: int = 1) -> dict:
-    """Run the plan's pieces and keep, per setting, the comparison and the τ's."""
-    results = run_pieces(plan.pieces(), workdir, jobs, desc="ODE + SGD")
+def overlay_compute(plan: OverlayPlan, workdir: Path, jobs: int = 1,
+                    executor: object | None = None) -> dict:
+    """Run the plan's pieces (``run_pieces``) and keep, per setting, the comparison and the
+    τ's."""
+    results = run_pieces(plan.pieces(), workdir, jobs, desc="ODE + SGD", executor=executor)
     rows = [overlay_summary(ode, sim) for ode, sim in zip(results[::2], results[1::2])]
     return {"params": plan.params(), "rows": rows}
 
@@ -465,13 +465,15 @@ class HeadsPlan(OdePlan):
         return {"settings": [s.params() for s in self.settings], **self.ode_params(),
                 "n_times": self.n_times}
 
-    def compute(self, workdir: Path, jobs: int = 1) -> dict:
-        return heads_compute(self, workdir, jobs)
+    def compute(self, workdir: Path, jobs: int = 1, executor: object | None = None) -> dict:
+        return heads_compute(self, workdir, jobs, executor)
 
 
-def heads_compute(plan: HeadsPlan, workdir: Path, jobs: int = 1) -> dict:
-    """Integrate every setting and keep t, M, Q, the error, τ_f and the phases."""
-    results = run_pieces(plan.pieces(), workdir, jobs, desc="ODE")
+def heads_compute(plan: HeadsPlan, workdir: Path, jobs: int = 1,
+                  executor: object | None = None) -> dict:
+    """Integrate every setting (``run_pieces``) and keep t, M, Q, the error, τ_f and the
+    phases."""
+    results = run_pieces(plan.pieces(), workdir, jobs, desc="ODE", executor=executor)
     return {"params": plan.params(), "trajectories": [trajectory_summary(r) for r in results]}
 
 
@@ -561,8 +563,9 @@ class PlannedFigure:
     def estimate_seconds(self, quick: bool) -> float:
         return self.plan(quick).seconds()
 
-    def compute(self, quick: bool, workdir: Path, jobs: int = 1) -> dict:
-        return self.plan(quick).compute(workdir, jobs)
+    def compute(self, quick: bool, workdir: Path, jobs: int = 1,
+                executor: object | None = None) -> dict:
+        return self.plan(quick).compute(workdir, jobs, executor)
 
 
 def head_figure(settings: Sequence[Setting], **plan_args: object) -> PlannedFigure:

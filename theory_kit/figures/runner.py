@@ -2,7 +2,8 @@
 
 Every figure module ``theory_kit.figures.fig<N>`` follows one contract: ``NUMBER``,
 ``CAPTION``, ``estimate_seconds(quick)``, ``compute(quick, workdir, jobs) -> dict`` and
-``draw(data) -> Figure``.  The runner draws from the data *as reloaded from the JSON file*,
+``draw(data) -> Figure``; a figure made of independent pieces also takes ``executor=``
+(``theory_kit.executor``) in ``compute``.  The runner draws from the data *as reloaded from the JSON file*,
 so ``--redraw`` (draw again from figN.json) gives the same figure as the original run.
 
 Finished pieces of a long computation live in ``<out>/.work/fig<N>[-quick]/``; a stopped
@@ -104,14 +105,26 @@ def data_option(module: ModuleType, data: str | None) -> dict:
     return {"data": str(data)}
 
 
+def executor_option(module: ModuleType, executor: object | None) -> dict:
+    """``{"executor": executor}`` for a figure whose ``compute`` runs a sweep, else {} (a
+    figure without independent pieces runs here whatever the executor)."""
+    if executor is None or "executor" not in inspect.signature(module.compute).parameters:
+        return {}
+    return {"executor": executor}
+
+
 def run_figure(number: int, quick: bool = False, out: str | Path = "figures", jobs: int = 1,
-               log: Callable[[str], None] = print, data: str | None = None) -> list[Path]:
+               log: Callable[[str], None] = print, data: str | None = None,
+               executor: object | None = None) -> list[Path]:
     """Compute figure ``number`` and write figN.json then figN.png; returns the paths.
-    ``data``: an images .npz for the digit figures (see ``theory_kit.digits``)."""
+    ``data``: an images .npz for the digit figures (see ``theory_kit.digits``).
+    ``executor``: where the figure's pieces run (``theory_kit.executor``; default ``jobs``
+    local processes)."""
     module = figure_module(number)
     jobs = check_int(jobs, "jobs", 1)
-    extra = data_option(module, data)
-    log(describe_estimate(module, quick, jobs))
+    extra = {**data_option(module, data), **executor_option(module, executor)}
+    log(describe_estimate(module, quick, jobs) if executor is None else
+        describe_estimate(module, quick, 1) + f" (serial); pieces sent to {executor}")
     workdir = work_folder(out, module.NUMBER, quick)
     workdir.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()

@@ -1,0 +1,319 @@
+"""The sweep executor: key order, resume, bit-identical results across backends (local
+processes, threads, a real 2-worker distributed.LocalCluster), a worker killed mid-sweep,
+Ctrl-C then rerun, kernels and shared inputs once per worker, and the CLI without Dask."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from theory_kit import executor as ex
+from theory_kit.cli import main
+from theory_kit.model import ValidationError
+from theory_kit.results import to_jsonable
+
+distributed = pytest.importorskip("distributed")
+# Dask ships the piece functions below by value: the workers cannot import this test module
+import cloudpickle  # noqa: E402
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+TIMEOUT = 60
+
+
+# ----------------------------------------------------------------------------- pieces
+def noisy_piece(item: tuple) -> dict:
+    """A seeded random result; the sleep (random, not seeded by the piece) shuffles the order
+    in which pieces finish."""
+    seed, marks = item
+    if marks:
+        Path(marks, f"{seed}.{os.getpid()}.{time.monotonic_ns()}").touch()
+    time.sleep(float(np.random.default_rng().uniform(0.0, 0.05)))
+    return {"seed": seed, "x": np.random.default_rng(seed).standard_normal(3).tolist()}
+
+
+def slow_piece(item: tuple) -> dict:
+    """Marks its start (key, worker pid), then takes ``seconds``."""
+    seed, marks, seconds = item
+    Path(marks, f"{seed}.{os.getpid()}.{time.monotonic_ns()}").touch()
+    time.sleep(seconds)
+    return {"seed": seed, "x": np.random.default_rng(seed).standard_normal(3).tolist()}
+
+
+def strict_piece(value: int) -> dict:
+    if value < 0:
+        raise ValueError("negative piece")
+    return {"value": value}
+
+
+def expected(seed: int) -> dict:
+    return {"seed": seed, "x": np.random.default_rng(seed).standard_normal(3).tolist()}
+
+
+def kernel_loads(_: int) -> tuple[int, int]:
+    """(worker pid, generated-module loads so far in that worker) after using the kernels."""
+    from theory_kit import codegen
+    from theory_kit.activations import get_activation
+    codegen.load_module(get_activation("softmax"))
+    return os.getpid(), codegen.STATS["generated"] + codegen.STATS["loaded"]
+
+
+def shared_identity(_: int, shared: dict) -> tuple[int, int, float]:
+    """(worker pid, id of the shared object there, a number computed from it)."""
+    return os.getpid(), id(shared), float(shared["images"].sum())
+
+
+def starts(marks: Path) -> dict[int, list[int]]:
+    """key -> the worker pids of every start of that piece."""
+    out: dict[int, list[int]] = {}
+    for f in marks.iterdir():
+        key, pid, _ = f.name.split(".")
+        out.setdefault(int(key), []).append(int(pid))
+    return out
+
+
+@pytest.fixture(scope="module")
+def client():
+    """A real LocalCluster: 2 single-threaded worker processes on the loopback interface."""
+    with ex.local_cluster(2) as cluster, distributed.Client(cluster, timeout=TIMEOUT) as c:
+        c.wait_for_workers(2, timeout=TIMEOUT)
+        yield c
+
+
+# ----------------------------------------------------------------------------- basics
+def test_results_in_key_order_and_identical_on_every_backend(tmp_path, client):
+    keys = [f"p{s:02d}" for s in range(12)]
+    items = [(s, None) for s in range(12)]
+    want = [expected(s) for s in range(12)]
+    with ThreadPoolExecutor(3) as threads:
+        for name, kwargs in [("serial", {}), ("2 processes", {"jobs": 2}),
+                             ("threads", {"executor": threads}), ("dask", {"executor": client})]:
+            got = ex.run_sweep(noisy_piece, items, keys, **kwargs)
+            assert got == want, name
+
+
+def test_store_holds_finished_pieces_and_a_rerun_runs_only_the_rest(tmp_path):
+    store, marks = ex.FolderStore(tmp_path / "store"), tmp_path / "marks"
+    marks.mkdir()
+    keys = [f"k{s}" for s in range(6)]
+    items = [(s, str(marks)) for s in range(6)]
+    first = ex.run_sweep(noisy_piece, items[:4], keys[:4], store=store, jobs=2)
+    assert sorted(starts(marks)) == [0, 1, 2, 3]
+    full = ex.run_sweep(noisy_piece, items, keys, store=store, jobs=2)
+    assert {k: len(v) for k, v in starts(marks).items()} == dict.fromkeys(range(6), 1)
+    # a fresh result is returned as it reloads: identical to what the rerun loaded
+    assert full[:4] == first and [r["x"] for r in full] == [expected(s)["x"] for s in range(6)]
+
+
+def test_bad_arguments_raise():
+    with pytest.raises(ValueError, match="unique"):
+        ex.run_sweep(noisy_piece, [(0, None), (1, None)], ["a", "a"])
+    with pytest.raises(ValidationError, match="executor"):
+        ex.run_sweep(noisy_piece, [(0, None)], ["a"], executor="tcp://nowhere:1")
+    with pytest.raises(ValidationError, match="jobs"):
+        ex.run_sweep(noisy_piece, [(0, None)], ["a"], jobs=0)
+    with pytest.raises(ValidationError, match="scheduler"):
+        with ex.open_executor("nowhere:8786"):
+            pass
+
+
+def test_a_failing_piece_stops_the_sweep_and_keeps_the_finished(tmp_path):
+    store = ex.FolderStore(tmp_path)
+    with pytest.raises(ValueError, match="negative"):
+        ex.run_sweep(strict_piece, [1, 2, -1, 3], ["a", "b", "c", "d"], store=store)
+    assert store.load("a")["value"] == 1 and store.load("b")["value"] == 2
+    assert store.load("c") is None and store.load("d") is None
+
+
+# ----------------------------------------------------------------------------- data on workers
+@pytest.mark.parametrize("backend", ["processes", "dask"])
+def test_kernels_built_once_per_worker(backend, client):
+    kwargs = {"executor": client} if backend == "dask" else {"jobs": 2}
+    loads: dict[int, set[int]] = {}
+    for pid, count in ex.run_sweep(kernel_loads, list(range(8)), range(8), **kwargs):
+        loads.setdefault(pid, set()).add(count)
+    # the count of module builds in a worker never grows with the pieces it runs
+    assert all(len(c) == 1 and c <= {0, 1} for c in loads.values()), loads
+
+
+@pytest.mark.parametrize("backend", ["processes", "dask"])
+def test_shared_inputs_reach_each_worker_once(backend, client):
+    kwargs = {"executor": client} if backend == "dask" else {"jobs": 2}
+    images = np.random.default_rng(0).standard_normal((500, 64))
+    got = ex.run_sweep(shared_identity, list(range(8)), range(8), shared={"images": images},
+                       **kwargs)
+    ids: dict[int, set[int]] = {}
+    for pid, ident, total in got:
+        ids.setdefault(pid, set()).add(ident)
+        assert total == float(images.sum())
+    assert all(len(v) == 1 for v in ids.values()), ids   # one copy per worker, not per piece
+
+
+# ----------------------------------------------------------------------------- faults
+def _kill_first_running(marks: Path, store: ex.FolderStore, killed: list, stop: threading.Event):
+    """Once a piece is saved, SIGKILL the worker of a piece that is running (started, not
+    saved)."""
+    deadline = time.monotonic() + TIMEOUT
+    while not stop.is_set() and time.monotonic() < deadline:
+        done = {int(p.stem) for p in Path(store.folder).glob("*.json")}
+        running = {k: pids[-1] for k, pids in starts(marks).items() if k not in done}
+        if done and running:
+            key, pid = min(running.items())
+            killed.append((key, pid, sorted(done)))
+            os.kill(pid, signal.SIGKILL)
+            return
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("backend", ["processes", "dask"])
+def test_worker_killed_mid_piece(tmp_path, backend, client):
+    marks, store = tmp_path / "marks", ex.FolderStore(tmp_path / "store")
+    marks.mkdir()
+    n = 6
+    items = [(s, str(marks), 0.6) for s in range(n)]
+    killed: list = []
+    stop = threading.Event()
+    watcher = threading.Thread(target=_kill_first_running, args=(marks, store, killed, stop))
+    watcher.start()
+    try:
+        kwargs = {"executor": client} if backend == "dask" else {"jobs": 2}
+        got = ex.run_sweep(slow_piece, items, [str(s) for s in range(n)], store=store, **kwargs)
+    finally:
+        stop.set()
+        watcher.join(TIMEOUT)
+    assert killed, "the watcher never found a running piece to kill"
+    key, pid, done_before = killed[0]
+    runs = starts(marks)
+    assert [{k: v for k, v in g.items() if k != "version"} for g in got] == [
+        expected(s) for s in range(n)]
+    assert all(1 <= len(runs[k]) <= 2 for k in range(n)), runs     # at most once more
+    assert len(runs[key]) == 2 and pid in runs[key]                # the lost piece was rerun
+    assert all(len(runs[k]) == 1 for k in done_before), runs       # finished: never again
+    if backend == "dask":
+        client.wait_for_workers(2, timeout=TIMEOUT)                # the nanny restarted it
+
+
+SCRIPT = textwrap.dedent("""
+    import os, sys, time
+    from pathlib import Path
+    from theory_kit.executor import FolderStore, run_sweep
+
+    def piece(item):
+        key, marks = item
+        Path(marks, f"{key}.{os.getpid()}.{time.monotonic_ns()}").touch()
+        time.sleep(0.5)
+        return {"key": key}
+
+    if __name__ == "__main__":
+        store, marks = sys.argv[1], sys.argv[2]
+        out = run_sweep(piece, [(k, marks) for k in range(8)], [str(k) for k in range(8)],
+                        store=FolderStore(Path(store)), jobs=2)
+        assert [o["key"] for o in out] == list(range(8))
+        print("done")
+""")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text(
+    ).split()[2]
+
+
+def test_ctrl_c_then_rerun_runs_only_the_missing_pieces(tmp_path):
+    script = tmp_path / "sweep.py"
+    script.write_text(SCRIPT)
+    store, first, second = tmp_path / "store", tmp_path / "m1", tmp_path / "m2"
+    first.mkdir()
+    second.mkdir()
+    env = {**os.environ, "THEORY_KIT_NO_PROGRESS": "1"}
+    proc = subprocess.Popen([sys.executable, str(script), str(store), str(first)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + TIMEOUT
+    while len(list(store.glob("*.json"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=TIMEOUT)
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err
+    saved_keys = {int(p.stem) for p in store.glob("*.json")}
+    assert 2 <= len(saved_keys) < 8
+    time.sleep(0.5)
+    workers = {pid for pids in starts(first).values() for pid in pids}
+    assert not any(_alive(pid) for pid in workers), "worker processes outlived Ctrl-C"
+    done = subprocess.run([sys.executable, str(script), str(store), str(second)], env=env,
+                          capture_output=True, text=True, timeout=TIMEOUT)
+    assert done.returncode == 0 and "done" in done.stdout, done.stderr
+    rerun = starts(second)
+    assert set(rerun) == set(range(8)) - saved_keys and all(len(p) == 1 for p in rerun.values())
+
+
+# ----------------------------------------------------------------------------- real sweeps
+def test_fig6_sweep_identical_on_local_processes_and_dask(tmp_path, monkeypatch, client):
+    """Fig. 6's code path (SimPiece per D through run_pieces, then the statistics) with a
+    small plan: the same JSON from 2 local processes and from the LocalCluster."""
+    from theory_kit.figures import fig6
+    monkeypatch.setattr(fig6, "QUICK", {"D": (40, 60, 80), "runs": 4, "T": 20.0})
+    monkeypatch.setattr(fig6, "BOOTSTRAP", 50)
+    local = fig6.compute(True, tmp_path / "local", jobs=2)
+    dask = fig6.compute(True, tmp_path / "dask", executor=client)
+    text = [json.dumps(to_jsonable(d), sort_keys=True) for d in (local, dask)]
+    assert text[0] == text[1]
+    assert np.asarray(local["tau"]).shape == (3, 4)
+
+
+EINF = ["einf", "--activation", "bsoftmax", "--H", "2", "--L", "5", "--nu", "2,2",
+        "--runs", "4", "--gradient-flow", "--samples", "100", "--tol", "1e-2", "--T-max", "10",
+        "--chunk", "5", "--error-method", "mc", "--error-samples", "5000", "--no-global-min",
+        "--json"]
+
+
+def test_cli_einf_runs_4_identical_local_and_dask(tmp_path, capsys):
+    assert main(EINF + ["--jobs", "2", "--workdir", str(tmp_path / "a")]) == 0
+    local = capsys.readouterr().out
+    assert main(EINF + ["--scheduler", "local", "--jobs", "2",
+                        "--workdir", str(tmp_path / "b")]) == 0
+    dask = capsys.readouterr().out
+    assert local == dask and len(json.loads(local)["einf_runs"]) == 4
+    # and the resumed command (all four runs on file) prints the same again
+    assert main(EINF + ["--workdir", str(tmp_path / "a")]) == 0
+    assert capsys.readouterr().out == local
+
+
+@pytest.mark.slow
+def test_fig6_quick_identical_local_and_dask_cli(tmp_path):
+    """The full quick Fig. 6 (≈ 1–2 min on 2 cores) by the command line, both backends."""
+    data = []
+    for name, extra in (("local", ["--jobs", "2"]), ("dask", ["--scheduler", "local"])):
+        out = tmp_path / name
+        assert main(["figure", "6", "--quick", "--out", str(out), *extra]) == 0
+        data.append(json.dumps(json.loads((out / "fig6.json").read_text())["data"]))
+    assert data[0] == data[1]
+
+
+# ----------------------------------------------------------------------------- CLI without Dask
+@pytest.mark.parametrize("verb", ["einf", "figure"])
+def test_cli_scheduler_without_dask_is_one_line_exit_2(verb, monkeypatch, capsys, tmp_path):
+    monkeypatch.setitem(sys.modules, "distributed", None)   # import distributed fails
+    argv = (EINF if verb == "einf" else ["figure", "6", "--quick", "--out", str(tmp_path)])
+    assert main(argv + ["--scheduler", "local"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "pip install -e '.[dask]'" in err
+    assert not (tmp_path / "fig6.json").exists()
+
+
+def test_cli_bad_scheduler_exit_2(capsys):
+    assert main(EINF + ["--scheduler", "my-cluster"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "scheduler" in err
