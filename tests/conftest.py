@@ -7,10 +7,11 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 
 
 @pytest.fixture
-def private_codegen_cache(tmp_path_factory, monkeypatch):
-    """Generated integrand modules go to this session's temporary folder, so tests neither
-    read stale modules from nor write into the user's cache."""
-    monkeypatch.setenv("THEORY_KIT_CACHE", str(tmp_path_factory.getbasetemp() / "codegen-cache"))
+def private_codegen_cache(request, monkeypatch):
+    """Generated modules go to pytest's own cache folder (.pytest_cache), never the user's
+    cache.  The cache key covers the generator source, so nothing stale is read, and the folder
+    persists between runs so numba's compiled kernels (cache=True) are not rebuilt every time."""
+    monkeypatch.setenv("THEORY_KIT_CACHE", str(request.config.cache.mkdir("theory_kit")))
 
 
 @pytest.fixture

@@ -28,11 +28,12 @@ def _random_state(rng, H=3, L=4, F=2, n=64, scale=1.0):
     return S, zeta, theta, M, Q, a, b
 
 
+@pytest.mark.parametrize("backend", codegen.BACKENDS)
 @pytest.mark.parametrize("name", NAMES)
-def test_generated_equals_reference(name, activation_by_name):
+def test_generated_equals_reference(name, backend, activation_by_name):
     act = activation_by_name(name)
     args = _random_state(np.random.default_rng(1))
-    got = codegen.drift_integrand(act, "conditional")(*args, 0.3)
+    got = codegen.drift_integrand(act, "conditional", backend)(*args, 0.3)
     ref = reference_drift_integrands(act, *args, delta=0.3)
     for field in FIELDS:
         assert np.allclose(getattr(got, field), getattr(ref, field), rtol=1e-10, atol=1e-12), field
@@ -158,3 +159,110 @@ def test_bad_input_raises_validation_error():
         f(S, zeta, theta, M, Q, a, b, -1.0)
     with pytest.raises(ValidationError, match="^projection:"):
         codegen.drift_integrand(get_activation("softmax"), "fourier")
+
+
+# ----------------------------------------------------------------------------- sample_kernels
+KERNEL_CASES = [("softmax", 2, 4), ("bsoftmax", 3, 5), ("softmax1", 1, 2), ("sigmoid", 4, 3),
+                ("softplus", 3, 6)]
+
+
+def _kernel_inputs(rng, n, H, L):
+    """Scores (n, H, L), one a and Q_hh per sample (n, H), b shared (H,), a token vector (n, L)."""
+    return (rng.standard_normal((n, H, L)), 0.3 * rng.standard_normal(H),
+            rng.uniform(0.5, 2.0, (n, H)), rng.uniform(0.2, 1.5, (n, H)), rng.standard_normal((n, L)))
+
+
+@pytest.mark.parametrize("backend", codegen.BACKENDS)
+@pytest.mark.parametrize("name,H,L", KERNEL_CASES)
+def test_sample_kernels_match_the_hand_kernel(name, H, L, backend, activation_by_name):
+    act = activation_by_name(name)
+    S, b, qdiag, a, v = _kernel_inputs(np.random.default_rng(11), 40, H, L)
+    kern = codegen.sample_kernels(act, backend)
+    assert kern.backend == backend
+    W, D, D2, w = kern.weights(S, b, qdiag, a)
+    ref = act.kernel(S, a, b, qdiag)
+    for got, want in ((W, ref.W), (D, ref.D), (D2, ref.D2), (w, ref.w)):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
+    Jv, Av, Bv, Qv = kern.vjp(W, D, D2, a, v)
+    Jref = ref.jvp_tokens(v)
+    for got, want in ((Jv, Jref), (Av, ref.grad_a(v)), (Bv, ref.grad_b(Jref)),
+                      (Qv, ref.grad_qdiag(Jref))):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
+
+
+def test_sample_kernels_broadcast_leading_axes():
+    """(runs, batch, H, L) scores with one a per run: same as the flat call."""
+    act = get_activation("bsoftmax")
+    rng = np.random.default_rng(12)
+    S = rng.standard_normal((3, 5, 2, 4))
+    a, qdiag = rng.uniform(0.2, 1, (3, 1, 2)), rng.uniform(0.5, 2, (3, 1, 2))
+    kern = codegen.sample_kernels(act, "numba")
+    W, D, D2, w = kern.weights(S, 0.0, qdiag, a)
+    flat = kern.weights(S.reshape(15, 2, 4), 0.0, np.repeat(qdiag, 5, 1).reshape(15, 2),
+                        np.repeat(a, 5, 1).reshape(15, 2))
+    np.testing.assert_array_equal(w.reshape(15, 4), flat[3])
+    Jv, _, _, Qv = kern.vjp(W, D, D2, a, np.ones(4))
+    assert Jv.shape == (3, 5, 2, 4) and Qv.shape == (3, 5, 2)
+
+
+def test_per_sample_kernels_work_inside_njit_code():
+    """weights1 / vjp1 are first-class dispatcher arguments of other njit functions."""
+    numba = pytest.importorskip("numba")
+
+    @numba.njit
+    def loop(weights1, vjp1, S, b, qdiag, a, v, W, D, D2, w, Jv, Av, Bv, Qv):
+        for i in range(S.shape[0]):
+            weights1(S[i], b[i], qdiag[i], a[i], W[i], D[i], D2[i], w[i])
+            vjp1(W[i], D[i], D2[i], a[i], v[i], Jv[i], Av[i], Bv[i], Qv[i])
+
+    act = get_activation("bsoftmax")
+    n, H, L = 30, 3, 5
+    S, b, qdiag, a, v = _kernel_inputs(np.random.default_rng(13), n, H, L)
+    b = np.ascontiguousarray(np.broadcast_to(b, (n, H)))
+    kern = codegen.sample_kernels(act, "numba")
+    out = [np.empty((n, H, L)) for _ in range(3)] + [np.empty((n, L)), np.empty((n, H, L))]
+    out += [np.empty((n, H)) for _ in range(3)]
+    loop(kern.weights1, kern.vjp1, S, b, qdiag, a, v, *out)
+    ref = act.kernel(S, a, b, qdiag)
+    np.testing.assert_allclose(out[0], ref.W, rtol=1e-12)
+    np.testing.assert_allclose(out[3], ref.w, rtol=1e-12)
+    np.testing.assert_allclose(out[4], ref.jvp_tokens(v), rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(out[7], ref.grad_qdiag(ref.jvp_tokens(v)), rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("backend", codegen.BACKENDS)
+def test_sample_kernels_huge_scores_finite_and_bad_normaliser_refused(backend):
+    S = np.array([[[1e3, -1e3, 0.0], [-1e3, 1e3, 5.0]]])
+    for name in ("softmax", "softmax1", "bsoftmax"):
+        W, D, D2, w = codegen.sample_kernels(get_activation(name), backend).weights(
+            S, 0.0, np.ones(2), np.ones(2))
+        assert np.all(np.isfinite(W)) and np.all(np.isfinite(w)) and np.isfinite(D2).all()
+    # phi = s with per-head normalisation: N = sum s <= 0 is refused, never NaN weights
+    lin = custom_activation("s", norm="per-head")
+    with pytest.raises(ValidationError, match="normaliser"):
+        codegen.sample_kernels(lin, backend).weights(-np.ones((2, 1, 3)), 0.0, np.ones(1), np.ones(1))
+
+
+def test_backend_from_environment_and_fallback(monkeypatch):
+    act = get_activation("softmax")
+    monkeypatch.setenv("THEORY_KIT_BACKEND", "numpy")
+    assert codegen.sample_kernels(act).backend == "numpy"
+    assert not isinstance(codegen.drift_integrand(act), codegen.CompiledIntegrand)
+    monkeypatch.setenv("THEORY_KIT_BACKEND", "numba")
+    assert isinstance(codegen.drift_integrand(act), codegen.CompiledIntegrand)
+    monkeypatch.setenv("THEORY_KIT_BACKEND", "fortran")
+    with pytest.raises(ValidationError, match="^backend:"):
+        codegen.sample_kernels(act)
+    monkeypatch.delenv("THEORY_KIT_BACKEND")
+    monkeypatch.setattr(codegen, "_WARNED", [])
+    import builtins
+    real_import = builtins.__import__
+
+    def no_numba(name, *args, **kwargs):
+        if name == "numba":
+            raise ImportError("no numba here")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_numba)
+    with pytest.warns(RuntimeWarning, match="falling back to the NumPy backend"):
+        assert codegen.resolve_backend() == "numpy"

@@ -1,4 +1,4 @@
-"""Lower the SymPy derivation (:mod:`theory_kit.derive`) to vectorised NumPy source, with CSE.
+"""Lower the SymPy derivation (:mod:`theory_kit.derive`) to NumPy and numba source, with CSE.
 
 The structured expressions carry free indices h, g (heads) and l (token) and sums over
 dummy indices.  They are lowered onto arrays of layout (n, H, H, L): index h lives on axis 1,
@@ -8,24 +8,59 @@ the outputs) goes through ``sympy.cse``.  The concrete φ enters through W, D, D
 from the SymPy derivatives of φ — in the log domain when φ = e^ψ, so scores of ±10³ stay
 finite.
 
-The generated module is cached as a ``.py`` file under ``$THEORY_KIT_CACHE`` (default
-``platformdirs.user_cache_dir("theory_kit")``)/codegen, named by a hash of
-``act.fingerprint()``, the toolkit version and the generator's own source; it is written
-atomically and never edited by hand.  Entry point::
+Two backends, chosen by ``backend=`` or ``$THEORY_KIT_BACKEND`` (default ``numba``; ``numpy``
+if numba does not import, with one warning):
 
-    integrand = drift_integrand(act, projection="conditional" | "stein")
+* ``numpy`` — the vectorised module above;
+* ``numba`` — per-sample scalar loops lowered from the same structured expressions
+  (:mod:`theory_kit.codegen_numba`), compiled ``@njit(cache=True, fastmath=False)``.
+
+Generated modules are cached as ``.py`` files under ``$THEORY_KIT_CACHE`` (default
+``platformdirs.user_cache_dir("theory_kit")``)/codegen, named by a hash of
+``act.fingerprint()``, the toolkit version, the generator's own source and the backend; they
+are written atomically and never edited by hand.  The numba module is imported from its file
+(importlib), so numba's compiled-code cache lives beside it.
+
+**Sample kernels** (the contract used by the drifts, ``simulate`` and ``einf``)::
+
+    kern = sample_kernels(act, backend=None)
+    W, D, D2, w = kern.weights(S, b, qdiag, a)
+        # S (n, H, L) (any leading axes); b, qdiag, a broadcastable to (n, H) — e.g. (H,);
+        # W, D, D2 (n, H, L) = φ, φ', φ'' at t = s + b + o(qdiag), divided by the normaliser;
+        # w (n, L) = Σ_h a_h W_h.  A normaliser κ + Σφ ≤ 0 raises ValidationError.
+    Jv, Av, Bv, Qv = kern.vjp(W, D, D2, a, v)
+        # v (n, L) any token vector; Jv_hl = J_hl·v = Σ_x ∂w_x/∂s_hl v_x (n, H, L);
+        # Av_h, Bv_h, Qv_h = ∂w/∂a_h·v, ∂w/∂b_h·v, ∂w/∂Q_hh·v (n, H).
+    kern.weights1(S, b, qdiag, a, W, D, D2, w) -> ok      # numba, one sample, in njit code
+    kern.vjp1(W, D, D2, a, v, Jv, Av, Bv, Qv)              # numba, one sample, in njit code
+        # S, W, D, D2, Jv (H, L); b, qdiag, a, Av, Bv, Qv (H,); w, v (L,); outputs are
+        # preallocated float64 arrays, overwritten; ok is False (weights NaN) when N ≤ 0.
+
+``weights1``/``vjp1`` are numba dispatchers, so they can be passed as arguments to (or called
+as globals from) other ``@njit`` functions.
+
+**Drift integrands**::
+
+    integrand = drift_integrand(act, projection="conditional" | "stein", backend=None)
     samples = integrand(S, zeta, theta, M, Q, a, b, delta)      # -> DriftSamples
 
 with S, ζ of shape (n, H, L) (signal at token 0), θ (n, F), M (H, F), Q (H, H), a, b (H,).
 The per-sample fields are those of :class:`theory_kit.integrands.DriftSamples`; in the Stein
 form dM uses Σ_{l,g} m_{gf} ∂(J_{hl}·e)/∂s_{gl} + θ_f J_{hε}·e instead of the conditional
 mean of u_f·x_l (both have the same expectation; Stein needs φ'' to be a function).
+The numba integrand also has ``group_sums(...)``: one fused pass over whitened noise draws that
+returns the weighted per-group sums (θ sign pairs summed first, so the symmetry is exact) and
+their squares, without per-sample temporaries; the drift engines use it.
 """
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
+import sys
+import tempfile
 import types
+import warnings
 from pathlib import Path
 from typing import Callable
 
@@ -35,16 +70,19 @@ import sympy as sp
 from sympy.printing.numpy import SciPyPrinter
 
 from . import __version__
+from . import codegen_numba as _nb
 from . import derive as dv
 from .activations import S_SYMBOL, Activation
-from .integrands import DriftSamples, conditional_projections
-from .model import as_finite_array, fail
+from .integrands import DriftSamples, conditional_projections, projection_matrix
+from .model import ValidationError, as_finite_array, fail
 from .results import atomic_replace
 
 PROJECTIONS = ("conditional", "stein")
+BACKENDS = ("numba", "numpy")
 AXIS_OF_FREE = {dv.h: 1, dv.g: 2, dv.l: 3}
 ARRAY_BASES = {dv.W_: "W", dv.D_: "D", dv.D2_: "D2"}
 FIRST_ORDER_OUTPUTS = ("Je", "JJsum", "Ae", "Be", "Qe")
+VJP_OUTPUTS = ("Je", "Ae", "Be", "Qe")
 PRINTER = SciPyPrinter({"fully_qualified_modules": True, "allow_unknown_functions": True})
 
 # counters for tests and diagnostics: modules generated / loaded from the cache file
@@ -75,7 +113,7 @@ class _Lowering:
             return self._view(f"{base}_{axes[head]}", code)
         if z.base == dv.a_:
             ax = axes[z.indices[0]]
-            return self._view(f"a_{ax}", {1: "a[None, :, None, None]", 2: "a[None, None, :, None]"}[ax])
+            return self._view(f"a_{ax}", {1: "a[:, :, None, None]", 2: "a[:, None, :, None]"}[ax])
         if z.base == dv.e_:
             return self._view("e_3", "e[:, None, None, :]")
         raise NotImplementedError(f"no array for {z}")
@@ -87,7 +125,7 @@ class _Lowering:
         if isinstance(expr, sp.KroneckerDelta):
             if sorted(axes[v] for v in expr.args) != [1, 2]:
                 raise NotImplementedError(f"delta {expr} not between the two head axes")
-            return self._view("eye_12", "numpy.eye(a.shape[0])[None, :, :, None]"), 0
+            return self._view("eye_12", "numpy.eye(W.shape[1])[None, :, :, None]"), 0
         if isinstance(expr, sp.Sum):
             return self._reduction(expr, axes)
         if not expr.args:
@@ -132,7 +170,8 @@ def _function_source(name: str, outputs: dict[str, sp.Expr], free: dict[str, str
     body += lines
     views = [f"{name_} = {code}" for name_, code in sorted(low.views.items())]
     result = ", ".join(f"{key!r}: _out({code}, W, {free[key]!r})" for key, code in zip(lowered, codes))
-    head = [f"def {name}(W, D, D2, e, a):", f'    """{doc}"""']
+    head = [f"def {name}(W, D, D2, e, a):", f'    """{doc}"""',
+            "    a = numpy.broadcast_to(numpy.asarray(a, dtype=float), W.shape[:2])"]
     return "\n".join(head + [f"    {line}" for line in views + body]
                      + [f"    return {{{result}}}", ""])
 
@@ -234,19 +273,24 @@ def generate_source(act: Activation) -> str:
         "",
         _function_source("stein_kernel", {"stein": st.stein}, free,
                          "d(J_hl.e)/ds_gl = He - JJ, shape (n, H, H, L)."),
+        "",
+        _function_source("vjp", {key: getattr(st, key) for key in VJP_OUTPUTS}, free,
+                         "J.v (n,H,L), dw/da.v, dw/db.v, dw/dQ_hh.v (n,H) for v = e (n,L)."),
     ]
     return "\n".join(parts)
 
 
 # ----------------------------------------------------------------------------- cache
 def _generator_digest() -> str:
-    sources = [Path(__file__).read_bytes(), Path(dv.__file__).read_bytes()]
+    sources = [Path(__file__).read_bytes(), Path(dv.__file__).read_bytes(),
+               Path(_nb.__file__).read_bytes()]
     return hashlib.sha256(b"\0".join(sources)).hexdigest()
 
 
-def cache_key(act: Activation) -> str:
-    """Hash of the activation's fingerprint, the toolkit version and the generator source."""
-    text = f"{act.fingerprint()}|{__version__}|{_generator_digest()}"
+def cache_key(act: Activation, backend: str = "numpy") -> str:
+    """Hash of the activation's fingerprint, the toolkit version, the generator source and
+    the backend."""
+    text = f"{act.fingerprint()}|{__version__}|{_generator_digest()}|{backend}"
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
@@ -256,26 +300,32 @@ def cache_dir() -> Path:
     return Path(root) / "codegen"
 
 
-def cache_path(act: Activation) -> Path:
-    return cache_dir() / f"integrands_{cache_key(act)}.py"
+def cache_path(act: Activation, backend: str = "numpy") -> Path:
+    prefix = "integrands" if backend == "numpy" else f"kernels_{backend}"
+    return cache_dir() / f"{prefix}_{cache_key(act, backend)}.py"
+
+
+def _cached_source(path: Path, generate: Callable[[], str]) -> str:
+    """The source in ``path``, or ``generate()`` written there atomically (best effort)."""
+    if path.is_file():
+        STATS["loaded"] += 1
+        return path.read_text()
+    source = generate()
+    STATS["generated"] += 1
+    try:
+        atomic_replace(path, lambda handle: handle.write(source.encode()), ".py")
+    except OSError:
+        pass  # an unwritable cache only costs regeneration next time
+    return source
 
 
 def load_module(act: Activation) -> types.ModuleType:
-    """The generated module for ``act``: from memory, else the cache file, else generated now."""
+    """The generated NumPy module for ``act``: from memory, else the cache file, else generated."""
     key = cache_key(act)
     if key in _MODULES:
         return _MODULES[key]
     path = cache_path(act)
-    if path.is_file():
-        source = path.read_text()
-        STATS["loaded"] += 1
-    else:
-        source = generate_source(act)
-        STATS["generated"] += 1
-        try:
-            atomic_replace(path, lambda handle: handle.write(source.encode()), ".py")
-        except OSError:
-            pass  # an unwritable cache only costs regeneration next time
+    source = _cached_source(path, lambda: generate_source(act))
     module = types.ModuleType(f"theory_kit_generated_{key}")
     module.__file__ = str(path)
     exec(compile(source, str(path), "exec"), module.__dict__)
@@ -284,14 +334,164 @@ def load_module(act: Activation) -> types.ModuleType:
     return module
 
 
-def module_source(act: Activation) -> str:
+def load_numba_module(act: Activation) -> types.ModuleType:
+    """The generated numba module for ``act``, imported from its cache file with importlib
+    (numba's ``cache=True`` needs a real source file; compiled code is cached beside it)."""
+    key = cache_key(act, "numba")
+    if key in _MODULES:
+        return _MODULES[key]
+    path = cache_path(act, "numba")
+    source = _cached_source(path, lambda: _nb.generate_numba_source(act))
+    if not path.is_file():   # unwritable cache dir: a private temporary file still works
+        path = Path(tempfile.mkdtemp(prefix="theory_kit_numba_")) / path.name
+        path.write_text(source)
+    spec = importlib.util.spec_from_file_location(f"theory_kit_kernels_{key}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module   # numba's cache rebuilds its environment by module name
+    spec.loader.exec_module(module)
+    module.SOURCE = source
+    _MODULES[key] = module
+    return module
+
+
+def module_source(act: Activation, backend: str = "numpy") -> str:
     """The generated Python source for ``act`` (generated and cached on first use)."""
+    if backend == "numba":
+        return load_numba_module(act).SOURCE
     return load_module(act).SOURCE
 
 
 def clear_memory_cache() -> None:
     """Forget loaded modules (the cache files stay)."""
     _MODULES.clear()
+
+
+# ----------------------------------------------------------------------------- backends
+_WARNED: list[str] = []
+
+
+def numba_available() -> bool:
+    """Whether numba imports (it is a default dependency; the NumPy backend is the fallback)."""
+    try:
+        import numba  # noqa: F401
+    except Exception as exc:   # broken installs raise more than ImportError
+        if not _WARNED:
+            warnings.warn(f"numba is not usable ({exc}); falling back to the NumPy backend",
+                          RuntimeWarning, stacklevel=3)
+            _WARNED.append(str(exc))
+        return False
+    return True
+
+
+def resolve_backend(backend: str | None = None) -> str:
+    """``backend``, else ``$THEORY_KIT_BACKEND``, else ``numba``; ``numpy`` if numba is missing."""
+    name = backend if backend is not None else (os.environ.get("THEORY_KIT_BACKEND") or "numba")
+    if name not in BACKENDS:
+        fail("backend", f"must be one of {', '.join(BACKENDS)}", name)
+    if name == "numba" and not numba_available():
+        return "numpy"
+    return name
+
+
+def _heads_array(x: object, shape: tuple[int, ...], name: str) -> np.ndarray:
+    """``x`` broadcast to ``shape`` (leading sample axes, H) as a C-contiguous float array."""
+    arr = np.asarray(0.0 if x is None else x, dtype=float)
+    try:
+        return np.ascontiguousarray(np.broadcast_to(arr, shape))
+    except ValueError:
+        fail(name, f"must broadcast to {shape} (samples, H)", arr.shape)
+
+
+def _normaliser_error(act: Activation) -> ValidationError:
+    return ValidationError(f"activation '{act.name}': the normaliser N = kappa + sum phi "
+                           "must be > 0 (phi must be non-negative and not all zero)")
+
+
+class SampleKernels:
+    """w and its vector–Jacobian products from the generated code (see the module docstring).
+
+    Vectorised (any leading sample axes; b, qdiag, a broadcast against S.shape[:-1]):
+      ``weights(S, b, qdiag, a) -> (W, D, D2, w)``, ``vjp(W, D, D2, a, v) -> (Jv, Av, Bv, Qv)``.
+    numba per-sample dispatchers, usable inside other njit code: ``weights1``, ``vjp1``."""
+
+    def __init__(self, act: Activation, backend: str | None = None) -> None:
+        self.act = act
+        self.backend = resolve_backend(backend)
+        self._numpy = load_module(act) if self.backend == "numpy" else None
+        self._numba = load_numba_module(act) if self.backend == "numba" else None
+
+    @property
+    def numba_module(self) -> types.ModuleType:
+        """The compiled module (loaded even under the NumPy backend, for njit callers)."""
+        if self._numba is None:
+            if not numba_available():
+                raise RuntimeError("numba is not available: no per-sample kernels")
+            self._numba = load_numba_module(self.act)
+        return self._numba
+
+    @property
+    def weights1(self) -> Callable:
+        """njit ``weights1(S, b, qdiag, a, W, D, D2, w) -> ok`` for one sample (S (H, L))."""
+        return self.numba_module.weights1
+
+    @property
+    def vjp1(self) -> Callable:
+        """njit ``vjp1(W, D, D2, a, v, Jv, Av, Bv, Qv)`` for one sample (v (L,))."""
+        return self.numba_module.vjp1
+
+    def weights(self, S: np.ndarray, b: object, qdiag: object, a: object
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(W, D, D2) of shape S.shape = (..., H, L) and w (..., L) at t = s + b + o(qdiag)."""
+        S = np.asarray(S, dtype=float)
+        *lead, H, L = S.shape
+        heads = (int(np.prod(lead, dtype=int)), H)
+        flat = np.ascontiguousarray(S.reshape((-1, H, L)))
+        b, qdiag, a = (_heads_array(x, tuple(lead) + (H,), name).reshape(heads)
+                       for x, name in ((b, "b"), (qdiag, "qdiag"), (a, "a")))
+        if self.backend == "numpy":
+            mod = self._numpy
+            W, D, D2 = mod.normalised(flat + (b + mod.offsets(qdiag))[:, :, None])
+            w = mod.token_weights(W, D, D2, None, a)["w"]
+        else:
+            W, D, D2 = (np.empty_like(flat) for _ in range(3))
+            w = np.empty((heads[0], L))
+            if self._numba.weights_batch(flat, b, qdiag, a, W, D, D2, w):
+                raise _normaliser_error(self.act)
+        return (W.reshape(S.shape), D.reshape(S.shape), D2.reshape(S.shape),
+                w.reshape(tuple(lead) + (L,)))
+
+    def vjp(self, W: np.ndarray, D: np.ndarray, D2: np.ndarray, a: object, v: np.ndarray
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(J·v (..., H, L), ∂w/∂a·v, ∂w/∂b·v, ∂w/∂Q_hh·v (..., H)) for token vectors v (..., L)."""
+        W = np.asarray(W, dtype=float)
+        *lead, H, L = W.shape
+        n = int(np.prod(lead, dtype=int))
+        W, D, D2 = (np.ascontiguousarray(np.asarray(x, dtype=float).reshape((n, H, L)))
+                    for x in (W, D, D2))
+        a = _heads_array(a, tuple(lead) + (H,), "a").reshape((n, H))
+        v = np.ascontiguousarray(np.broadcast_to(np.asarray(v, dtype=float), tuple(lead) + (L,))
+                                 ).reshape((n, L))
+        if self.backend == "numpy":
+            out = self._numpy.vjp(W, D, D2, v, a)
+            Jv, Av, Bv, Qv = (out[k] for k in VJP_OUTPUTS)
+        else:
+            Jv = np.empty((n, H, L))
+            Av, Bv, Qv = (np.empty((n, H)) for _ in range(3))
+            self._numba.vjp_batch(W, D, D2, a, v, Jv, Av, Bv, Qv)
+        heads = tuple(lead) + (H,)
+        return Jv.reshape(tuple(lead) + (H, L)), Av.reshape(heads), Bv.reshape(heads), Qv.reshape(heads)
+
+
+_KERNELS: dict[tuple[str, str], SampleKernels] = {}
+
+
+def sample_kernels(act: Activation, backend: str | None = None) -> SampleKernels:
+    """The weights/VJP kernels of ``act`` for ``backend`` (``THEORY_KIT_BACKEND``, default numba)."""
+    name = resolve_backend(backend)
+    key = (cache_key(act, name), name)
+    if key not in _KERNELS:
+        _KERNELS[key] = SampleKernels(act, name)
+    return _KERNELS[key]
 
 
 # ----------------------------------------------------------------------------- entry point
@@ -314,22 +514,23 @@ def _checked(S, zeta, theta, M, Q, a, b, delta) -> tuple:
     return S, zeta, theta, M, Q, a, b, float(delta)
 
 
-def drift_integrand(act: Activation, projection: str = "conditional") -> Callable[..., DriftSamples]:
-    """Per-sample drift integrands of THEORY §5 from the generated code.
+def field_sizes(H: int, F: int) -> dict[str, tuple[int, ...]]:
+    """Shapes of the per-sample drift fields, in the order of the compiled flat layout."""
+    return {"dM": (H, F), "dQ_lin": (H, H), "dQ_noise": (H, H), "da": (H,), "db": (H,),
+            "sq_err": ()}
 
-    Returns ``integrand(S, zeta, theta, M, Q, a, b, delta=0.0) -> DriftSamples``:
-    dM (n,H,F), dQ_lin (n,H,H), dQ_noise (n,H,H), da (n,H), db (n,H), sq_err (n,), with
 
-      dM_hf = Σ_l Je_hl P_fl + 2 Qe_h m_hf,  P_fl = (Mᵀ Q⁺ ζ_l)_f + δ_{l0} θ_f  (conditional)
-      dM_hf = Σ_{l,g} m_gf (He − JJ)_hgl + θ_f Je_h0 + 2 Qe_h m_hf               (stein)
-      dQ_lin = Σ_l Je_hl s_gl + 2 Qe_h Q_hg + (h ↔ g),
-      dQ_noise = (|e|² + Δ) Σ_l JJ_hgl + 2 Σ_l Je_hl Je_gl,  da = Ae, db = Be.
-    """
-    if projection not in PROJECTIONS:
-        fail("projection", f"must be one of {', '.join(PROJECTIONS)}", projection)
-    module = load_module(act)
-    stein = projection == "stein"
+def split_fields(flat: np.ndarray, H: int, F: int) -> dict[str, np.ndarray]:
+    """Split (..., K) compiled drift vectors into the named fields (..., *shape)."""
+    out, pos = {}, 0
+    for name, shape in field_sizes(H, F).items():
+        size = int(np.prod(shape, dtype=int))
+        out[name] = flat[..., pos:pos + size].reshape(flat.shape[:-1] + shape)
+        pos += size
+    return out
 
+
+def _numpy_integrand(module: types.ModuleType, stein: bool) -> Callable[..., DriftSamples]:
     def integrand(S, zeta, theta, M, Q, a, b, delta=0.0) -> DriftSamples:
         S, zeta, theta, M, Q, a, b, delta = _checked(S, zeta, theta, M, Q, a, b, delta)
         W, D, D2 = module.normalised(S + (b + module.offsets(np.diag(Q)))[:, None])
@@ -347,7 +548,77 @@ def drift_integrand(act: Activation, projection: str = "conditional") -> Callabl
         sq = np.sum(e * e, axis=-1)
         noise = (sq + delta)[:, None, None] * p["JJsum"] + 2 * np.einsum("nhl,ngl->nhg", Je, Je)
         return DriftSamples(dM, half + np.swapaxes(half, 1, 2), noise, p["Ae"], p["Be"], sq)
+    return integrand
 
+
+class CompiledIntegrand:
+    """The numba drift integrand: per-sample ``__call__`` and the fused :meth:`group_sums`."""
+
+    BLOCK = 256   # noise groups per block of the fused pass (blocks may run in parallel)
+
+    def __init__(self, act: Activation, module: types.ModuleType, stein: bool) -> None:
+        self.act, self.module, self.stein = act, module, stein
+
+    def _fail_if_bad(self, bad: int) -> None:
+        if bad:
+            raise _normaliser_error(self.act)
+
+    def __call__(self, S, zeta, theta, M, Q, a, b, delta=0.0) -> DriftSamples:
+        S, zeta, theta, M, Q, a, b, delta = _checked(S, zeta, theta, M, Q, a, b, delta)
+        n, H, _ = S.shape
+        F = M.shape[1]
+        out = np.empty((n, sum(int(np.prod(s, dtype=int)) for s in field_sizes(H, F).values())))
+        B = np.ascontiguousarray(projection_matrix(M, Q))
+        self._fail_if_bad(self.module.drift_rows(
+            S, zeta, theta, M, Q, B, a, b, np.ascontiguousarray(np.diag(Q)), delta, self.stein, out))
+        return DriftSamples(**split_fields(out, H, F))
+
+    def group_sums(self, g: np.ndarray, theta: np.ndarray, weights: np.ndarray, R: np.ndarray,
+                   M: np.ndarray, Q: np.ndarray, a: np.ndarray, b: np.ndarray, delta: float,
+                   shape: tuple[int, ...]) -> tuple[dict, dict, int]:
+        """One fused pass: Σ over noise groups of the weighted per-group sums, and of their squares.
+
+        g (n, H, L) whitened noise, R = Q^{1/2}, ζ_l = R g_l, s_{:,0} = ζ_0 + M θ; the rows of a
+        group are laid out as ``shape`` and summed axis by axis (a sign axis as x + (−x), so the
+        θ_f → −θ_f symmetry is exact).  Returns (sums, sums of squares, number of groups)."""
+        n, H, _ = g.shape
+        F = M.shape[1]
+        K = sum(int(np.prod(s, dtype=int)) for s in field_sizes(H, F).values())
+        n_groups = n // int(np.prod(shape, dtype=int))
+        blocks = max(1, -(-n_groups // self.BLOCK))
+        tot, sqr = np.empty((blocks, K)), np.empty((blocks, K))
+        c = np.ascontiguousarray
+        bad = self.module.drift_blocks(
+            c(g, dtype=float), c(theta, dtype=float), c(weights, dtype=float), c(R, dtype=float),
+            c(M, dtype=float), c(Q, dtype=float), c(projection_matrix(M, Q)), c(a, dtype=float),
+            c(b, dtype=float), c(np.diag(Q)), float(delta), self.stein,
+            np.asarray(shape, dtype=np.int64), self.BLOCK, tot, sqr)
+        self._fail_if_bad(bad)
+        return split_fields(tot.sum(axis=0), H, F), split_fields(sqr.sum(axis=0), H, F), n_groups
+
+
+def drift_integrand(act: Activation, projection: str = "conditional",
+                    backend: str | None = None) -> Callable[..., DriftSamples]:
+    """Per-sample drift integrands of THEORY §5 from the generated code.
+
+    Returns ``integrand(S, zeta, theta, M, Q, a, b, delta=0.0) -> DriftSamples``:
+    dM (n,H,F), dQ_lin (n,H,H), dQ_noise (n,H,H), da (n,H), db (n,H), sq_err (n,), with
+
+      dM_hf = Σ_l Je_hl P_fl + 2 Qe_h m_hf,  P_fl = (Mᵀ Q⁺ ζ_l)_f + δ_{l0} θ_f  (conditional)
+      dM_hf = Σ_{l,g} m_gf (He − JJ)_hgl + θ_f Je_h0 + 2 Qe_h m_hf               (stein)
+      dQ_lin = Σ_l Je_hl s_gl + 2 Qe_h Q_hg + (h ↔ g),
+      dQ_noise = (|e|² + Δ) Σ_l JJ_hgl + 2 Σ_l Je_hl Je_gl,  da = Ae, db = Be.
+
+    ``backend``: ``numba`` (compiled per-sample loops; the result also has the fused
+    ``group_sums`` used by the drift engines) or ``numpy`` (the generated vectorised module);
+    default ``$THEORY_KIT_BACKEND`` or numba.
+    """
+    if projection not in PROJECTIONS:
+        fail("projection", f"must be one of {', '.join(PROJECTIONS)}", projection)
+    stein = projection == "stein"
+    if resolve_backend(backend) == "numba":
+        return CompiledIntegrand(act, load_numba_module(act), stein)
+    integrand = _numpy_integrand(load_module(act), stein)
     integrand.__doc__ = drift_integrand.__doc__
     return integrand
 
