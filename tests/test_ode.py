@@ -193,6 +193,83 @@ def test_cli_bad_input_exits_2(tmp_path, capsys, bad):
     assert not (tmp_path / "x.json").exists()
 
 
+@pytest.mark.parametrize("method", ["rk4", "rk45"])
+def test_times_after_the_start_are_recorded_not_relabelled(tmp_path, method):
+    """--times 0.5,1 integrates from t = 0 and records at 0.5 and 1: the rows of the run with
+    --times 0,0.5,1 without its first (the bug labelled the start t = 0.5)."""
+    args = ["ode", "--activation", "softmax", "--L", "4", "--nu", "2,2", "--gamma", "1",
+            "--T", "1", "--M0", json.dumps(M0), "--Q0", json.dumps(Q0), "--samples", "300",
+            "--method", method, "--no-progress"]
+    rows = {}
+    for times in ("0,0.5,1", "0.5,1"):
+        out = tmp_path / f"{times}.json"
+        assert main(args + ["--times", times, "--out", str(out)]) == 0
+        rows[times] = json.loads(out.read_text())
+    full, late = rows["0,0.5,1"], rows["0.5,1"]
+    assert late["t"] == [0.5, 1.0]
+    for key in ("M", "Q", "a", "b", "error", "drift_err"):
+        assert late[key] == full[key][1:], key
+    assert not np.allclose(late["M"][0], M0, atol=1e-3)  # t = 0.5 is not the start
+
+
+def test_adaptive_agrees_with_small_step_rk4():
+    kw = dict(gamma=1.0, T=3.0, times=np.linspace(0, 3, 7), engine=MonteCarloDrift(200, seed=3),
+              progress=False)
+    ref = integrate_ode(TASK, SOFTMAX, _ic(), method="rk4", dt=0.03, **kw)
+    devs = {}
+    for method, rtol in (("rk45", 1e-7), ("dop853", 1e-8), ("rk45", 1e-3)):
+        ivp = integrate_ode(TASK, SOFTMAX, _ic(), method=method, rtol=rtol, atol=rtol * 1e-3,
+                            **kw)
+        devs[method, rtol] = max(np.abs(ivp.M - ref.M).max(), np.abs(ivp.Q - ref.Q).max())
+        assert devs[method, rtol] < 10 * rtol, (method, devs)
+        assert ivp.stats["rhs_evaluations"] < ref.stats["rhs_evaluations"] / 5
+    assert devs["rk45", 1e-3] > 10 * devs["rk45", 1e-7]  # the comparison resolves tolerances
+
+
+def test_tightening_rtol_tenfold_moves_the_curve_less_than_the_tolerance():
+    kw = dict(gamma=1.0, T=4.0, times=np.linspace(0, 4, 17), engine=MonteCarloDrift(500, seed=4),
+              method="rk45", progress=False)
+    rtol, atol = 1e-6, 1e-9
+    loose = integrate_ode(TASK, SOFTMAX, _ic(), rtol=rtol, atol=atol, **kw)
+    tight = integrate_ode(TASK, SOFTMAX, _ic(), rtol=rtol / 10, atol=atol / 10, **kw)
+    scale = max(1.0, np.abs(loose.Q).max())
+    for key in ("M", "Q"):
+        dev = np.abs(getattr(loose, key) - getattr(tight, key)).max()
+        assert 0 < dev < rtol * scale, (key, dev)
+    assert tight.stats["rhs_evaluations"] > loose.stats["rhs_evaluations"]
+
+
+def test_adaptive_resume_reproduces_the_uninterrupted_run(tmp_path):
+    kw = dict(gamma=1.0, T=6.0, times=np.linspace(0.5, 6.0, 12), method="rk45", rtol=1e-9,
+              atol=1e-12, progress=False, checkpoint_every=2)
+    full = integrate_ode(TASK, SOFTMAX, _ic(), engine=MonteCarloDrift(300, 7), **kw)
+    n_full = full.stats["rhs_evaluations"]
+    out = tmp_path / "run.json"
+    with pytest.raises(KeyboardInterrupt):
+        integrate_ode(TASK, SOFTMAX, _ic(), engine=_Interrupting(300, 7, stop_after=n_full // 2),
+                      out=out, **kw)
+    assert (tmp_path / "run.json.partial.json").exists()
+    engine = _Counting(300, 7)
+    resumed = integrate_ode(TASK, SOFTMAX, _ic(), engine=engine, out=out, **kw)
+    assert engine.calls < 0.75 * n_full  # it did not start over
+    for key in ("t", "M", "Q", "a", "b", "error", "drift_err"):
+        assert np.array_equal(getattr(full, key), getattr(resumed, key)), key
+    assert resumed.stats["steps"] == full.stats["steps"]
+    assert Trajectory.load(out).stats["steps"] == full.stats["steps"]
+
+
+def test_drift_err_is_the_rate_times_the_engine_error():
+    engine = MonteCarloDrift(400, seed=5)
+    traj = integrate_ode(TASK, SOFTMAX, _ic(), gamma=2.0, T=0.5, times=[0, 0.5], dt=0.25,
+                         engine=engine, progress=False)
+    M, Q = np.array(M0), np.array(Q0)
+    d = MonteCarloDrift(400, seed=5).evaluate(TASK, SOFTMAX, M, Q, np.full(2, 0.5), np.zeros(2))
+    se = d.stderr
+    expect = max(2.0 * se["dM"].max(), (2.0 * se["dQ_lin"] + 4.0 * se["dQ_noise"]).max())
+    assert traj.drift_err[0] == pytest.approx(expect, rel=1e-12)
+    assert traj.params["engine"]["engine"] == "mc"
+
+
 @pytest.mark.slow
 def test_ode_follows_finite_d_sgd():
     """THEORY §5 check: the ODE (Gauss–Hermite drifts, so its own numerical error is small)

@@ -45,7 +45,7 @@ import numpy as np
 
 from .activations import Activation, activation_from_params
 from .executor import run_sweep, runs_in_process
-from .expect.drift import MonteCarloDrift
+from .expect.engines import build_engine
 from .figures.compare import Comparison, comparison_figure
 from .initial import InitialCondition
 from .model import Task, check_int, check_state_for_task, fail
@@ -175,9 +175,9 @@ def _theory_piece(job: tuple) -> dict:
     # rebuilt here: an activation's cached NumPy callables do not pickle to worker processes
     act = activation_from_params(act_params)
     if what == "ode":
+        engine = build_engine("mc", samples=settings.samples, seed=seed)
         traj = integrate_ode(task, act, ic, settings.gamma, float(times[-1]), times=times,
-                             dt=settings.dt, engine=MonteCarloDrift(settings.samples, seed),
-                             progress=progress)
+                             dt=settings.dt, engine=engine, progress=progress)
         return to_jsonable(traj.to_dict())
     return to_jsonable(simulate(sim_config(task, act, ic, settings, times, H)).to_dict())
 

@@ -35,7 +35,8 @@ from .error import METHODS as ERROR_METHODS
 from .error import ErrorResult, bayes_error, population_error, squared_residual
 from .expect import montecarlo as mc
 from .executor import run_sweep, runs_in_process
-from .expect.drift import ENGINES, MonteCarloDrift, QuadratureDrift, SampleDrift
+from .expect.drift import ENGINES, SampleDrift
+from .expect.engines import DEFAULT_QMC_POINTS, DriftEngine, build_engine
 from .initial import InitialCondition
 from .model import Prior, State, Task, check_int, fail
 from .ode import METHODS as ODE_METHODS, integrate_ode
@@ -439,11 +440,13 @@ class RunSettings:
         if self.drift not in ENGINES:
             fail("drift", f"must be one of {', '.join(ENGINES)}", self.drift)
 
-    def engine(self) -> SampleDrift:
-        """The drift engine: fixed Monte Carlo samples (``mc``) or quadrature nodes (``quad``)."""
-        if self.drift == "mc":
-            return MonteCarloDrift(self.n_samples, self.mc_seed, fresh=False)
-        return QuadratureDrift(seed=self.mc_seed)
+    def engine(self, task: Task | None = None, act: Activation | None = None,
+               H: int | None = None) -> DriftEngine:
+        """The drift engine ``drift`` from ``expect.engines.build_engine``: fixed Monte Carlo
+        samples (``mc``, ``n_samples`` draws) or quadrature nodes (``quad``, the default
+        number of Sobol points); ``laplace`` and ``auto`` need the task, activation and H."""
+        samples = self.n_samples if self.drift == "mc" else DEFAULT_QMC_POINTS
+        return build_engine(self.drift, task, act, H, samples=samples, seed=self.mc_seed)
 
     def params(self) -> dict:
         return {**{k: v for k, v in dataclasses.asdict(self).items() if k != "rule"},

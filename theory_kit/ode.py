@@ -1,6 +1,6 @@
 """Integration of the order-parameter ODEs of online SGD (THEORY §5).
 
-With the drift expectations of ``expect.drift`` (E[·] over θ and the scores):
+With the drift expectations of the engines of ``expect`` (E[·] over θ and the scores):
 
     dM/dt = γ E[dM],      dQ/dt = γ E[dQ_lin] + γ² E[dQ_noise],
     da/dt = γ_a E[da] (a trained),   db/dt = γ_b E[db] (b trained),
@@ -9,33 +9,52 @@ with γ_a = γ_b = γ by default and the trained flags taken from the activation
 gradient-flow mode the γ² noise term is dropped; with ``rescale_time`` the clock is
 τ = γ t (so the rates are divided by γ and γ → 0 is a well-defined limit).
 
-Integrators: fixed-step RK4 (steps of at most ``dt`` that land exactly on the requested
-times; checkpoint every ``checkpoint_every`` steps) or ``scipy.integrate.solve_ivp`` (adaptive,
-one call per interval between requested times; checkpoint after each).  A fixed-sample Monte
-Carlo engine gives a smooth right-hand side, so adaptive stepping is sound; fresh samples are
-only accepted with RK4.  The population error is recorded at every requested time from the
-same engine.  A state that is non-finite or whose Q is not positive semi-definite raises
-:class:`BlowUpError`, naming the time.
+Integrators:
+
+* ``rk4``: fixed-step classical Runge–Kutta, steps of at most ``dt`` that land exactly on the
+  requested times; a checkpoint every ``checkpoint_every`` steps.
+* ``rk45`` / ``dop853`` (``solve_ivp`` is ``rk45``): adaptive embedded Runge–Kutta pairs of
+  SciPy (Dormand–Prince 5(4) and 8(5,3)) stepped one step at a time over the whole span
+  [0, T] with the local-error control |err_i| ≤ atol + rtol |y_i|.  The requested times are
+  read off each step's dense-output interpolant (4th / 7th order), so they never shorten a
+  step; a checkpoint (state, time, next step size) every ``checkpoint_every`` steps, and a
+  resumed run takes exactly the steps of the uninterrupted one (the pairs carry no other
+  state: the first stage is recomputed from (t, y) and the step size is restored).
+  Adaptive steps need a smooth right-hand side: a deterministic engine, or fixed samples
+  (common random numbers); fresh samples are only accepted with ``rk4``.
+
+The integration always starts at t = 0 from the initial condition; ``times`` are where the
+trajectory is recorded (the start is in the output only when 0 is requested).  At every
+recorded time the population error and the engine's error estimates are recorded from the
+same engine: ``error_stderr`` (of E) and ``drift_err`` (the largest error estimate of the
+right-hand side dy/dt there: a standard error for Monte Carlo, an absolute error bound for a
+deterministic engine, 0 for nodes without an estimate).  ``stats`` counts the right-hand-side
+evaluations and the steps.  A state that is non-finite or whose Q is not positive
+semi-definite raises :class:`BlowUpError`, naming the time.
 """
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-from scipy.integrate import solve_ivp
+from scipy.integrate import DOP853, RK45
 
 from .activations import Activation
-from .expect.drift import DriftMeans, MonteCarloDrift, SampleDrift
+from .expect.drift import DriftMeans, MonteCarloDrift
+from .expect.engines import DriftEngine
 from .initial import InitialCondition
-from .model import (State, Task, ValidationError, as_finite_array, check_psd,
+from .model import (State, Task, ValidationError, as_finite_array, check_int, check_psd,
                     check_state_for_task, fail)
 from .progress import progress_bar
 from .results import Checkpoint, read_json, write_json
 
-METHODS = ("rk4", "solve_ivp")
+METHODS = ("rk4", "rk45", "dop853", "solve_ivp")
+ADAPTIVE = {"rk45": RK45, "dop853": DOP853, "solve_ivp": RK45}
+CHECKPOINT_SECONDS = 10.0  # at most this long between checkpoints of a long run
 PSD_BLOWUP_TOL = 1e-7
 DIVERGENCE_BOUND = 1e8  # |Q_hh'| beyond this is a divergence, long before overflow
 
@@ -44,10 +63,15 @@ class BlowUpError(ValidationError):
     """The integration left the admissible set (non-finite values or Q not PSD) at some time."""
 
 
+ROW_KEYS = ("t", "M", "Q", "a", "b", "error", "error_stderr", "drift_err")
+
+
 @dataclass
 class Trajectory:
     """Order parameters at the requested times: t (n,), M (n,H,F), Q (n,H,H), a, b (n,H),
-    the population error (n,) and its standard error, and every input in ``params``."""
+    the population error (n,) and its standard error, the largest error estimate of the
+    right-hand side at each time ``drift_err`` (n,), every input in ``params`` and the
+    integrator's counts in ``stats`` (``rhs_evaluations``: engine evaluations, ``steps``)."""
 
     t: np.ndarray
     M: np.ndarray
@@ -57,10 +81,17 @@ class Trajectory:
     error: np.ndarray
     error_stderr: np.ndarray
     params: dict = field(default_factory=dict)
+    drift_err: np.ndarray | None = None
+    stats: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        return {"t": self.t, "M": self.M, "Q": self.Q, "a": self.a, "b": self.b,
-                "error": self.error, "error_stderr": self.error_stderr, "params": self.params}
+        out = {"t": self.t, "M": self.M, "Q": self.Q, "a": self.a, "b": self.b,
+               "error": self.error, "error_stderr": self.error_stderr, "params": self.params}
+        if self.drift_err is not None:
+            out["drift_err"] = self.drift_err
+        if self.stats:
+            out["stats"] = self.stats
+        return out
 
     def state(self, i: int) -> State:
         """The order parameters at the i-th recorded time."""
@@ -73,9 +104,8 @@ class Trajectory:
     @classmethod
     def load(cls, path: str | Path) -> "Trajectory":
         data = read_json(path)
-        arrays = {k: np.asarray(data[k], dtype=float) for k in
-                  ("t", "M", "Q", "a", "b", "error", "error_stderr")}
-        return cls(**arrays, params=data.get("params", {}))
+        arrays = {k: np.asarray(data[k], dtype=float) for k in ROW_KEYS if k in data}
+        return cls(**arrays, params=data.get("params", {}), stats=data.get("stats", {}))
 
 
 # ----------------------------------------------------------------------------- the system
@@ -85,7 +115,7 @@ class OdeSystem:
 
     task: Task
     act: Activation
-    engine: SampleDrift
+    engine: DriftEngine
     H: int
     rate: float           # multiplies E[dM], E[dQ_lin]
     noise_rate: float     # multiplies E[dQ_noise] (0 in gradient flow)
@@ -119,10 +149,31 @@ class OdeSystem:
         return result
 
     def rhs(self, t: float, y: np.ndarray) -> np.ndarray:
-        d = self.means(t, y)
+        """dy/dt at (t, y): the rates times the drift expectations (module docstring)."""
+        return self.rhs_of(self.means(t, y))
+
+    def rhs_of(self, d: DriftMeans) -> np.ndarray:
+        """dy/dt from the drift expectations of one evaluation (dQ symmetrised)."""
         dQ = self.rate * d.dQ_lin + self.noise_rate * d.dQ_noise
         return self.join(self.rate * d.dM, 0.5 * (dQ + dQ.T), self.rate_a * d.da,
                          self.rate_b * d.db)
+
+    def rhs_errors(self, d: DriftMeans) -> dict[str, np.ndarray]:
+        """Error estimates of dM/dt, dQ/dt, da/dt, db/dt: each field's estimate times its rate,
+        the two parts of dQ/dt added (a bound when they are not independent)."""
+        se = d.stderr
+
+        def part(name: str, rate: float) -> np.ndarray:
+            return abs(rate) * np.abs(np.asarray(se.get(name, 0.0), dtype=float))
+
+        dq = part("dQ_lin", self.rate) + part("dQ_noise", self.noise_rate)
+        return {"dM": part("dM", self.rate), "dQ": 0.5 * (dq + dq.T) if np.ndim(dq) == 2 else dq,
+                "da": part("da", self.rate_a), "db": part("db", self.rate_b)}
+
+    def rhs_error(self, d: DriftMeans) -> float:
+        """The largest error estimate of dy/dt (inf when non-finite)."""
+        worst = max(float(np.max(e)) for e in self.rhs_errors(d).values())
+        return worst if np.isfinite(worst) else float("inf")
 
 
 def check_admissible(t: float, M: np.ndarray, Q: np.ndarray, a: np.ndarray,
@@ -155,7 +206,8 @@ def rk4_step(system: OdeSystem, t: float, y: np.ndarray, h: float) -> np.ndarray
 
 # ----------------------------------------------------------------------------- validation
 def output_times(T: float, times: Sequence[float] | None, n_times: int = 101) -> np.ndarray:
-    """Requested times: given (sorted, within [0, T]) or n_times evenly spaced on [0, T]."""
+    """Requested times: given (non-decreasing, within [0, T]) or n_times evenly spaced on
+    [0, T].  The integration starts at t = 0 whatever the first requested time is."""
     T = float(as_finite_array(T, "T"))
     if T <= 0:
         fail("T", "total time must be > 0", T)
@@ -167,6 +219,14 @@ def output_times(T: float, times: Sequence[float] | None, n_times: int = 101) ->
     return arr
 
 
+def integration_grid(t_out: np.ndarray) -> tuple[np.ndarray, bool]:
+    """The grid stepped through, (0, t_out…) when the first requested time is after the start,
+    and whether the start itself is recorded."""
+    if t_out[0] > 0:
+        return np.concatenate([[0.0], t_out]), False
+    return t_out, True
+
+
 def _positive(value: float, param: str) -> float:
     v = float(as_finite_array(value, param))
     if v <= 0:
@@ -174,7 +234,7 @@ def _positive(value: float, param: str) -> float:
     return v
 
 
-def build_system(task: Task, act: Activation, H: int, engine: SampleDrift, gamma: float,
+def build_system(task: Task, act: Activation, H: int, engine: DriftEngine, gamma: float,
                  train_a: bool | None, train_b: bool | None, gamma_a: float | None,
                  gamma_b: float | None, gradient_flow: bool, rescale_time: bool
                  ) -> tuple[OdeSystem, dict]:
@@ -201,44 +261,49 @@ class _Recorder:
     """Rows of the trajectory at the requested times (JSON-friendly for checkpoints)."""
 
     def __init__(self, rows: dict | None = None) -> None:
-        self.rows = rows or {k: [] for k in ("t", "M", "Q", "a", "b", "error", "error_stderr")}
+        self.rows = rows or {k: [] for k in ROW_KEYS}
 
     def record(self, system: OdeSystem, t: float, y: np.ndarray) -> None:
         d = system.means(t, y)
         M, Q, a, b = system.split(y)
         for key, val in (("t", t), ("M", M), ("Q", Q), ("a", a), ("b", b), ("error", d.error),
-                         ("error_stderr", float(d.stderr.get("error", 0.0)))):
+                         ("error_stderr", float(d.stderr.get("error", 0.0))),
+                         ("drift_err", system.rhs_error(d))):
             self.rows[key].append(np.asarray(val).tolist())
 
-    def trajectory(self, params: dict) -> Trajectory:
-        return Trajectory(**{k: np.asarray(v, dtype=float) for k, v in self.rows.items()},
-                          params=params)
+    def trajectory(self, params: dict, stats: dict) -> Trajectory:
+        arrays = {k: np.asarray(v, dtype=float) for k, v in self.rows.items()}
+        return Trajectory(**arrays, params=params, stats=stats)
 
 
 def integrate_ode(task: Task, act: Activation, ic: InitialCondition, gamma: float, T: float,
                   times: Sequence[float] | None = None, method: str = "rk4", dt: float = 0.2,
-                  engine: SampleDrift | None = None, train_a: bool | None = None,
+                  engine: DriftEngine | None = None, train_a: bool | None = None,
                   train_b: bool | None = None, gamma_a: float | None = None,
                   gamma_b: float | None = None, gradient_flow: bool = False,
                   rescale_time: bool = False, rtol: float = 1e-6, atol: float = 1e-9,
                   out: str | Path | None = None, checkpoint_every: int = 20,
                   progress: bool = True) -> Trajectory:
-    """Integrate the order-parameter ODEs from ``ic`` up to T and return the trajectory.
+    """Integrate the order-parameter ODEs from ``ic`` (at t = 0) up to T; the trajectory at
+    ``times``.
 
-    ``times``: output times in [0, T] (default 101 evenly spaced).  ``method``: ``rk4``
-    (fixed steps ≤ dt) or ``solve_ivp`` (RK45 with rtol/atol).  ``engine``: a drift engine
-    (default ``MonteCarloDrift(20000, seed=0)``).  With ``out`` the result is written there
-    atomically, and a checkpoint next to it lets an interrupted run resume with the same
-    parameters.  Raises :class:`BlowUpError` when the state leaves the admissible set."""
+    ``times``: output times in [0, T] (default 101 evenly spaced); the start is recorded only
+    when 0 is among them.  ``method``: ``rk4`` (fixed steps ≤ dt) or ``rk45`` / ``dop853`` /
+    ``solve_ivp`` (= ``rk45``; adaptive with rtol/atol, first step dt, dense output at
+    ``times``).  ``engine``: a drift engine (default ``MonteCarloDrift(20000, seed=0)``; see
+    ``expect.engines.build_engine``).  With ``out`` the result is written there atomically, and
+    a checkpoint next to it lets an interrupted run resume with the same parameters.  Raises
+    :class:`BlowUpError` when the state leaves the admissible set."""
     if method not in METHODS:
         fail("method", f"must be one of {', '.join(METHODS)}", method)
     check_state_for_task(ic.state, task)
     engine = MonteCarloDrift() if engine is None else engine
-    if method == "solve_ivp" and engine.fresh:
+    if method != "rk4" and engine.fresh:
         fail("engine", "fresh samples give a noisy right-hand side; use method='rk4' with them",
              "fresh")
     dt = _positive(dt, "dt")
-    checkpoint_every = int(checkpoint_every)
+    rtol, atol = _positive(rtol, "rtol"), _positive(atol, "atol")
+    checkpoint_every = check_int(checkpoint_every, "checkpoint_every", 1)
     t_out = output_times(T, times)
     system, rates = build_system(task, act, ic.state.H, engine, gamma, train_a, train_b,
                                  gamma_a, gamma_b, gradient_flow, rescale_time)
@@ -249,12 +314,14 @@ def integrate_ode(task: Task, act: Activation, ic: InitialCondition, gamma: floa
     checkpoint = Checkpoint(out) if out is not None else None
     saved = checkpoint.load(params) if checkpoint else None
     s = ic.state
-    y = system.join(s.M, s.Q, s.a, s.b)
-    run = _Run(system, t_out, y, _Recorder(), method, dt, rtol, atol, checkpoint, params,
-               checkpoint_every, progress)
+    run_cls = _FixedRun if method == "rk4" else _AdaptiveRun
+    run = run_cls(system, t_out, system.join(s.M, s.Q, s.a, s.b), checkpoint, params,
+                  checkpoint_every, progress)
     if saved is not None:
         run.restore(saved)
     traj = run.go()
+    if getattr(engine, "probe", None) is not None:
+        traj.stats["engine_probe"] = engine.probe  # how auto chose (timings: not a parameter)
     if out is not None:
         traj.save(out)
         checkpoint.clear()
@@ -262,82 +329,184 @@ def integrate_ode(task: Task, act: Activation, ic: InitialCondition, gamma: floa
 
 
 class _Run:
-    """The stepping loop with checkpoints: interval i (from t_out[i] to t_out[i+1]), step j."""
+    """What both integrators share: the state, the records, checkpoints, the progress bar.
 
-    def __init__(self, system: OdeSystem, t_out: np.ndarray, y: np.ndarray, rec: _Recorder,
-                 method: str, dt: float, rtol: float, atol: float,
+    Subclasses implement ``advance`` (run to the end, recording on the way) and say which
+    position they save (``position``/``set_position``)."""
+
+    def __init__(self, system: OdeSystem, t_out: np.ndarray, y: np.ndarray,
                  checkpoint: Checkpoint | None, params: dict, every: int, progress: bool) -> None:
-        self.system, self.t_out, self.y, self.rec = system, t_out, y, rec
-        self.method, self.dt, self.rtol, self.atol = method, dt, rtol, atol
+        self.system, self.t_out, self.y = system, t_out, y
+        self.grid, self.record_start = integration_grid(t_out)
+        self.rec = _Recorder()
         self.checkpoint, self.params = checkpoint, params
         self.every, self.progress = every, progress
-        self.interval, self.step = 0, 0
         self.started = False
+        self.stats = {"rhs_evaluations": 0, "steps": 0}
+        self.last_save = time.monotonic()
 
     def restore(self, saved: dict) -> None:
         self.y = np.asarray(saved["y"], dtype=float)
-        self.interval, self.step = int(saved["interval"]), int(saved["step"])
         self.rec = _Recorder(saved["rows"])
+        self.stats = dict(saved["stats"])
+        self.set_position(saved["position"])
         self.started = True
         if saved.get("rng") is not None and hasattr(self.system.engine, "set_rng_state"):
             self.system.engine.set_rng_state(saved["rng"])
 
     def save(self) -> None:
+        self.last_save = time.monotonic()
         if self.checkpoint is None:
             return
         engine = self.system.engine
         rng = engine.rng_state() if getattr(engine, "fresh", False) else None
-        self.checkpoint.save(self.params, {"y": self.y.tolist(), "interval": self.interval,
-                                           "step": self.step, "rows": self.rec.rows, "rng": rng})
+        self.checkpoint.save(self.params, {"y": self.y.tolist(), "position": self.position(),
+                                           "rows": self.rec.rows, "stats": self.counted(),
+                                           "rng": rng})
 
-    def current_time(self) -> float:
-        if self.interval >= len(self.t_out) - 1:
-            return float(self.t_out[-1])
-        t0, t1 = self.t_out[self.interval], self.t_out[self.interval + 1]
-        return float(t0 + (t1 - t0) * self.step / self.n_steps(t0, t1))
+    def maybe_save(self) -> None:
+        """Every ``every`` steps, or when the last save is CHECKPOINT_SECONDS old."""
+        if (self.stats["steps"] % self.every == 0
+                or time.monotonic() - self.last_save > CHECKPOINT_SECONDS):
+            self.save()
 
-    def n_steps(self, t0: float, t1: float) -> int:
-        return max(1, math.ceil((t1 - t0) / self.dt - 1e-9)) if t1 > t0 else 0
+    def counted(self) -> dict:
+        """The counts so far, including the RHS evaluations of this process."""
+        return {**self.stats, "rhs_evaluations": self.stats["rhs_evaluations"]
+                + self.system.evaluations - self._evaluations_at_start}
+
+    def record(self, t: float, y: np.ndarray) -> None:
+        self.rec.record(self.system, t, y)
 
     def go(self) -> Trajectory:
+        self._evaluations_at_start = self.system.evaluations
         if not self.started:
-            self.rec.record(self.system, float(self.t_out[0]), self.y)
+            if self.record_start:
+                self.record(0.0, self.y)
             self.started = True
-        bar = progress_bar(float(self.t_out[-1]), "ode", unit="t",
-                           initial=self.current_time()) if self.progress else None
+        end = float(self.grid[-1])
+        bar = progress_bar(end, "ode", unit="t", initial=self.current_time()) \
+            if self.progress else None
         try:
-            while self.interval < len(self.t_out) - 1:
-                self.advance_interval(bar)
+            self.advance(bar)
         finally:
             if bar is not None:
                 bar.close()
-        return self.rec.trajectory(self.params)
+        return self.rec.trajectory(self.params, self.counted())
+
+    # subclass interface
+    def position(self) -> dict:
+        raise NotImplementedError
+
+    def set_position(self, pos: dict) -> None:
+        raise NotImplementedError
+
+    def current_time(self) -> float:
+        raise NotImplementedError
+
+    def advance(self, bar: object) -> None:
+        raise NotImplementedError
+
+
+class _FixedRun(_Run):
+    """RK4: interval i of the grid (from grid[i] to grid[i+1]) in n_i equal steps ≤ dt."""
+
+    interval, step = 0, 0
+
+    def position(self) -> dict:
+        return {"interval": self.interval, "step": self.step}
+
+    def set_position(self, pos: dict) -> None:
+        self.interval, self.step = int(pos["interval"]), int(pos["step"])
+
+    def n_steps(self, t0: float, t1: float) -> int:
+        dt = self.params["dt"]
+        return max(1, math.ceil((t1 - t0) / dt - 1e-9)) if t1 > t0 else 0
+
+    def current_time(self) -> float:
+        if self.interval >= len(self.grid) - 1:
+            return float(self.grid[-1])
+        t0, t1 = self.grid[self.interval], self.grid[self.interval + 1]
+        return float(t0 + (t1 - t0) * self.step / max(1, self.n_steps(t0, t1)))
+
+    def advance(self, bar: object) -> None:
+        while self.interval < len(self.grid) - 1:
+            self.advance_interval(bar)
 
     def advance_interval(self, bar: object = None) -> None:
-        t0, t1 = float(self.t_out[self.interval]), float(self.t_out[self.interval + 1])
-        if self.method == "rk4":
-            n = self.n_steps(t0, t1)
-            h = (t1 - t0) / n if n else 0.0
-            while self.step < n:
-                self.y = rk4_step(self.system, t0 + self.step * h, self.y, h)
-                self.step += 1
-                if bar is not None:
-                    bar.update(h)
-                if self.step % self.every == 0 and self.step < n:
-                    self.save()
-        elif t1 > t0:
-            sol = solve_ivp(self.system.rhs, (t0, t1), self.y, method="RK45", rtol=self.rtol,
-                            atol=self.atol, first_step=min(self.dt, t1 - t0))
-            if not sol.success:
-                raise BlowUpError(f"gamma: solve_ivp failed between t = {t0:.6g} and "
-                                  f"{t1:.6g}: {sol.message}")
-            self.y = sol.y[:, -1]
+        t0, t1 = float(self.grid[self.interval]), float(self.grid[self.interval + 1])
+        n = self.n_steps(t0, t1)
+        h = (t1 - t0) / n if n else 0.0
+        while self.step < n:
+            self.y = rk4_step(self.system, t0 + self.step * h, self.y, h)
+            self.step += 1
+            self.stats["steps"] += 1
             if bar is not None:
-                bar.update(t1 - t0)
+                bar.update(h)
+            if self.step < n:
+                self.maybe_save()
         self.interval += 1
         self.step = 0
-        self.rec.record(self.system, t1, self.y)
+        self.record(t1, self.y)
         self.save()
+
+
+class _AdaptiveRun(_Run):
+    """An embedded RK pair stepped over [0, T]; records read off each step's dense output."""
+
+    t, h, next_out = 0.0, None, 0
+
+    def position(self) -> dict:
+        return {"t": self.t, "h": self.h, "next": self.next_out}
+
+    def set_position(self, pos: dict) -> None:
+        self.t, self.h, self.next_out = float(pos["t"]), pos["h"], int(pos["next"])
+
+    def current_time(self) -> float:
+        return self.t
+
+    def solver(self) -> RK45 | DOP853:
+        """A fresh solver at (t, y): the next step size restored, or dt for the first step."""
+        T = float(self.grid[-1])
+        first = self.params["dt"] if self.h is None else float(self.h)
+        return ADAPTIVE[self.params["method"]](
+            self.system.rhs, self.t, self.y, T, rtol=self.params["rtol"],
+            atol=self.params["atol"], first_step=min(first, T - self.t))
+
+    def advance(self, bar: object) -> None:
+        if self.record_start and self.next_out == 0:
+            self.next_out = 1  # the start was recorded by go()
+        if self.t >= float(self.grid[-1]):
+            self.record_due(self.t, None)
+            return
+        solver = self.solver()
+        while solver.status == "running":
+            t_old = self.t
+            message = solver.step()
+            if solver.status == "failed":
+                raise BlowUpError(f"gamma: the adaptive integration failed at t = {t_old:.6g}: "
+                                  f"{message}")
+            self.stats["steps"] += 1
+            self.record_due(solver.t, solver)
+            self.t, self.y, self.h = float(solver.t), solver.y.copy(), float(solver.h_abs)
+            if bar is not None:
+                bar.update(self.t - t_old)
+            if solver.status == "running":
+                self.maybe_save()
+
+    def record_due(self, t_new: float, solver: RK45 | DOP853 | None) -> None:
+        """Record every requested time ≤ t_new (the step's end exactly, earlier ones from the
+        step's interpolant)."""
+        dense = None
+        while self.next_out < len(self.t_out) and self.t_out[self.next_out] <= t_new:
+            t_req = float(self.t_out[self.next_out])
+            if solver is None or t_req == t_new:
+                y = self.y if solver is None else solver.y
+            else:
+                dense = dense or solver.dense_output()
+                y = dense(t_req)
+            self.record(t_req, y)
+            self.next_out += 1
 
 
 def initial_condition(act: Activation, task: Task, H: int | None = None,

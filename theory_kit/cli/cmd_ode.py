@@ -5,8 +5,9 @@ import argparse
 
 import numpy as np
 
-from ..expect.drift import ENGINES, MonteCarloDrift, QuadratureDrift
-from ..model import check_int, fail
+from ..activations import Activation
+from ..expect.engines import ENGINE_NAMES, DriftEngine, build_engine
+from ..model import State, Task, check_int
 from ..ode import METHODS, initial_condition, integrate_ode
 from .common import (add_activation_args, add_task_args, build_activation, build_task,
                      parse_float_list, parse_json_array)
@@ -22,7 +23,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_activation_args(p)
     add_task_args(p)
     p.add_argument("--H", type=int, help="number of heads (>= 1; taken from --M0 if omitted)")
-    p.add_argument("--gamma", type=float, required=True, help="learning rate gamma > 0")
     p.add_argument("--T", type=float, required=True, help="final time (t = steps / D)")
     p.add_argument("--M0", help="initial H x F overlaps as JSON")
     p.add_argument("--Q0", help="initial H x H Gram matrix as JSON")
@@ -31,6 +31,26 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the initial draw (with --D)")
     p.add_argument("--a0", help="initial output weights a_h as JSON (default: the preset's)")
     p.add_argument("--b0", help="initial score biases b_h as JSON (default: the preset's)")
+    add_rate_args(p)
+    p.add_argument("--times", help="record at these times, e.g. 0,10,30 (the integration "
+                                   "always starts at t = 0; default 101 points on [0, T])")
+    p.add_argument("--method", default="rk4",
+                   help=f"one of {', '.join(METHODS)} (rk4: fixed steps <= --dt; rk45, dop853: "
+                        "adaptive with --rtol/--atol; solve_ivp = rk45)")
+    p.add_argument("--dt", type=float, default=0.2,
+                   help="RK4 step, at most (adaptive methods: the first step)")
+    p.add_argument("--rtol", type=float, default=1e-6, help="adaptive methods: relative tolerance")
+    p.add_argument("--atol", type=float, default=1e-9, help="adaptive methods: absolute tolerance")
+    add_engine_args(p)
+    p.add_argument("--out", required=True, help="output JSON file")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.set_defaults(func=run_ode)
+
+
+def add_rate_args(p: argparse.ArgumentParser) -> None:
+    """--gamma, --train-a/--train-b, --gamma-a/--gamma-b, --gradient-flow (shared with
+    ``drift``)."""
+    p.add_argument("--gamma", type=float, required=True, help="learning rate gamma > 0")
     p.add_argument("--train-a", action=argparse.BooleanOptionalAction, default=None,
                    help="train a (default: the activation's convention)")
     p.add_argument("--train-b", action=argparse.BooleanOptionalAction, default=None,
@@ -39,35 +59,34 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gamma-b", type=float, help="learning rate of b (default gamma)")
     p.add_argument("--gradient-flow", action="store_true",
                    help="drop the gamma^2 noise term (gradient flow)")
-    p.add_argument("--times", help="output times, e.g. 0,10,30 (default 101 points on [0, T])")
-    p.add_argument("--method", default="rk4", help=f"one of {', '.join(METHODS)}")
-    p.add_argument("--dt", type=float, default=0.2, help="RK4 step, at most (solve_ivp: first step)")
-    p.add_argument("--engine", default="mc", help=f"drift expectations: {', '.join(ENGINES)}")
+
+
+def add_engine_args(p: argparse.ArgumentParser, default: str = "mc") -> None:
+    """--engine, --samples, --mc-seed, --fresh, --symmetric-heads (shared with ``drift``)."""
+    p.add_argument("--engine", default=default,
+                   help=f"drift expectations: one of {', '.join(ENGINE_NAMES)} (auto: the "
+                        "deterministic laplace engine where it applies and is faster at equal "
+                        "accuracy, else mc); default %(default)s")
     p.add_argument("--samples", type=int, default=20_000,
                    help="Monte Carlo noise draws (each paired with every theta stratum); with "
-                        "--engine quad, the Sobol points used when H*L > 6")
+                        "--engine quad, the Sobol points used when H*L > 6; with sobol, the "
+                        "Sobol points")
     p.add_argument("--mc-seed", type=int, default=0,
-                   help="seed of the Monte Carlo samples (quad: of the Sobol scramble)")
+                   help="seed of the Monte Carlo samples (quad, sobol: of the Sobol scramble)")
     p.add_argument("--fresh", action="store_true",
-                   help="redraw the Monte Carlo samples at every evaluation (rk4 only)")
+                   help="redraw the Monte Carlo samples at every evaluation (mc, rk4 only)")
     p.add_argument("--symmetric-heads", action="store_true",
                    help="pair every draw with its head permutations (H! for H <= 3, else H "
                         "cyclic shifts; costs that factor): the drift of a head-symmetric state "
                         "is then exactly symmetric, so sampling error cannot split the heads")
-    p.add_argument("--out", required=True, help="output JSON file")
-    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    p.set_defaults(func=run_ode)
 
 
-def _engine(args: argparse.Namespace) -> MonteCarloDrift | QuadratureDrift:
-    if args.engine == "mc":
-        return MonteCarloDrift(check_int(args.samples, "samples", 2), args.mc_seed, args.fresh,
-                               head_symmetric=args.symmetric_heads)
-    if args.engine == "quad":
-        return QuadratureDrift(qmc_points=check_int(args.samples, "samples", 2), seed=args.mc_seed,
-                               head_symmetric=args.symmetric_heads)
-    fail("engine", f"must be one of {', '.join(ENGINES)}", args.engine)
-    raise AssertionError  # unreachable
+def engine_from_args(args: argparse.Namespace, task: Task, act: Activation,
+                     state: State) -> DriftEngine:
+    """The engine of --engine (``auto`` probes at ``state``)."""
+    return build_engine(args.engine, task, act, state.H, samples=args.samples,
+                        seed=args.mc_seed, fresh=args.fresh, head_symmetric=args.symmetric_heads,
+                        state=state)
 
 
 def run_ode(args: argparse.Namespace) -> int:
@@ -82,7 +101,8 @@ def run_ode(args: argparse.Namespace) -> int:
                            seed=args.seed)
     times = None if args.times is None else parse_float_list(args.times, "times")
     traj = integrate_ode(task, act, ic, args.gamma, args.T, times=times, method=args.method,
-                         dt=args.dt, engine=_engine(args), train_a=args.train_a,
+                         dt=args.dt, rtol=args.rtol, atol=args.atol,
+                         engine=engine_from_args(args, task, act, ic.state), train_a=args.train_a,
                          train_b=args.train_b, gamma_a=args.gamma_a, gamma_b=args.gamma_b,
                          gradient_flow=args.gradient_flow, out=args.out,
                          progress=not args.no_progress)

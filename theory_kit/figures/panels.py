@@ -20,7 +20,7 @@ from matplotlib.axes import Axes
 
 from .. import analysis
 from ..activations import Activation, get_activation
-from ..expect.drift import MonteCarloDrift, QuadratureDrift, SampleDrift
+from ..expect.engines import DriftEngine, build_engine
 from ..expect.montecarlo import head_permutations
 from ..initial import InitialCondition
 from ..error import population_error_mc
@@ -107,25 +107,27 @@ def sim_seconds(setting: Setting, D: int, runs: int) -> float:
 
 
 # ----------------------------------------------------------------------------- pieces
-ODE_ENGINES = ("mc", "sobol", "mc-sym", "sobol-sym")
+ODE_ENGINES = ("mc", "sobol", "mc-sym", "sobol-sym", "laplace", "auto")
 
 
-def drift_engine(kind: str, n_samples: int, seed: int, fresh: bool = False) -> SampleDrift:
-    """The drift expectation of an ODE piece: ``mc`` = Monte Carlo with ``n_samples`` draws
-    (fixed, or ``fresh`` at every evaluation); ``sobol`` = ``n_samples`` scrambled Sobol
-    points.  At equal cost the Sobol set has a much smaller error, which matters in long
-    plateaus: there a fixed set's error, different for every head, acts as a spurious
-    symmetry breaking between heads (heads drifting apart along the constant direction).
-    The ``-sym`` kinds remove that at its source by pairing every draw with its head
-    permutations (``expect.montecarlo.with_head_permutations``), at that factor in cost."""
-    symmetric = kind.endswith("-sym")  # each draw paired with its head permutations
-    if kind in ("mc", "mc-sym"):
-        return MonteCarloDrift(n_samples, seed=seed, fresh=fresh, head_symmetric=symmetric)
-    if kind in ("sobol", "sobol-sym") and not fresh:
-        return QuadratureDrift(max_tensor_dim=1, qmc_points=n_samples, seed=seed,
-                               head_symmetric=symmetric)
-    raise ValidationError(f"engine: must be one of {ODE_ENGINES} (sobol only with fixed "
-                          f"samples) (got {kind}, fresh={fresh})")
+def drift_engine(kind: str, n_samples: int, seed: int, fresh: bool = False,
+                 setting: "Setting | None" = None) -> DriftEngine:
+    """The drift expectation of an ODE piece (``expect.engines.build_engine``): ``mc`` = Monte
+    Carlo with ``n_samples`` draws (fixed, or ``fresh`` at every evaluation); ``sobol`` =
+    ``n_samples`` scrambled Sobol points; ``laplace`` = the deterministic engine, ``auto`` =
+    laplace where it applies and is faster (both need the ``setting``).  At equal cost the
+    Sobol set has a much smaller error than MC, which matters in long plateaus: there a fixed
+    set's error, different for every head, acts as a spurious symmetry breaking between heads
+    (heads drifting apart along the constant direction).  The ``-sym`` kinds remove that at
+    its source by pairing every draw with its head permutations
+    (``expect.montecarlo.with_head_permutations``), at that factor in cost."""
+    if kind not in ODE_ENGINES:
+        raise ValidationError(f"engine: must be one of {ODE_ENGINES} (got {kind})")
+    name = kind.removesuffix("-sym")
+    where = {} if setting is None else {"task": setting.task(), "act": setting.act(),
+                                        "H": setting.H}
+    return build_engine(name, samples=n_samples, seed=seed, fresh=fresh,
+                        head_symmetric=kind.endswith("-sym"), **where)
 
 
 @dataclass(frozen=True)
@@ -155,7 +157,7 @@ class OdePiece:
 
     def run(self, path: Path, progress: bool) -> dict:
         s = self.setting
-        engine = drift_engine(self.engine, self.n_samples, self.mc_seed, self.fresh)
+        engine = drift_engine(self.engine, self.n_samples, self.mc_seed, self.fresh, s)
         traj = integrate_ode(s.task(), s.act(), s.initial(), s.gamma, s.T,
                              times=np.linspace(0.0, s.T, self.n_times), dt=self.dt,
                              engine=engine, out=path, progress=progress)
