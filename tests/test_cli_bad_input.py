@@ -31,9 +31,11 @@ BASE = {
              "--no-global-min"],
     "compare": ["compare", "--data", "{log}", *ACT, *TASK, "--no-progress", "--out", "{out}/cmp"],
     "figure": ["figure", "1", "--quick", "--out", "{out}/fig"],
+    "drift": ["drift", *ACT, *TASK, "--M", M_OK, "--Q", Q_OK, "--gamma", "1", "--engine", "mc",
+              "--samples", "64"],
 }
-TASK_VERBS = ("error", "bayes-error", "ode", "simulate", "einf", "compare")
-ACT_VERBS = ("error", "derive", "ode", "simulate", "einf", "compare")
+TASK_VERBS = ("error", "bayes-error", "ode", "simulate", "einf", "compare", "drift")
+ACT_VERBS = ("error", "derive", "ode", "simulate", "einf", "compare", "drift")
 
 
 def with_opt(verb: str, opt: str, value: str | None) -> list[str]:
@@ -97,12 +99,15 @@ def build_cases() -> list[tuple[str, list[str], str]]:
     for v in ("simulate", "einf", "compare"):
         for bad in ("0", "-1"):
             add(f"{v} --runs {bad}", with_eq(v, "--runs", bad), "runs")
-    for v in ("ode", "einf", "compare"):
+    for v in ("drift",):
+        for bad in ("inf", "nan", "-1", "0"):
+            add(f"{v} --gamma {bad}", with_eq(v, "--gamma", bad), "gamma")
+    for v in ("ode", "einf", "compare", "drift"):
         for bad in ("1", "0"):
             add(f"{v} --samples {bad}", with_opt(v, "--samples", bad), "samples")
     for v in ("error", "bayes-error", "ode", "simulate", "einf"):
         add(f"{v} --method bogus", with_opt(v, "--method", "bogus"), "method")
-    for v in ("ode", "einf"):
+    for v in ("ode", "einf", "drift"):
         add(f"{v} --engine bogus", with_opt(v, "--engine", "bogus"), "engine")
     for v in ("ode", "compare"):
         for bad in ("0", "nan", "-1"):
@@ -116,10 +121,12 @@ def build_cases() -> list[tuple[str, list[str], str]]:
     ode_given = with_opt("ode", "--D", None)
     for k, q in bad_q.items():
         add(f"error --Q {k}", with_opt("error", "--Q", q), "Q")
+        add(f"drift --Q {k}", with_opt("drift", "--Q", q), "Q")
         add(f"ode --Q0 {k}", ode_given + ["--M0", M_OK, "--Q0", q], "Q0")
         add(f"simulate --Q0 {k}", BASE["simulate"] + ["--M0", M_OK, "--Q0", q], "Q0")
     for k, m in bad_m.items():
         add(f"error --M {k}", with_opt("error", "--M", m), "M")
+        add(f"drift --M {k}", with_opt("drift", "--M", m), "M")
         add(f"ode --M0 {k}", ode_given + ["--M0", m, "--Q0", Q_OK], "M0")
         add(f"simulate --M0 {k}", BASE["simulate"] + ["--M0", m, "--Q0", Q_OK], "M0")
     add("ode --M0 with --H 3", ode_given + ["--M0", M_OK, "--Q0", Q_OK, "--H", "3"], "H")
@@ -131,6 +138,9 @@ def build_cases() -> list[tuple[str, list[str], str]]:
     add("error --b NaN", with_opt("error", "--b", "[NaN,0]"), "b")
     add("error --phi and --activation", BASE["error"] + ["--phi", "s"], "activation")
     add("error without activation", with_opt("error", "--activation", None), "activation")
+    add("drift --a length 3", with_opt("drift", "--a", "[1,1,1]"), "a")
+    add("drift --gamma-b -1", with_eq("drift", "--gamma-b", "-1"), "gamma_b")
+    add("drift --engine quad --fresh", BASE["drift"] + ["--engine", "quad", "--fresh"], "engine")
     add("ode --a0 malformed", with_opt("ode", "--a0", "[1"), "a0")
     add("ode --b0 length 3", with_opt("ode", "--b0", "[0,0,0]"), "b")
     add("ode --gamma-a nan", with_eq("ode", "--gamma-a", "nan"), "gamma_a")

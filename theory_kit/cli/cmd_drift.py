@@ -55,10 +55,11 @@ def run_drift(args: argparse.Namespace) -> int:
     act = build_activation(args)
     state = build_state(args, act, task)
     check_state_for_task(state, task)
-    engine = engine_from_args(args, task, act, state)
-    system, rates = build_system(task, act, state.H, engine, args.gamma, args.train_a,
+    # the rates are validated before the engine is built (auto's probe is not free)
+    system, rates = build_system(task, act, state.H, None, args.gamma, args.train_a,
                                  args.train_b, args.gamma_a, args.gamma_b, args.gradient_flow,
                                  rescale_time=False)
+    engine = system.engine = engine_from_args(args, task, act, state)
     out = drift_at_state(system, system.join(state.M, state.Q, state.a, state.b))
     out["engine"] = engine.params()
     if getattr(engine, "probe", None) is not None:
