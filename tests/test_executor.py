@@ -273,6 +273,38 @@ def test_fig6_sweep_identical_on_local_processes_and_dask(tmp_path, monkeypatch,
     assert np.asarray(local["tau"]).shape == (3, 4)
 
 
+def _gone_after_load(setup_path: Path):
+    """fig7.DigitSetup.load that deletes the user's images file once the caller has read it,
+    so a worker that tried to read and preprocess the images itself would fail."""
+    from theory_kit.figures import digitsim
+    original = digitsim.DigitSetup.load
+
+    def load(self):
+        task = original(self)
+        setup_path.unlink(missing_ok=True)
+        return task
+    return load
+
+
+def test_fig7_digit_task_reaches_the_workers_once(tmp_path, monkeypatch, client):
+    """Fig. 7's path with a small plan: the loaded digit task is the sweep's shared input (the
+    images file is gone before any piece runs), and local processes and the LocalCluster
+    give the same JSON."""
+    from theory_kit.figures import digitsim, fig7
+    monkeypatch.setattr(fig7, "QUICK", fig7.Plan(batches=3, runs_per_batch=2, T=4.0,
+                                                 n_times=5, n_directions=3))
+    images = np.random.default_rng(3).integers(0, 17, (120, 8, 8)).astype(float)
+    out = []
+    for name, kwargs in (("local", {"jobs": 2}), ("dask", {"executor": client})):
+        path = tmp_path / "images.npz"       # the same name: it is part of the parameters
+        np.savez(path, images=images)
+        monkeypatch.setattr(digitsim.DigitSetup, "load", _gone_after_load(path))
+        data = fig7.compute(True, tmp_path / name, data=str(path), **kwargs)
+        assert not path.exists()
+        out.append(json.dumps(to_jsonable(data), sort_keys=True))
+    assert out[0] == out[1] and len(json.loads(out[0])["tau"]) == 6
+
+
 EINF = ["einf", "--activation", "bsoftmax", "--H", "2", "--L", "5", "--nu", "2,2",
         "--runs", "4", "--gradient-flow", "--samples", "100", "--tol", "1e-2", "--T-max", "10",
         "--chunk", "5", "--error-method", "mc", "--error-samples", "5000", "--no-global-min",

@@ -5,7 +5,8 @@ digit task of :mod:`theory_kit.digits` at its true dimension D = number of pixel
 the UCI digits).  Time is t = steps/D, the key step is γ/D, keys start at
 k_h(0) ~ N(0, η²/D I_D).  A *piece* is one batch of runs of one activation; it follows the
 piece protocol of :func:`theory_kit.figures.panels.run_pieces` (``name``, ``seconds()``,
-``run(path, progress) -> dict``), so finished pieces are kept in the figure's work folder and
+``run(path, progress[, dtask]) -> dict``; the loaded task is the sweep's shared input, so
+the images go to each worker once instead of being read and preprocessed per piece), so finished pieces are kept in the figure's work folder and
 a stopped figure resumes; a long piece also checkpoints inside (``checkpoint=True``).
 """
 from __future__ import annotations
@@ -88,9 +89,11 @@ class DigitSimPiece:
                          runs=self.runs, gamma=self.gamma, eta=self.setup.eta, seed=self.seed,
                          method="brute", error_samples=self.error_samples)
 
-    def simulate(self, path: Path) -> tuple[digits.DigitTask, SimConfig, SimResult]:
-        """Load the task and run the simulation (checkpointed next to ``path`` if asked)."""
-        dtask = self.setup.load()
+    def simulate(self, path: Path, dtask: digits.DigitTask | None = None
+                 ) -> tuple[digits.DigitTask, SimConfig, SimResult]:
+        """Run the simulation (checkpointed next to ``path`` if asked) on ``dtask``, the
+        sweep's shared task (sent to each worker once), or else the task loaded here."""
+        dtask = self.setup.load() if dtask is None else dtask
         cfg = self.config(dtask)
         ckpt = Checkpoint(path) if self.checkpoint else None
         result = simulate(cfg, ckpt)

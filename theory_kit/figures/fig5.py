@@ -65,8 +65,8 @@ class KeysPiece(DigitSimPiece):
 
     mc_samples: int = 20_000
 
-    def run(self, path: Path, progress: bool) -> dict:
-        dtask, cfg, res = self.simulate(path)
+    def run(self, path: Path, progress: bool, dtask: digits.DigitTask | None = None) -> dict:
+        dtask, cfg, res = self.simulate(path, dtask)
         act = cfg.act
         finals = [State(res.M[r, -1], res.Q[r, -1], res.a[r, -1], res.b[r, -1])
                   for r in range(self.runs)]
@@ -116,7 +116,7 @@ def compute(quick: bool, workdir: Path, jobs: int = 1, data: str | None = None,
     dtask = setup.load()
     setup = replace(setup, F=dtask.F)
     rows = run_pieces(pieces(p, setup, data_fingerprint(dtask)), workdir, jobs,
-                      desc="fig5 activations", executor=executor)
+                      desc="fig5 activations", executor=executor, shared=dtask)
     baseline, templates = None, None
     if dtask.data.labels is not None:
         classes, templates = digits.class_templates(dtask.data)

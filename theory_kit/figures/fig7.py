@@ -26,6 +26,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from .. import analysis
+from ..digits import DigitTask
 from .digitsim import DigitSetup, DigitSimPiece, data_fingerprint
 from .panels import run_pieces
 from .style import new_figure, label_axes, series_colors
@@ -63,8 +64,8 @@ class SpreadPiece(DigitSimPiece):
     n_directions: int = 8
     threshold: float = THRESHOLD
 
-    def run(self, path: Path, progress: bool) -> dict:
-        _, _, res = self.simulate(path)
+    def run(self, path: Path, progress: bool, dtask: DigitTask | None = None) -> dict:
+        _, _, res = self.simulate(path, dtask)
         M = res.M[..., :self.n_directions]
         spread = analysis.head_spread(M)                          # (runs, times, f)
         return {"setting": self.params(), "t": res.t,
@@ -97,7 +98,7 @@ def compute(quick: bool, workdir: Path, jobs: int = 1, data: str | None = None,
     n_dirs = min(p.n_directions, dtask.F)
     p = replace(p, n_directions=n_dirs)
     batches = run_pieces(pieces(p, setup, data_fingerprint(dtask)), workdir, jobs,
-                         desc="fig7 batches", executor=executor)
+                         desc="fig7 batches", executor=executor, shared=dtask)
     taus = np.concatenate([np.asarray(b["tau"], dtype=float) for b in batches])
     weights = np.array([len(b["tau"]) for b in batches], dtype=float)
     spread = np.average([b["spread_mean"] for b in batches], axis=0, weights=weights)

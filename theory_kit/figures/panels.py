@@ -214,13 +214,15 @@ def independent_error(setting: Setting, M: np.ndarray, Q: np.ndarray, a: np.ndar
     return values, errors
 
 
-def _run_piece(job: tuple[OdePiece | SimPiece, str, bool]) -> dict:
-    """A piece's result (JSON-ready).  Its inner output and checkpoint go to
-    ``<name>.run.json`` in the work folder (so a piece stopped mid-way resumes inside), never
-    to the result file itself, which only the sweep writes once the piece is complete."""
+def _run_piece(job: tuple[OdePiece | SimPiece, str, bool], shared: object = None) -> dict:
+    """A piece's result (JSON-ready); ``shared``, the sweep's shared input, is passed on to
+    ``piece.run``.  Its inner output and checkpoint go to ``<name>.run.json`` in the work
+    folder (so a piece stopped mid-way resumes inside), never to the result file itself,
+    which only the sweep writes once the piece is complete."""
     piece, workdir, progress = job
     inner = scratch_folder(Path(workdir)) / f"{piece.name}.run.json"
-    value = to_jsonable(piece.run(inner, progress))
+    args = () if shared is None else (shared,)
+    value = to_jsonable(piece.run(inner, progress, *args))
     inner.unlink(missing_ok=True)
     return value
 
@@ -236,17 +238,19 @@ def scratch_folder(workdir: Path) -> Path:
 
 
 def run_pieces(pieces: Sequence[OdePiece | SimPiece], workdir: Path, jobs: int = 1,
-               desc: str = "pieces", executor: object | None = None) -> list[dict]:
+               desc: str = "pieces", executor: object | None = None,
+               shared: object | None = None) -> list[dict]:
     """Results of all pieces (in order) through :func:`theory_kit.executor.run_sweep`:
     ``jobs`` local worker processes, or ``executor`` (a ``concurrent.futures.Executor`` or a
     ``distributed.Client``).  Each finished piece is ``workdir/<name>.json``, so a rerun
-    skips it."""
+    skips it.  ``shared`` (a large input common to the pieces, e.g. the digit task) reaches
+    each worker once and is passed to ``piece.run(path, progress, shared)``."""
     workdir = Path(workdir).absolute()
     workdir.mkdir(parents=True, exist_ok=True)
     progress = runs_in_process(executor, jobs, len(pieces))
     return run_sweep(_run_piece, [(p, str(workdir), progress) for p in pieces],
                      [p.name for p in pieces], store=FolderStore(workdir), executor=executor,
-                     jobs=jobs, desc=desc)
+                     jobs=jobs, desc=desc, shared=shared)
 
 
 def pieces_seconds(pieces: Sequence[OdePiece | SimPiece]) -> float:
