@@ -60,17 +60,17 @@ def laplace_class() -> type | None:
 
 
 def laplace_applies(task: Task, act: Activation, H: int) -> tuple[bool, str]:
-    """Whether the deterministic engine covers (task, act, H), and why not when it does not."""
+    """Whether the deterministic engine covers (task, act, H), and why not when it does not
+    (``applies`` may return a bool, with the reason from ``reason``, or a (bool, reason))."""
     cls = laplace_class()
     if cls is None:
         return False, "the deterministic engine (expect.laplace) is not installed"
-    result = cls.applies(task, act, H) if _is_static(cls) else cls().applies(task, act, H)
+    engine = cls()
+    result = engine.applies(task, act, H)
     ok, reason = result if isinstance(result, tuple) else (bool(result), "")
+    if not ok and not reason and hasattr(engine, "reason"):
+        reason = engine.reason(task, act, H)
     return bool(ok), reason or ("applies" if ok else "outside the deterministic engine's class")
-
-
-def _is_static(cls: type) -> bool:
-    return isinstance(cls.__dict__.get("applies"), (staticmethod, classmethod))
 
 
 def largest_error(means: DriftMeans) -> float:
