@@ -2,18 +2,112 @@
 from __future__ import annotations
 
 import json
+import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
+from theory_kit import codegen
 from theory_kit import simulate as sim
-from theory_kit.activations import get_activation
+from theory_kit.activations import custom_activation, get_activation
 from theory_kit.cli import main
 from theory_kit.expect.drift import MonteCarloDrift
 from theory_kit.figures.compare import compare, comparison_figure, write_comparison
 from theory_kit.model import Task, ValidationError, make_prior
 from theory_kit.ode import initial_condition, integrate_ode
 from theory_kit.results import Checkpoint, write_json
+
+# ----------------------------------------------------------------------------- kernels
+# Until codegen.sample_kernels lands: hand-written njit kernels for φ = exp (per-head and
+# joint normalisation, Bayes offsets), with the contract's signatures.  Test-only.
+_HAND_KERNELS: dict = {}
+
+
+def _hand_exp_kernels(act):
+    if act.fingerprint() not in _HAND_KERNELS:
+        _HAND_KERNELS[act.fingerprint()] = _build_hand_exp_kernels(act)
+    return _HAND_KERNELS[act.fingerprint()]
+
+
+def _build_hand_exp_kernels(act):
+    from numba import njit
+    per_head, kappa, bayes = act.norm == "per-head", float(act.kappa), act.offset == "bayes"
+    assert act.is_plain_exp and act.norm in ("per-head", "joint")
+
+    @njit
+    def weights1(S, b, qdiag, a, W, D, D2, w):
+        H, L = S.shape
+        for h in range(H):
+            for l in range(L):
+                W[h, l] = S[h, l] + b[h] + ((-0.5 * qdiag[h] - np.log(H)) if bayes else 0.0)
+        if per_head:
+            for h in range(H):
+                m = W[h, 0]
+                for l in range(L):
+                    m = max(m, W[h, l])
+                if kappa > 0:
+                    m = max(m, np.log(kappa))
+                tot = kappa * np.exp(-m) if kappa > 0 else 0.0
+                for l in range(L):
+                    W[h, l] = np.exp(W[h, l] - m)
+                    tot += W[h, l]
+                for l in range(L):
+                    W[h, l] /= tot
+        else:
+            m = W[0, 0]
+            for h in range(H):
+                for l in range(L):
+                    m = max(m, W[h, l])
+            tot = 0.0
+            for h in range(H):
+                for l in range(L):
+                    W[h, l] = np.exp(W[h, l] - m)
+                    tot += W[h, l]
+            for h in range(H):
+                for l in range(L):
+                    W[h, l] /= tot
+        for l in range(L):
+            w[l] = 0.0
+        for h in range(H):
+            for l in range(L):
+                D[h, l] = W[h, l]
+                D2[h, l] = W[h, l]
+                w[l] += a[h] * W[h, l]
+
+    @njit
+    def vjp1(W, D, D2, a, v, Jv, Av, Bv, Qv):
+        H, L = W.shape
+        wv = 0.0
+        for l in range(L):
+            s = 0.0
+            for h in range(H):
+                s += a[h] * W[h, l]
+            wv += s * v[l]
+        for h in range(H):
+            Wv = 0.0
+            for l in range(L):
+                Wv += W[h, l] * v[l]
+            Av[h] = Wv
+            Bv[h] = 0.0
+            for l in range(L):
+                if per_head:
+                    Jv[h, l] = a[h] * D[h, l] * (v[l] - Wv)
+                else:
+                    Jv[h, l] = D[h, l] * (a[h] * v[l] - wv)
+                Bv[h] += Jv[h, l]
+            Qv[h] = -0.5 * Bv[h] if bayes else 0.0
+
+    def weights(S, b, qdiag, a):
+        kern = act.kernel(S, a, b, qdiag)
+        return kern.W, kern.D, kern.D2, kern.w
+
+    return SimpleNamespace(weights1=weights1, vjp1=vjp1, weights=weights)
+
+
+if not hasattr(codegen, "sample_kernels"):
+    codegen.sample_kernels = _hand_exp_kernels
+
 
 FLIP = Task(4, make_prior("flipping", nu=[2.0, 2.0]))
 Z_MAX = 4.0
@@ -78,32 +172,110 @@ def test_wishart_factor_moments() -> None:
         np.testing.assert_allclose(W.var(0), expected_var, rtol=0.05)
 
 
-@pytest.mark.parametrize("act", ["bsoftmax", "softmax1", "relu"])
-def test_step_coefficients_of_all_runs_equal_per_run_kernels(act: str) -> None:
-    """One kernel call for runs with different a, b, Q: each run's coefficients must equal
-    those from its own kernel (r = y − w·c, β = (γ/D) r J·c, ρ = (γ/D) r 2 ∂w/∂Q_hh·c, …)."""
-    activation = get_activation(act)
+USER_PHIS = {
+    "softplus": dict(phi="softplus(s)", norm="per-head", kappa=0.5),      # SymPy path, κ > 0
+    "bayes-user": dict(phi="1 + tanh(s)", norm="joint", offset="bayes"),  # joint, Q-dependent
+    "cubic": dict(phi="s**3 + s", norm="elementwise", train_a=True),      # elementwise
+}
+
+
+def activation_for(name: str):
+    if name in USER_PHIS:
+        return custom_activation(**USER_PHIS[name])
+    return get_activation(name)
+
+
+def needs_generated(name: str) -> None:
+    act = activation_for(name)
+    if codegen.sample_kernels is _hand_exp_kernels and not (
+            act.is_plain_exp and act.norm in ("per-head", "joint")):
+        pytest.skip("needs codegen.sample_kernels for this activation")
+
+
+@pytest.mark.parametrize("act", ["softmax", "softmax1", "bsoftmax", "softplus", "bayes-user",
+                                 "cubic"])
+def test_compiled_step_coefficients_equal_the_hand_oracle(act: str) -> None:
+    """The compiled coefficients (generated per-sample kernels inside numba) against the
+    hand-written NumPy kernel, run by run: r = y − w·c, β = (γ/D) r J·c,
+    ρ = (γ/D) r 2 ∂w/∂Q_hh·c, da = (γ_a/D) r W·c, db = (γ_b/D) r Σ_l J·c."""
+    needs_generated(act)
+    activation = activation_for(act)
     rng = np.random.default_rng(1)
-    R, H, L = 5, 3, 4
-    S, c, y = rng.standard_normal((R, H, L)), rng.standard_normal((R, L)), rng.standard_normal(R)
+    R, H, L = 6, 3, 5
+    S, c, y = 2 * rng.standard_normal((R, H, L)), rng.standard_normal((R, L)), rng.standard_normal(R)
     a, b, Qd = rng.uniform(0.2, 2, (R, H)), rng.standard_normal((R, H)), rng.uniform(1, 2, (R, H))
     rates = np.array([0.3, 0.2, 0.1])
-    co = sim.step_coefficients(activation, S, a, b, Qd, c, y, rates)
+    co = sim.step_coefficients(sim.step_kernels(activation), S, a, b, Qd, c, y, rates,
+                               activation.offset == "bayes")
     for r in range(R):
         kern = activation.kernel(S[r], a[r], b[r], Qd[r])
         res = y[r] - kern.w @ c[r]
         G = kern.jvp_tokens(c[r])
-        np.testing.assert_allclose(co.w[r], kern.w, rtol=1e-12)
-        np.testing.assert_allclose(co.beta[r], 0.3 * res * G, rtol=1e-10, atol=1e-14)
-        np.testing.assert_allclose(co.da[r], 0.2 * res * kern.grad_a(c[r]), rtol=1e-10)
-        np.testing.assert_allclose(co.db[r], 0.1 * res * G.sum(-1), rtol=1e-10, atol=1e-14)
-        if activation.offset == "bayes":
-            np.testing.assert_allclose(co.rho[r], 0.6 * res * kern.grad_qdiag(G), atol=1e-14)
-        else:
-            assert co.rho is None
+        close = dict(rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(co.w[r], kern.w, **close)
+        np.testing.assert_allclose(co.beta[r], 0.3 * res * G, **close)
+        np.testing.assert_allclose(co.da[r], 0.2 * res * kern.grad_a(c[r]), **close)
+        np.testing.assert_allclose(co.db[r], 0.1 * res * G.sum(-1), **close)
+        np.testing.assert_allclose(co.rho[r], 0.6 * res * kern.grad_qdiag(G), **close)
+    assert np.any(co.rho != 0) == (activation.offset == "bayes")
+
+
+def reference_block(act, K, O, a, b, tokens, c, y, eps, rates, F, delta):
+    """The reduced step in NumPy with the hand kernel and LAPACK Cholesky (the pre-numba
+    implementation): [M | P] ← (1+ρ)[M | P] + β[p | q], O ← X Xᵀ over the orthogonal
+    columns (with β A), P ← chol(O)."""
+    K, O, a, b = K.copy(), O.copy(), a.copy(), b.copy()
+    FH, sq = K.shape[-1], np.zeros(len(K))
+    for i in range(tokens.shape[0]):
+        T = tokens[i]
+        kern = act.kernel(K @ np.swapaxes(T[..., :FH], -1, -2), a, b, np.sum(K * K, -1))
+        r = y[i] - np.einsum("rl,rl->r", kern.w, c[i])
+        G = kern.jvp_tokens(c[i])
+        e = -kern.w
+        e[np.arange(len(K)), eps[i]] += 1
+        sq += delta + np.sum(e * e, -1)
+        X = (rates[0] * r)[:, None, None] * G @ T
+        X[..., :FH] += (1 + 2 * rates[0] * r[:, None] * kern.grad_qdiag(G))[..., None] * K
+        O = X[..., F:] @ np.swapaxes(X[..., F:], -1, -2)
+        K = np.concatenate([X[..., :F], np.linalg.cholesky(O)], -1)
+        a = a + (rates[1] * r)[:, None] * kern.grad_a(c[i])
+        b = b + (rates[2] * r)[:, None] * G.sum(-1)
+    return K, O, a, b, sq
+
+
+@pytest.mark.parametrize("act", ["bsoftmax", "softmax1", "softplus"])
+def test_compiled_block_equals_numpy_reference_steps(act: str) -> None:
+    """200 compiled steps of 3 runs against the NumPy reference on the same random numbers."""
+    needs_generated(act)
+    activation = activation_for(act)
+    cfg = sim.SimConfig(FLIP, activation, H=2, D=40, times=(0.0, 5.0), runs=3, seed=3,
+                        train_a=True, train_b=True, gamma=2.0)
+    run = sim._Run(cfg, sim.step_kernels(activation))
+    st, sc = run.state, run.scalars
+    smp = sim.draw_samples(cfg.task, run.rng, 200, cfg.runs)
+    tokens = st.draw_tokens(run.rng, 200, smp)
+    ref = reference_block(activation, st.K, st.O, sc.a, sc.b, tokens, smp.c, smp.y, smp.eps,
+                          sc.rates, st.F, sc.delta)
+    assert st.steps(run.kernels, smp, tokens, sc) == -1
+    for got, want in zip((st.K, st.O, sc.a, sc.b, sc.sq_sum), ref):
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
+    assert np.abs(sc.a - sim.Scalars.initial(cfg).a).min() > 1e-3  # a really moved
+
+
+def test_psd_factor_cholesky_and_singular_branch() -> None:
+    rng = np.random.default_rng(0)
+    A = rng.standard_normal((5, 3, 4))
+    O = A @ np.swapaxes(A, -1, -2)
+    np.testing.assert_allclose(sim.psd_factor(O), np.linalg.cholesky(O), rtol=1e-12, atol=1e-14)
+    B = rng.standard_normal((5, 3, 2))  # rank 2: the clipped eigendecomposition
+    Os = B @ np.swapaxes(B, -1, -2)
+    P = sim.psd_factor(Os)
+    np.testing.assert_allclose(P @ np.swapaxes(P, -1, -2), Os, atol=1e-12)
+    assert np.all(np.isnan(sim.psd_factor(np.full((1, 2, 2), np.inf))))
 
 
 def test_trained_a_moves_and_matches_brute_force_mean() -> None:
+    needs_generated("relu")
     cfg = dict(runs=200, train_a=True, times=(0.0, 2.0))
     red = sim.simulate(config("relu", seed=5, **cfg))
     bru = sim.simulate(config("relu", seed=6, method="brute", **cfg))
@@ -122,29 +294,108 @@ def test_same_seed_same_numbers_and_seed_matters(method: str) -> None:
     assert not np.array_equal(one["M"][:, -1], other.M[:, -1])
 
 
+def interrupt_after_save(monkeypatch, when) -> None:
+    """Make Checkpoint.save raise KeyboardInterrupt (a kill) right after the first save whose
+    step satisfies ``when(step)``."""
+    real_save = Checkpoint.save
+
+    def save(self: Checkpoint, params: dict, progress: dict) -> None:
+        real_save(self, params, progress)
+        if when(progress["step"]):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(Checkpoint, "save", save)
+
+
 @pytest.mark.parametrize("method", ["reduced", "brute"])
 def test_resume_is_bit_identical(method: str, tmp_path, monkeypatch) -> None:
+    """Killed right after a checkpoint taken between two blocks inside a unit of time, the
+    rerun continues from there and reproduces the uninterrupted run bit for bit."""
+    monkeypatch.setattr(sim, "BLOCK_FLOATS", 3000)  # several blocks per unit of time
     cfg = config("softmax1", method=method, D=50, times=(0.0, 2.5, 6.0))
     full = sim.simulate(cfg)
     ckpt = Checkpoint(tmp_path / "out.json")
-    monkeypatch.setattr(sim, "CHECKPOINT_SECONDS", -1.0)  # save at every chunk
-    real_advance, calls = sim._Run.advance, {"n": 0}
-
-    def interrupted(self: sim._Run, n: int) -> None:
-        calls["n"] += 1
-        if calls["n"] == 4:
-            raise KeyboardInterrupt
-        real_advance(self, n)
-
-    monkeypatch.setattr(sim._Run, "advance", interrupted)
+    monkeypatch.setattr(sim, "CHECKPOINT_SECONDS", -1.0)  # save after every block
+    real_save = Checkpoint.save
+    # after t = 1, and for the reduced method inside a unit of time (between two blocks)
+    interrupt_after_save(monkeypatch, lambda step: step > 50 and (method == "brute" or step % 50))
     with pytest.raises(KeyboardInterrupt):
         sim.simulate(cfg, ckpt)
     saved = ckpt.load(cfg.params())
     assert saved is not None and 0 < saved["step"] < 300
-    monkeypatch.setattr(sim._Run, "advance", real_advance)
+    monkeypatch.setattr(Checkpoint, "save", real_save)
     resumed = sim.simulate(cfg, ckpt)
     for key in ("M", "Q", "a", "b", "error", "error_running"):
         np.testing.assert_array_equal(getattr(resumed, key), getattr(full, key))
+
+
+def test_checkpoint_is_saved_within_the_time_bound(tmp_path, monkeypatch) -> None:
+    """On a clock where each block takes 1 s, a save comes every CHECKPOINT_SECONDS = 10 s of
+    blocks, wherever the blocks fall (not only at records or units of time), so a kill every
+    20 s still makes progress."""
+    clock = {"t": 0.0}
+
+    def tick() -> float:
+        clock["t"] += 1.0
+        return clock["t"]
+
+    monkeypatch.setattr(sim.time, "monotonic", tick)
+    monkeypatch.setattr(sim, "BLOCK_FLOATS", 2000)
+    saves = []
+    real_save = Checkpoint.save
+    monkeypatch.setattr(Checkpoint, "save", lambda self, p, prog: (
+        saves.append(prog["step"]), real_save(self, p, prog)))
+    cfg = config("softmax", runs=2, D=2000, times=(0.0, 1.0))
+    sim.simulate(cfg, Checkpoint(tmp_path / "o.json"))
+    blocks = -(-2000 // sim.ReducedState.drawn(np.random.default_rng(0), 2, 2, 2, 2000, 1.0)
+               .block_steps(2, 4))
+    assert blocks // 11 <= len(saves) <= blocks // 10 + 1
+    assert saves == sorted(saves) and all(0 < s <= 2000 for s in saves)
+    assert sum(s % 100 != 0 for s in saves) >= len(saves) // 2  # anywhere, not at round steps
+
+
+def test_foreign_and_corrupt_checkpoints_are_set_aside(tmp_path) -> None:
+    """A checkpoint of other parameters, a truncated file and one with wrong shapes are each
+    renamed with one warning, and the run then completes as if started clean."""
+    cfg = config("softmax", D=60, times=(0.0, 1.0, 2.0))
+    clean = sim.simulate(cfg)
+    ckpt = Checkpoint(tmp_path / "out.json")
+    good = sim._Run(cfg, sim.step_kernels(cfg.act)).snapshot()
+    faults = {
+        "foreign": lambda: ckpt.save({**cfg.params(), "seed": 99}, good),
+        "truncated": lambda: ckpt.path.write_text('{"params": {"method": "red'),
+        "non-utf8": lambda: ckpt.path.write_bytes(b"\xff\xfe\x00garbage"),
+        "shapes": lambda: ckpt.save(cfg.params(), {**good, "a": [[1.0]]}),
+        "schema": lambda: ckpt.save(cfg.params(), {**good, "schema": 1}),
+        "steps": lambda: ckpt.save(cfg.params(), {**good, "step": 10**6}),
+        "not a dict": lambda: ckpt.save(cfg.params(), [1, 2]),
+    }
+    for name, write in faults.items():
+        write()
+        with pytest.warns(UserWarning, match="set aside") as caught:
+            res = sim.simulate(cfg, ckpt)
+        assert len(caught) == 1, name
+        assert not ckpt.path.exists() and len(list(tmp_path.glob("out.json.partial.json.bad-*")))
+        for key in ("M", "Q", "a", "b", "error"):
+            np.testing.assert_array_equal(getattr(res, key), getattr(clean, key), err_msg=name)
+        for bad in tmp_path.glob("*.bad-*"):
+            bad.unlink()
+
+
+def test_finished_run_is_not_recomputed(tmp_path, monkeypatch) -> None:
+    out = tmp_path / "sim.json"
+    cfg = config("softmax", D=60, times=(0.0, 1.0))
+    first = sim.simulate_to_file(cfg, out)
+    monkeypatch.setattr(sim, "simulate", lambda *a, **k: pytest.fail("recomputed"))
+    again = sim.simulate_to_file(cfg, out)
+    np.testing.assert_array_equal(again.M, first.M)
+    assert sim.stored_result(config("softmax", D=60, times=(0.0, 1.0), seed=9), out) is None
+
+
+def test_divergence_stops_with_the_time() -> None:
+    needs_generated("linear")
+    with pytest.raises(ValidationError, match=r"diverged at t = [0-9.]+"):
+        sim.simulate(config("linear", gamma=1e4, D=50, times=(0.0, 50.0)))
 
 
 def test_given_initial_condition_and_recorded_error() -> None:

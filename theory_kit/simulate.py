@@ -37,22 +37,31 @@ seen since the previous recorded time (``error_running``, NaN at a time with no 
 """
 from __future__ import annotations
 
+import os
 import time
+import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 
+from . import __version__, codegen
 from .activations import Activation
 from .error import squared_residual
 from .initial import InitialCondition, keys_from_state
 from .model import Task, ValidationError, as_finite_array, check_int, check_state_for_task, fail
 from .progress import progress_bar
-from .results import Checkpoint, read_json, write_json
+from .results import Checkpoint, read_json, to_jsonable, write_json
+from .sgd_step import VJP_SIG, WEIGHTS_SIG, coefficients_stack, psd_factor, reduced_block
 
 METHODS = ("reduced", "brute")
 # random numbers drawn at once for a block of reduced steps (bounds memory, amortises calls)
 BLOCK_FLOATS = 400_000
-CHECKPOINT_SECONDS = 30.0
+# a checkpoint at least this often (checked between blocks), so a kill every 20 s loses nothing
+CHECKPOINT_SECONDS = 10.0
+# layout of the saved progress; bump when it changes (an older checkpoint is then set aside)
+CHECKPOINT_SCHEMA = 2
 
 
 # ----------------------------------------------------------------------------- random pieces
@@ -71,15 +80,6 @@ def wishart_factor(rng: np.random.Generator, dof: int, size: tuple[int, ...], p:
     return rng.standard_normal(size + (p, dof))
 
 
-def psd_factor(O: np.ndarray) -> np.ndarray:
-    """P with P Pᵀ = O for a stack of PSD matrices: Cholesky, or clipped eigh if singular."""
-    try:
-        return np.linalg.cholesky(O)
-    except np.linalg.LinAlgError:
-        vals, vecs = np.linalg.eigh(0.5 * (O + np.swapaxes(O, -1, -2)))
-        return vecs * np.sqrt(np.clip(vals, 0.0, None))[..., None, :]
-
-
 @dataclass
 class Samples:
     """The token-independent randomness of a block of steps, leading axes (steps, runs)."""
@@ -90,12 +90,12 @@ class Samples:
     xi: np.ndarray     # label noise
     y: np.ndarray      # labels y = c_ε + √Δ ξ
 
-    def squared_errors(self, w: np.ndarray, delta: float) -> np.ndarray:
-        """Δ + |δ_ε − w|² for token weights w (…, L) of the same steps and runs."""
-        e = -w
-        np.put_along_axis(e, self.eps[..., None],
-                          np.take_along_axis(e, self.eps[..., None], -1) + 1.0, -1)
-        return delta + np.einsum("...l,...l->...", e, e)
+
+def squared_errors(eps: np.ndarray, w: np.ndarray, delta: float) -> np.ndarray:
+    """Δ + |δ_ε − w|² for signal locations eps (…) and token weights w (…, L)."""
+    e = -w
+    np.put_along_axis(e, eps[..., None], np.take_along_axis(e, eps[..., None], -1) + 1.0, -1)
+    return delta + np.einsum("...l,...l->...", e, e)
 
 
 def draw_samples(task: Task, rng: np.random.Generator, steps: int, runs: int) -> Samples:
@@ -109,39 +109,43 @@ def draw_samples(task: Task, rng: np.random.Generator, steps: int, runs: int) ->
 
 
 # ----------------------------------------------------------------------------- SGD coefficients
+def step_kernels(act: Activation) -> Any:
+    """The generated per-sample kernels of ``act`` (:func:`codegen.sample_kernels`), compiled
+    for the array layout of :mod:`theory_kit.sgd_step` (a no-op once cached)."""
+    kernels = codegen.sample_kernels(act)
+    kernels.weights1.compile(WEIGHTS_SIG)
+    kernels.vjp1.compile(VJP_SIG)
+    return kernels
+
+
 @dataclass
 class StepCoefficients:
-    """One step's update coefficients (runs first): k_h ← (1+ρ_h) k_h + Σ_l β_{hl} x_l.
+    """One step's update coefficients (runs first): k_h ← (1+ρ_h) k_h + Σ_l β_{hl} x_l,
+    a_h ← a_h + da_h, b_h ← b_h + db_h (ρ, da, db are 0 when they vanish)."""
 
-    ρ, da, db are None when they vanish (no Bayes offsets, untrained a or b)."""
-
-    beta: np.ndarray              # (R, H, L)
-    rho: np.ndarray | None        # (R, H)
-    da: np.ndarray | None         # (R, H)
-    db: np.ndarray | None         # (R, H)
-    w: np.ndarray                 # (R, L) token weights, for the running error
+    beta: np.ndarray   # (R, H, L)
+    rho: np.ndarray    # (R, H)
+    da: np.ndarray     # (R, H)
+    db: np.ndarray     # (R, H)
+    w: np.ndarray      # (R, L) token weights, for the running error
 
 
-def step_coefficients(act: Activation, S: np.ndarray, a: np.ndarray, b: np.ndarray,
-                      Qdiag: np.ndarray | None, c: np.ndarray, y: np.ndarray,
-                      rates: np.ndarray) -> StepCoefficients:
-    """SGD coefficients at scores S (R, H, L) for values c (R, L) and labels y (R,).
+def step_coefficients(kernels: Any, S: np.ndarray, a: np.ndarray, b: np.ndarray,
+                      Qdiag: np.ndarray, c: np.ndarray, y: np.ndarray, rates: np.ndarray,
+                      bayes: bool) -> StepCoefficients:
+    """SGD coefficients at scores S (R, H, L) for values c (R, L) and labels y (R,), from the
+    compiled generated kernels (the same code as the reduced step loop).
 
-    a, b: (R, H), one per run (a single kernel call: J is evaluated with each run's a).
-    ``Qdiag`` (R, H) is needed only for Bayes offsets.  ``rates`` = (γ, γ_a, γ_b)/D, zero for
-    an untrained scalar.  With r = y − w·c: β = (γ/D) r G, ρ = (γ/D) r 2R_h,
-    da = (γ_a/D) r W·c, db = (γ_b/D) r Σ_l G_{hl}."""
-    kern = act.kernel(S, a, b, Qdiag)
-    r = y - np.einsum("rl,rl->r", kern.w, c)
-    G = kern.jvp_tokens(c)
-    k, ka, kb = rates
-    kr = k * r[:, None]
-    return StepCoefficients(
-        beta=kr[..., None] * G,
-        rho=2 * kr * kern.grad_qdiag(G) if act.offset == "bayes" else None,
-        da=(ka * r)[:, None] * kern.grad_a(c) if ka else None,
-        db=(kb * r)[:, None] * kern.grad_b(G) if kb else None,
-        w=kern.w)
+    a, b, Qdiag: (R, H), one per run (Qdiag matters only for Bayes offsets).  ``rates`` =
+    (γ, γ_a, γ_b)/D, zero for an untrained scalar.  With r = y − w·c and G = J·c:
+    β = (γ/D) r G, ρ = (γ/D) r 2 ∂w/∂Q_hh·c, da = (γ_a/D) r ∂w/∂a_h·c, db = (γ_b/D) r ∂w/∂b_h·c."""
+    R, H, L = S.shape
+    out = StepCoefficients(np.empty((R, H, L)), np.empty((R, H)), np.empty((R, H)),
+                           np.empty((R, H)), np.empty((R, L)))
+    f8 = lambda x: np.ascontiguousarray(x, dtype=float)  # noqa: E731
+    coefficients_stack(kernels.weights1, kernels.vjp1, f8(S), f8(a), f8(b), f8(Qdiag), f8(c),
+                       f8(y), f8(rates), bool(bayes), out.beta, out.rho, out.da, out.db, out.w)
+    return out
 
 
 # ----------------------------------------------------------------------------- the two methods
@@ -156,8 +160,9 @@ class ReducedState:
         self._set(M, O)
 
     def _set(self, M: np.ndarray, O: np.ndarray) -> None:
-        self.O = O
-        self.K = np.concatenate([M, psd_factor(O)], axis=-1)
+        # the same factor as the compiled step takes, so a resumed run continues bit for bit
+        self.O = np.ascontiguousarray(O, dtype=float)
+        self.K = np.ascontiguousarray(np.concatenate([M, psd_factor(self.O)], axis=-1))
 
     @property
     def M(self) -> np.ndarray:
@@ -193,26 +198,13 @@ class ReducedState:
         coords[s_idx, r_idx, smp.eps, :self.F] += smp.theta
         return np.concatenate([coords, wishart_factor(rng, self.dof, (steps, R), L)], axis=-1)
 
-    def Qdiag(self) -> np.ndarray:
-        return np.einsum("rhk,rhk->rh", self.K, self.K)
-
-    def scores(self, tokens: np.ndarray, i: int) -> np.ndarray:
-        """s_{hl} = m_h·p_l + P_h·q_l, shape (R, H, L)."""
-        return self.K @ np.swapaxes(tokens[i, ..., :self.K.shape[-1]], -1, -2)
-
-    def update(self, tokens: np.ndarray, i: int, co: StepCoefficients) -> None:
-        """[M | P] ← (1+ρ)[M | P] + β [p | q];  O ← P Pᵀ + (βA)(βA)ᵀ;  P ← a factor of O."""
-        FH = self.K.shape[-1]
-        moved = co.beta @ tokens[i]  # [β p | β q | β A]
-        if co.rho is None:
-            moved[..., :FH] += self.K
-        else:
-            moved[..., :FH] += (1.0 + co.rho[..., None]) * self.K
-        orth = moved[..., self.F:]
-        self.O = orth @ np.swapaxes(orth, -1, -2)
-        moved[..., self.F:FH] = psd_factor(self.O)
-        # contiguous, so that a resumed run (K rebuilt from M, O) multiplies the same way
-        self.K = np.ascontiguousarray(moved[..., :FH])
+    def steps(self, kernels: Any, smp: Samples, tokens: np.ndarray, scalars: "Scalars") -> int:
+        """The block's steps, compiled (:func:`sgd_step.reduced_block`), in place; returns
+        the first step index at which a run became non-finite, or −1."""
+        return int(reduced_block(kernels.weights1, kernels.vjp1, self.K, self.O, scalars.a,
+                                 scalars.b, tokens, smp.c, np.ascontiguousarray(smp.y),
+                                 smp.eps, scalars.rates, scalars.bayes, self.F,
+                                 scalars.delta, scalars.sq_sum))
 
     def order_parameters(self) -> tuple[np.ndarray, np.ndarray]:
         M = self.M.copy()
@@ -222,7 +214,9 @@ class ReducedState:
         return {"M": self.M, "O": self.O}
 
     def load(self, saved: dict) -> None:
-        self._set(np.array(saved["M"], float), np.array(saved["O"], float))
+        """Restore from :meth:`to_dict` (CorruptCheckpoint on wrong shapes or values)."""
+        R, H, _ = self.K.shape
+        self._set(_checked_array(saved, "M", (R, H, self.F)), _checked_array(saved, "O", (R, H, H)))
 
 
 class BruteState:
@@ -251,15 +245,22 @@ class BruteState:
         X[np.arange(R), smp.eps[0], :self.F] += smp.theta[0]
         return X[None]
 
-    def Qdiag(self) -> np.ndarray:
-        return np.sum(self.K ** 2, axis=-1)
-
-    def scores(self, tokens: np.ndarray, i: int) -> np.ndarray:
-        return self.K @ np.swapaxes(tokens[i], -1, -2)
-
-    def update(self, tokens: np.ndarray, i: int, co: StepCoefficients) -> None:
-        moved = co.beta @ tokens[i]
-        self.K = (self.K if co.rho is None else (1.0 + co.rho[..., None]) * self.K) + moved
+    def steps(self, kernels: Any, smp: Samples, tokens: np.ndarray, scalars: "Scalars") -> int:
+        """The block's steps in NumPy (coefficients from the compiled kernels), in place;
+        returns the first step index at which a run became non-finite, or −1."""
+        for i in range(tokens.shape[0]):
+            X = tokens[i]
+            co = step_coefficients(kernels, self.K @ np.swapaxes(X, -1, -2), scalars.a,
+                                   scalars.b, np.sum(self.K ** 2, axis=-1), smp.c[i], smp.y[i],
+                                   scalars.rates, scalars.bayes)
+            self.K = (1.0 + co.rho[..., None]) * self.K + co.beta @ X
+            scalars.a += co.da
+            scalars.b += co.db
+            scalars.sq_sum += squared_errors(smp.eps[i], co.w, scalars.delta)
+            if not (np.all(np.isfinite(co.w)) and np.all(np.isfinite(scalars.a))
+                    and np.all(np.isfinite(scalars.b))):
+                return i
+        return -1
 
     def order_parameters(self) -> tuple[np.ndarray, np.ndarray]:
         return self.K[..., :self.F].copy(), self.K @ np.swapaxes(self.K, -1, -2)
@@ -268,7 +269,8 @@ class BruteState:
         return {"K": self.K}
 
     def load(self, saved: dict) -> None:
-        self.K = np.array(saved["K"], float)
+        """Restore from :meth:`to_dict` (CorruptCheckpoint on wrong shapes or values)."""
+        self.K = _checked_array(saved, "K", self.K.shape)
 
 
 # ----------------------------------------------------------------------------- configuration
@@ -384,17 +386,21 @@ def load_result(path: str) -> SimResult:
 
 
 # ----------------------------------------------------------------------------- running
-def estimate_error(cfg: SimConfig, M: np.ndarray, Q: np.ndarray, a: np.ndarray, b: np.ndarray,
-                   record_index: int) -> np.ndarray:
+def estimate_error(cfg: SimConfig, kernels: Any, M: np.ndarray, Q: np.ndarray, a: np.ndarray,
+                   b: np.ndarray, record_index: int) -> np.ndarray:
     """Population error Δ + E|δ_0 − w|² per run, from n exact draws of the scores given (M, Q):
-    s_{:,l} = 1[l = 0] M θ + Q^{1/2} g_l.  Uses its own stream seeded by (seed, record index)."""
+    s_{:,l} = 1[l = 0] M θ + Q^{1/2} g_l.  Uses its own stream seeded by (seed, record index).
+
+    M (R, H, F), Q (R, H, H), a, b (R, H); returns (R,).  Weights from the generated kernels."""
     rng = np.random.default_rng([cfg.seed, 1, record_index])
     n, (R, H, F), L = cfg.error_samples, M.shape, cfg.task.L
     theta = cfg.task.prior.sample(rng, n * R).reshape(n, R, F)
     S = psd_factor(Q) @ rng.standard_normal((n, R, H, L))
     S[..., 0] += np.einsum("rhf,nrf->nrh", M, theta)
-    _, w = cfg.act.weights(S, a, b, np.einsum("rhh->rh", Q))
-    return cfg.task.delta + squared_residual(w.reshape(-1, L)).reshape(n, R).mean(axis=0)
+    per_sample = lambda x: np.broadcast_to(x, (n, R, H)).reshape(n * R, H)  # noqa: E731
+    _, _, _, w = kernels.weights(S.reshape(n * R, H, L), per_sample(b),
+                                 per_sample(np.einsum("rhh->rh", Q)), per_sample(a))
+    return cfg.task.delta + squared_residual(w).reshape(n, R).mean(axis=0)
 
 
 def _initial_state(cfg: SimConfig, rng: np.random.Generator) -> ReducedState | BruteState:
@@ -408,82 +414,114 @@ def _initial_state(cfg: SimConfig, rng: np.random.Generator) -> ReducedState | B
     return BruteState.drawn(rng, cfg.runs, cfg.H, F, cfg.D, cfg.eta)
 
 
-def _initial_scalars(cfg: SimConfig) -> tuple[np.ndarray, np.ndarray]:
-    if cfg.initial is not None:
-        a0, b0 = cfg.initial.state.a, cfg.initial.state.b
-    else:
-        a0, b0 = cfg.act.a_default(cfg.H, cfg.task.L), cfg.act.b_default(cfg.H, cfg.task.L)
-    return np.tile(a0, (cfg.runs, 1)), np.tile(b0, (cfg.runs, 1))
+@dataclass
+class Scalars:
+    """What the steps update besides the keys, per run: the trained scalars a, b (R, H) and
+    the sum of Δ + |δ_ε − w|² over the steps since the last record (R,); plus the constants
+    the steps need (rates = (γ, γ_a, γ_b)/D, Bayes offsets or not, Δ)."""
+
+    a: np.ndarray
+    b: np.ndarray
+    sq_sum: np.ndarray
+    rates: np.ndarray
+    bayes: bool
+    delta: float
+
+    @classmethod
+    def initial(cls, cfg: SimConfig) -> "Scalars":
+        if cfg.initial is not None:
+            a0, b0 = cfg.initial.state.a, cfg.initial.state.b
+        else:
+            a0, b0 = cfg.act.a_default(cfg.H, cfg.task.L), cfg.act.b_default(cfg.H, cfg.task.L)
+        tile = lambda x: np.ascontiguousarray(np.tile(np.asarray(x, float), (cfg.runs, 1)))  # noqa: E731
+        return cls(tile(a0), tile(b0), np.zeros(cfg.runs), cfg.rates(),
+                   cfg.act.offset == "bayes", float(cfg.task.delta))
+
+
+class CorruptCheckpoint(ValueError):
+    """Saved progress that cannot be this run's: wrong schema, shapes, or step counts."""
+
+
+def _checked_array(saved: dict, key: str, shape: tuple[int, ...]) -> np.ndarray:
+    arr = np.ascontiguousarray(np.array(saved[key], dtype=float))
+    if arr.shape != shape or not np.all(np.isfinite(arr)):
+        raise CorruptCheckpoint(f"'{key}' has shape {arr.shape} or non-finite values, "
+                                f"expected finite {shape}")
+    return arr
 
 
 class _Run:
     """Mutable progress of a simulation: state, scalars, RNG, records; (de)serialisable."""
 
-    def __init__(self, cfg: SimConfig):
-        self.cfg = cfg
+    def __init__(self, cfg: SimConfig, kernels: Any):
+        self.cfg, self.kernels = cfg, kernels
         self.rng = np.random.default_rng(cfg.seed)
         self.state = _initial_state(cfg, self.rng)
-        self.a, self.b = _initial_scalars(cfg)
+        self.scalars = Scalars.initial(cfg)
         self.step_count = 0
-        self.sq_sum = np.zeros(cfg.runs)
         self.sq_count = 0
         self.records: list[dict] = []
 
     def snapshot(self) -> dict:
-        return {"step": self.step_count, "rng": self.rng.bit_generator.state,
-                "state": self.state.to_dict(), "a": self.a, "b": self.b, "sq_sum": self.sq_sum,
-                "sq_count": self.sq_count, "records": self.records}
+        sc = self.scalars
+        return {"schema": CHECKPOINT_SCHEMA, "step": self.step_count,
+                "rng": self.rng.bit_generator.state, "state": self.state.to_dict(), "a": sc.a,
+                "b": sc.b, "sq_sum": sc.sq_sum, "sq_count": self.sq_count,
+                "records": self.records}
 
     def restore(self, saved: dict) -> None:
-        self.step_count = int(saved["step"])
-        self.rng.bit_generator.state = saved["rng"]
+        """Load a snapshot, checking it against this configuration (CorruptCheckpoint if not)."""
+        if not isinstance(saved, dict) or saved.get("schema") != CHECKPOINT_SCHEMA:
+            raise CorruptCheckpoint(f"not a simulate checkpoint of schema {CHECKPOINT_SCHEMA}")
+        targets = self.cfg.record_steps()
+        R, H = self.cfg.runs, self.cfg.H
+        step, records, count = int(saved["step"]), saved["records"], int(saved["sq_count"])
+        n_rec = len(records) if isinstance(records, list) else -1
+        lo = int(targets[n_rec - 1]) if n_rec > 0 else 0
+        if not (0 <= n_rec <= len(targets) and lo <= step <= int(targets[min(n_rec, len(targets) - 1)])
+                and 0 <= count <= step):
+            raise CorruptCheckpoint(f"step {step} with {n_rec} records does not fit the times")
         self.state.load(saved["state"])
-        self.a, self.b = np.array(saved["a"], float), np.array(saved["b"], float)
-        self.sq_sum, self.sq_count = np.array(saved["sq_sum"], float), int(saved["sq_count"])
-        self.records = saved["records"]
+        self.scalars.a = _checked_array(saved, "a", (R, H))
+        self.scalars.b = _checked_array(saved, "b", (R, H))
+        self.scalars.sq_sum = _checked_array(saved, "sq_sum", (R,))
+        self.rng.bit_generator.state = saved["rng"]
+        self.step_count, self.sq_count, self.records = step, count, records
 
     def record(self) -> None:
         M, Q = self.state.order_parameters()
         if not (np.all(np.isfinite(M)) and np.all(np.isfinite(Q))):
-            raise ValidationError("gamma: the simulation diverged (non-finite overlaps); "
+            raise ValidationError(f"gamma: the simulation diverged before t = "
+                                  f"{self.step_count / self.cfg.D:g} (non-finite overlaps); "
                                   "use a smaller step size")
-        idx = len(self.records)
-        running = self.sq_sum / self.sq_count if self.sq_count else np.full(self.cfg.runs, np.nan)
-        self.records.append({"M": M.tolist(), "Q": Q.tolist(), "a": self.a.tolist(),
-                             "b": self.b.tolist(),
-                             "error": estimate_error(self.cfg, M, Q, self.a, self.b, idx).tolist(),
+        idx, sc = len(self.records), self.scalars
+        running = sc.sq_sum / self.sq_count if self.sq_count else np.full(self.cfg.runs, np.nan)
+        error = estimate_error(self.cfg, self.kernels, M, Q, sc.a, sc.b, idx)
+        self.records.append({"M": M.tolist(), "Q": Q.tolist(), "a": sc.a.tolist(),
+                             "b": sc.b.tolist(), "error": error.tolist(),
                              "error_running": running.tolist()})
-        self.sq_sum, self.sq_count = np.zeros(self.cfg.runs), 0
+        sc.sq_sum, self.sq_count = np.zeros(self.cfg.runs), 0
 
-    def advance(self, n_steps: int) -> None:
-        """n_steps SGD steps, drawing randomness block by block (blocks start at this call)."""
+    def advance(self, n_steps: int, after_block: Callable[[int], None] | None = None) -> None:
+        """n_steps SGD steps, drawing randomness block by block (blocks start at this call);
+        ``after_block(m)`` runs after each block of m steps (progress, checkpoints)."""
         cfg, state = self.cfg, self.state
-        rates = cfg.rates()
-        bayes = cfg.act.offset == "bayes"
         block = state.block_steps(cfg.runs, cfg.task.L)
         done = 0
         while done < n_steps:
             m = min(block, n_steps - done)
             smp = draw_samples(cfg.task, self.rng, m, cfg.runs)
             tokens = state.draw_tokens(self.rng, m, smp)
-            w = np.empty(smp.c.shape)
-            for i in range(m):
-                co = step_coefficients(cfg.act, state.scores(tokens, i), self.a, self.b,
-                                       state.Qdiag() if bayes else None, smp.c[i], smp.y[i],
-                                       rates)
-                state.update(tokens, i, co)
-                if co.da is not None:
-                    self.a = self.a + co.da
-                if co.db is not None:
-                    self.b = self.b + co.db
-                w[i] = co.w
-            self.sq_sum += smp.squared_errors(w, cfg.task.delta).sum(axis=0)
+            bad = state.steps(self.kernels, smp, tokens, self.scalars)
+            if bad >= 0:
+                raise ValidationError(f"gamma: the simulation diverged at t = "
+                                      f"{(self.step_count + bad + 1) / cfg.D:g} (non-finite "
+                                      "keys, a or b); use a smaller step size")
             done += m
-        self.step_count += n_steps
-        self.sq_count += n_steps
-        if not np.all(np.isfinite(self.a)) or not np.all(np.isfinite(self.b)):
-            raise ValidationError("gamma: the simulation diverged (non-finite a or b); "
-                                  "use a smaller step size")
+            self.step_count += m
+            self.sq_count += m
+            if after_block is not None:
+                after_block(m)
 
     def result(self) -> SimResult:
         rec = {k: np.array([r[k] for r in self.records], dtype=float) for k in self.records[0]}
@@ -494,48 +532,96 @@ class _Run:
 
 
 def _chunks(start: int, stop: int, size: int) -> list[tuple[int, int]]:
-    """Checkpointable pieces of [start, stop): boundaries at multiples of ``size``."""
+    """Pieces of [start, stop) with boundaries at multiples of ``size``: each starts a new
+    block of random numbers, so the stream layout is fixed by the step indices alone."""
     edges = [start] + [k for k in range(size * (start // size + 1), stop, size)] + [stop]
     return [(lo, hi) for lo, hi in zip(edges[:-1], edges[1:]) if hi > lo]
+
+
+def _set_aside(checkpoint: Checkpoint, reason: str) -> None:
+    """Rename an unusable checkpoint out of the way (kept for inspection), with one warning."""
+    path = checkpoint.path
+    bad = path.with_name(f"{path.name}.bad-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}")
+    os.replace(path, bad)
+    warnings.warn(f"simulate: checkpoint {path} set aside as {bad.name} ({reason}); "
+                  "starting clean", stacklevel=3)
+
+
+def _resumed_run(cfg: SimConfig, kernels: Any, checkpoint: Checkpoint | None) -> _Run:
+    """A fresh run, or the checkpoint's progress when it was made by this configuration.
+
+    A foreign (other parameters) or corrupt checkpoint is set aside and the run starts clean."""
+    run = _Run(cfg, kernels)
+    if checkpoint is None or not checkpoint.path.is_file():
+        return run
+    try:
+        saved = checkpoint.load(cfg.params())
+        if saved is None:
+            raise CorruptCheckpoint("made with other parameters")
+        run.restore(saved)
+    except (CorruptCheckpoint, ValueError, KeyError, TypeError, IndexError, AttributeError,
+            RecursionError, UnicodeDecodeError) as exc:
+        _set_aside(checkpoint, str(exc) or type(exc).__name__)
+        return _Run(cfg, kernels)
+    return run
 
 
 def simulate(cfg: SimConfig, checkpoint: Checkpoint | None = None) -> SimResult:
     """Run ``cfg.runs`` independent SGD runs (vectorised) and record the requested times.
 
     With a :class:`results.Checkpoint`, progress (state of all runs, RNG state, step count,
-    records) is saved at most every ``CHECKPOINT_SECONDS``, and a rerun with the same parameters
-    resumes from it; the numbers are bit-identical to an uninterrupted run because the blocks
-    of random numbers always start at fixed step indices."""
-    run = _Run(cfg)
+    records) is saved between blocks of steps at least every ``CHECKPOINT_SECONDS``, and a
+    rerun with the same parameters resumes from it; the numbers are bit-identical to an
+    uninterrupted run because the blocks of random numbers always start at the same step
+    indices (multiples of D, recorded steps, and every ``block_steps`` after those)."""
+    kernels = step_kernels(cfg.act)
+    run = _resumed_run(cfg, kernels, checkpoint)
     params = cfg.params()
-    if checkpoint is not None and (saved := checkpoint.load(params)) is not None:
-        run.restore(saved)
     targets = cfg.record_steps()
-    chunk = max(1, cfg.D)  # checkpoint opportunities every unit of time
+    chunk = max(1, cfg.D)
     last_save = time.monotonic()
 
-    def save_if_due() -> None:
-        # saving rewrites every record so far, so it is rate-limited (cost would grow like
-        # records² if saved at each record); an interrupt loses at most CHECKPOINT_SECONDS
-        nonlocal last_save
-        if checkpoint is not None and time.monotonic() - last_save > CHECKPOINT_SECONDS:
-            checkpoint.save(params, run.snapshot())
-            last_save = time.monotonic()
+    with progress_bar(total=int(targets[-1]), desc=f"simulate ({cfg.method})", unit="step",
+                      initial=run.step_count) as bar:
 
-    with progress_bar(total=float(targets[-1]) / cfg.D, desc=f"simulate ({cfg.method})",
-                      unit="t", initial=run.step_count / cfg.D) as bar:
+        def after_block(m: int) -> None:
+            # saving rewrites every record so far, so it is rate-limited (its cost would grow
+            # like records² if saved at each record)
+            nonlocal last_save
+            bar.update(m)
+            if checkpoint is not None and time.monotonic() - last_save > CHECKPOINT_SECONDS:
+                checkpoint.save(params, run.snapshot())
+                last_save = time.monotonic()
+
         for idx in range(len(run.records), len(targets)):
             for lo, hi in _chunks(run.step_count, int(targets[idx]), chunk):
-                run.advance(hi - lo)
-                bar.update((hi - lo) / cfg.D)
-                save_if_due()
+                run.advance(hi - lo, after_block)
             run.record()
-            save_if_due()
+            after_block(0)
     return run.result()
 
 
-def simulate_to_file(cfg: SimConfig, out: str) -> SimResult:
-    """:func:`simulate` with a resumable checkpoint next to ``out``; writes ``out`` atomically."""
+def stored_result(cfg: SimConfig, out: str | os.PathLike) -> SimResult | None:
+    """The result already in ``out`` when it was written by this configuration and toolkit
+    version (so rerunning a finished command does not recompute), else None."""
+    path = Path(out)
+    if not path.is_file():
+        return None
+    try:
+        data = read_json(path)
+        if data.get("version") != __version__ or data.get("params") != to_jsonable(cfg.params()):
+            return None
+        return SimResult.from_dict(data)
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError, UnicodeDecodeError,
+            OSError):
+        return None  # not ours or unreadable: recompute and overwrite
+
+
+def simulate_to_file(cfg: SimConfig, out: str | os.PathLike) -> SimResult:
+    """:func:`simulate` with a resumable checkpoint next to ``out``; writes ``out`` atomically.
+    Returns the stored result without computing when ``out`` already holds this run."""
+    if (done := stored_result(cfg, out)) is not None:
+        return done
     ckpt = Checkpoint(out)
     result = simulate(cfg, ckpt)
     write_json(out, result.to_dict())

@@ -9,7 +9,7 @@ from ..activations import Activation
 from ..initial import InitialCondition
 from ..model import Task, ValidationError
 from ..ode import initial_condition as ode_initial_condition
-from ..simulate import METHODS, SimConfig, simulate_to_file
+from ..simulate import METHODS, SimConfig, simulate_to_file, stored_result
 from .common import (add_activation_args, add_task_args, build_activation, build_task,
                      parse_float_list, parse_json_array)
 
@@ -78,8 +78,10 @@ def run_simulate(args: argparse.Namespace) -> int:
                     method=args.method, initial=initial_condition(args, act, task),
                     train_a=args.train_a, train_b=args.train_b, gamma_a=args.gamma_a,
                     gamma_b=args.gamma_b, error_samples=args.error_samples)
-    result = simulate_to_file(cfg, args.out)
+    stored = stored_result(cfg, args.out)
+    result = stored if stored is not None else simulate_to_file(cfg, args.out)
+    done = "kept (already computed with these parameters)" if stored is not None else "wrote"
     final = result.error[:, -1]
-    print(f"wrote {args.out}: {cfg.runs} run(s), t = {result.t[-1]:g}, "
+    print(f"{done} {args.out}: {cfg.runs} run(s), t = {result.t[-1]:g}, "
           f"final error {final.mean():.4g} +/- {final.std():.2g} (over runs)")
     return 0

@@ -1,0 +1,208 @@
+"""Compiled (numba) SGD step of the exact reduced simulation (THEORY §7, ``simulate``).
+
+One block of m steps for R runs, with the block's random numbers drawn beforehand in NumPy
+(so the random stream is laid out exactly as in the NumPy method).  Per run and step:
+
+    S = K Tᵀ                  scores s_{hl} = k_h·x_l from the coordinates K = [M | P] (H × FH)
+                              and the token coordinates T = [p | q] (L × FH)
+    W, D, D2, w = weights1(S, b, Q_hh, a)              (generated kernel)
+    r = y − w·c,  (Jv, Av, Bv, Qv) = vjp1(W, D, D2, a, c)   (generated kernel, v = c)
+    β = (γ/D) r Jv,  ρ = 2 (γ/D) r Qv (Bayes offsets only)
+    X = β [p | q | A] + [(1+ρ) K | 0]                  (H × (FH + k), A the Wishart factor)
+    O = X_{:,F:} X_{:,F:}ᵀ,  K = [X_{:,:F} | chol(O)]
+    a ← a + (γ_a/D) r Av,  b ← b + (γ_b/D) r Bv
+
+The per-sample kernels come from :func:`theory_kit.codegen.sample_kernels` and enter as
+first-class function arguments of type :data:`WEIGHTS_FN` / :data:`VJP_FN`, so the loop is
+compiled once (and cached on disk) for every activation.  ``chol`` is :func:`factor_into`:
+Cholesky, or the clipped eigendecomposition of the symmetrised matrix when O is not
+numerically positive definite — the same factor everywhere (loop, resume, error estimate),
+so a resumed run reproduces an uninterrupted one bit for bit.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, types
+
+F8_1 = types.float64[::1]
+F8_2 = types.float64[:, ::1]
+F8_3 = types.float64[:, :, ::1]
+F8_4 = types.float64[:, :, :, ::1]
+I8_2 = types.int64[:, ::1]
+# weights1(S, b, qdiag, a, W, D, D2, w) and vjp1(W, D, D2, a, v, Jv, Av, Bv, Qv)
+WEIGHTS_SIG = types.void(F8_2, F8_1, F8_1, F8_1, F8_2, F8_2, F8_2, F8_1)
+VJP_SIG = types.void(F8_2, F8_2, F8_2, F8_1, F8_1, F8_2, F8_1, F8_1, F8_1)
+WEIGHTS_FN = types.FunctionType(WEIGHTS_SIG)
+VJP_FN = types.FunctionType(VJP_SIG)
+
+
+# ----------------------------------------------------------------------------- PSD factor
+@njit(cache=True)
+def _clipped_eigh_factor(O: np.ndarray, P: np.ndarray) -> None:
+    vals, vecs = np.linalg.eigh(0.5 * (O + O.T))
+    for j in range(O.shape[0]):
+        root = np.sqrt(max(vals[j], 0.0))
+        for i in range(O.shape[0]):
+            P[i, j] = vecs[i, j] * root
+
+
+@njit(types.boolean(F8_2, F8_2), cache=True)
+def factor_into(O: np.ndarray, P: np.ndarray) -> bool:
+    """P (H × H) with P Pᵀ = O: lower Cholesky (from O's lower triangle, as LAPACK potrf),
+    or, when a pivot is not > 0, V diag(√max(λ, 0)) from eigh of ½(O + Oᵀ).
+
+    Returns False (P filled with NaN) when O is not finite."""
+    H = O.shape[0]
+    for i in range(H):
+        for j in range(H):
+            if not np.isfinite(O[i, j]):
+                P[:, :] = np.nan
+                return False
+    P[:, :] = 0.0
+    for j in range(H):
+        piv = O[j, j]
+        for k in range(j):
+            piv -= P[j, k] * P[j, k]
+        if not piv > 0.0:
+            _clipped_eigh_factor(O, P)
+            return True
+        P[j, j] = np.sqrt(piv)
+        for i in range(j + 1, H):
+            s = O[i, j]
+            for k in range(j):
+                s -= P[i, k] * P[j, k]
+            P[i, j] = s / P[j, j]
+    return True
+
+
+@njit(types.boolean(F8_3, F8_3), cache=True)
+def factor_stack(O: np.ndarray, P: np.ndarray) -> bool:
+    """:func:`factor_into` for each matrix of a stack O (n × H × H); False if any is not finite."""
+    ok = True
+    for i in range(O.shape[0]):
+        ok &= factor_into(O[i], P[i])
+    return ok
+
+
+def psd_factor(O: np.ndarray) -> np.ndarray:
+    """P with P Pᵀ = O for a stack of PSD matrices (..., H, H), see :func:`factor_into`."""
+    O = np.asarray(O, dtype=float)
+    flat = np.ascontiguousarray(O.reshape((-1,) + O.shape[-2:]))
+    P = np.empty_like(flat)
+    factor_stack(flat, P)
+    return P.reshape(O.shape)
+
+
+# ----------------------------------------------------------------------------- coefficients
+@njit(cache=True)
+def _coefficients(weights1, vjp1, S, a, b, qdiag, c, y, rates, bayes,
+                  W, D, D2, w, beta, rho, da, db):
+    """One run's step coefficients (see the module docstring) into beta (H, L), rho, da, db
+    (H,); W, D, D2 (H, L) and w (L,) are the kernel's outputs.  Returns the residual r.
+
+    beta holds J·c on the way (the vjp writes it), then is scaled in place."""
+    H, L = S.shape
+    weights1(S, b, qdiag, a, W, D, D2, w)
+    r = y
+    for l in range(L):
+        r -= w[l] * c[l]
+    vjp1(W, D, D2, a, c, beta, da, db, rho)
+    kr = rates[0] * r
+    for h in range(H):
+        for l in range(L):
+            beta[h, l] *= kr
+        rho[h] = 2.0 * kr * rho[h] if bayes else 0.0
+        # an untrained scalar stays exactly fixed (no 0·∞ from its derivative)
+        da[h] = rates[1] * r * da[h] if rates[1] != 0.0 else 0.0
+        db[h] = rates[2] * r * db[h] if rates[2] != 0.0 else 0.0
+    return r
+
+
+@njit(types.void(WEIGHTS_FN, VJP_FN, F8_3, F8_2, F8_2, F8_2, F8_2, F8_1, F8_1,
+                 types.boolean, F8_3, F8_2, F8_2, F8_2, F8_2), cache=True)
+def coefficients_stack(weights1, vjp1, S, a, b, qdiag, c, y, rates, bayes,
+                       beta, rho, da, db, w):
+    """:func:`_coefficients` for R runs: S (R, H, L), a, b, qdiag (R, H), c (R, L), y (R,);
+    writes beta (R, H, L), rho, da, db (R, H) and w (R, L).  For tests and the NumPy path."""
+    R, H, L = S.shape
+    W, D, D2 = np.empty((H, L)), np.empty((H, L)), np.empty((H, L))
+    for r in range(R):
+        _coefficients(weights1, vjp1, S[r], a[r], b[r], qdiag[r], c[r], y[r], rates, bayes,
+                      W, D, D2, w[r], beta[r], rho[r], da[r], db[r])
+
+
+# ----------------------------------------------------------------------------- block of steps
+@njit(types.int64(WEIGHTS_FN, VJP_FN, F8_3, F8_3, F8_2, F8_2, F8_4, F8_3, F8_2, I8_2, F8_1,
+                  types.boolean, types.int64, types.float64, F8_1), cache=True)
+def reduced_block(weights1, vjp1, K, O, a, b, tokens, c, y, eps, rates, bayes, F, delta,
+                  sq_sum):
+    """Advance R runs by m reduced SGD steps, in place.
+
+    K (R, H, FH) key coordinates [M | P], O (R, H, H) = P Pᵀ, a, b (R, H); per step i and run
+    r: tokens[i, r] (L, FH + k) = [p | q | A], values c[i, r] (L,), label y[i, r], signal
+    location eps[i, r].  rates = (γ, γ_a, γ_b)/D (zero when untrained).  Adds
+    Σ_i Δ + |δ_ε − w|² to sq_sum (R,).  Returns the first step index at which a run became
+    non-finite (that run stops there), or −1."""
+    m, R, L, NT = tokens.shape
+    H, FH = K.shape[1], K.shape[2]
+    Ho = FH - F
+    S, W, D, D2 = np.empty((H, L)), np.empty((H, L)), np.empty((H, L)), np.empty((H, L))
+    beta = np.empty((H, L))
+    w, qdiag = np.empty(L), np.empty(H)
+    rho, da, db = np.empty(H), np.empty(H), np.empty(H)
+    X, Onew, P = np.empty((H, NT)), np.empty((H, H)), np.empty((H, H))
+    bad = -1
+    for r in range(R):
+        Kr, ar, br = K[r], a[r], b[r]
+        sq = 0.0
+        for i in range(m):
+            T = tokens[i, r]
+            for h in range(H):
+                q = 0.0
+                for k in range(FH):
+                    q += Kr[h, k] * Kr[h, k]
+                qdiag[h] = q
+                for l in range(L):
+                    s = 0.0
+                    for k in range(FH):
+                        s += Kr[h, k] * T[l, k]
+                    S[h, l] = s
+            res = _coefficients(weights1, vjp1, S, ar, br, qdiag, c[i, r], y[i, r], rates,
+                                bayes, W, D, D2, w, beta, rho, da, db)
+            e2 = 0.0
+            for l in range(L):
+                e = (1.0 if l == eps[i, r] else 0.0) - w[l]
+                e2 += e * e
+            sq += delta + e2
+            # X = β [p | q | A] + [(1+ρ) K | 0]
+            for h in range(H):
+                for k in range(NT):
+                    x = 0.0
+                    for l in range(L):
+                        x += beta[h, l] * T[l, k]
+                    X[h, k] = x
+                for k in range(FH):
+                    X[h, k] += (1.0 + rho[h]) * Kr[h, k]
+            for h in range(H):
+                for g in range(h + 1):
+                    o = 0.0
+                    for k in range(F, NT):
+                        o += X[h, k] * X[g, k]
+                    Onew[h, g] = o
+                    Onew[g, h] = o
+            finite = factor_into(Onew, P) and np.isfinite(res)
+            for h in range(H):
+                for k in range(F):
+                    Kr[h, k] = X[h, k]
+                for k in range(Ho):
+                    Kr[h, F + k] = P[h, k]
+                for g in range(H):
+                    O[r, h, g] = Onew[h, g]
+                ar[h] += da[h]
+                br[h] += db[h]
+                finite = finite and np.isfinite(ar[h]) and np.isfinite(br[h])
+            if not finite:
+                bad = i if bad < 0 else min(bad, i)
+                break
+        sq_sum[r] += sq
+    return bad
