@@ -74,6 +74,7 @@ def _build_hand_exp_kernels(act):
                 D[h, l] = W[h, l]
                 D2[h, l] = W[h, l]
                 w[l] += a[h] * W[h, l]
+        return True
 
     @njit
     def vjp1(W, D, D2, a, v, Jv, Av, Bv, Qv):
@@ -256,7 +257,7 @@ def test_compiled_block_equals_numpy_reference_steps(act: str) -> None:
     tokens = st.draw_tokens(run.rng, 200, smp)
     ref = reference_block(activation, st.K, st.O, sc.a, sc.b, tokens, smp.c, smp.y, smp.eps,
                           sc.rates, st.F, sc.delta)
-    assert st.steps(run.kernels, smp, tokens, sc) == -1
+    assert st.steps(run.kernels, smp, tokens, sc)[1] == sim.FAULT_NONE
     for got, want in zip((st.K, st.O, sc.a, sc.b, sc.sq_sum), ref):
         np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
     assert np.abs(sc.a - sim.Scalars.initial(cfg).a).min() > 1e-3  # a really moved

@@ -5,7 +5,7 @@ One block of m steps for R runs, with the block's random numbers drawn beforehan
 
     S = K Tᵀ                  scores s_{hl} = k_h·x_l from the coordinates K = [M | P] (H × FH)
                               and the token coordinates T = [p | q] (L × FH)
-    W, D, D2, w = weights1(S, b, Q_hh, a)              (generated kernel)
+    W, D, D2, w = weights1(S, b, Q_hh, a)            (generated kernel)
     r = y − w·c,  (Jv, Av, Bv, Qv) = vjp1(W, D, D2, a, c)   (generated kernel, v = c)
     β = (γ/D) r Jv,  ρ = 2 (γ/D) r Qv (Bayes offsets only)
     X = β [p | q | A] + [(1+ρ) K | 0]                  (H × (FH + k), A the Wishart factor)
@@ -29,8 +29,10 @@ F8_2 = types.float64[:, ::1]
 F8_3 = types.float64[:, :, ::1]
 F8_4 = types.float64[:, :, :, ::1]
 I8_2 = types.int64[:, ::1]
-# weights1(S, b, qdiag, a, W, D, D2, w) and vjp1(W, D, D2, a, v, Jv, Av, Bv, Qv)
-WEIGHTS_SIG = types.void(F8_2, F8_1, F8_1, F8_1, F8_2, F8_2, F8_2, F8_1)
+I8_1 = types.int64[::1]
+# weights1(S, b, qdiag, a, W, D, D2, w) -> ok (False: normaliser <= 0) and
+# vjp1(W, D, D2, a, v, Jv, Av, Bv, Qv)
+WEIGHTS_SIG = types.boolean(F8_2, F8_1, F8_1, F8_1, F8_2, F8_2, F8_2, F8_1)
 VJP_SIG = types.void(F8_2, F8_2, F8_2, F8_1, F8_1, F8_2, F8_1, F8_1, F8_1)
 WEIGHTS_FN = types.FunctionType(WEIGHTS_SIG)
 VJP_FN = types.FunctionType(VJP_SIG)
@@ -98,11 +100,12 @@ def psd_factor(O: np.ndarray) -> np.ndarray:
 def _coefficients(weights1, vjp1, S, a, b, qdiag, c, y, rates, bayes,
                   W, D, D2, w, beta, rho, da, db):
     """One run's step coefficients (see the module docstring) into beta (H, L), rho, da, db
-    (H,); W, D, D2 (H, L) and w (L,) are the kernel's outputs.  Returns the residual r.
+    (H,); W, D, D2 (H, L) and w (L,) are the kernel's outputs.  Returns (r, ok): the residual
+    and whether the normaliser was > 0.
 
     beta holds J·c on the way (the vjp writes it), then is scaled in place."""
     H, L = S.shape
-    weights1(S, b, qdiag, a, W, D, D2, w)
+    ok = weights1(S, b, qdiag, a, W, D, D2, w)
     r = y
     for l in range(L):
         r -= w[l] * c[l]
@@ -115,34 +118,48 @@ def _coefficients(weights1, vjp1, S, a, b, qdiag, c, y, rates, bayes,
         # an untrained scalar stays exactly fixed (no 0·∞ from its derivative)
         da[h] = rates[1] * r * da[h] if rates[1] != 0.0 else 0.0
         db[h] = rates[2] * r * db[h] if rates[2] != 0.0 else 0.0
-    return r
+    return r, ok
 
 
-@njit(types.void(WEIGHTS_FN, VJP_FN, F8_3, F8_2, F8_2, F8_2, F8_2, F8_1, F8_1,
-                 types.boolean, F8_3, F8_2, F8_2, F8_2, F8_2), cache=True)
+@njit(types.boolean(WEIGHTS_FN, VJP_FN, F8_3, F8_2, F8_2, F8_2, F8_2, F8_1, F8_1,
+                    types.boolean, F8_3, F8_2, F8_2, F8_2, F8_2), cache=True)
 def coefficients_stack(weights1, vjp1, S, a, b, qdiag, c, y, rates, bayes,
                        beta, rho, da, db, w):
     """:func:`_coefficients` for R runs: S (R, H, L), a, b, qdiag (R, H), c (R, L), y (R,);
-    writes beta (R, H, L), rho, da, db (R, H) and w (R, L).  For tests and the NumPy path."""
+    writes beta (R, H, L), rho, da, db (R, H) and w (R, L).  False if a normaliser was <= 0."""
     R, H, L = S.shape
     W, D, D2 = np.empty((H, L)), np.empty((H, L)), np.empty((H, L))
+    all_ok = True
     for r in range(R):
-        _coefficients(weights1, vjp1, S[r], a[r], b[r], qdiag[r], c[r], y[r], rates, bayes,
-                      W, D, D2, w[r], beta[r], rho[r], da[r], db[r])
+        _, ok = _coefficients(weights1, vjp1, S[r], a[r], b[r], qdiag[r], c[r], y[r], rates,
+                              bayes, W, D, D2, w[r], beta[r], rho[r], da[r], db[r])
+        all_ok &= ok
+    return all_ok
 
 
 # ----------------------------------------------------------------------------- block of steps
-@njit(types.int64(WEIGHTS_FN, VJP_FN, F8_3, F8_3, F8_2, F8_2, F8_4, F8_3, F8_2, I8_2, F8_1,
-                  types.boolean, types.int64, types.float64, F8_1), cache=True)
+FAULT_NONE, FAULT_NONFINITE, FAULT_NORMALISER = 0, 1, 2
+
+
+@njit(cache=True)
+def _report(fault, step, kind):
+    """Keep the earliest failure over runs."""
+    if fault[1] == FAULT_NONE or step < fault[0]:
+        fault[0], fault[1] = step, kind
+
+
+@njit(types.void(WEIGHTS_FN, VJP_FN, F8_3, F8_3, F8_2, F8_2, F8_4, F8_3, F8_2, I8_2, F8_1,
+                 types.boolean, types.int64, types.float64, F8_1, I8_1), cache=True)
 def reduced_block(weights1, vjp1, K, O, a, b, tokens, c, y, eps, rates, bayes, F, delta,
-                  sq_sum):
+                  sq_sum, fault):
     """Advance R runs by m reduced SGD steps, in place.
 
     K (R, H, FH) key coordinates [M | P], O (R, H, H) = P Pᵀ, a, b (R, H); per step i and run
     r: tokens[i, r] (L, FH + k) = [p | q | A], values c[i, r] (L,), label y[i, r], signal
     location eps[i, r].  rates = (γ, γ_a, γ_b)/D (zero when untrained).  Adds
-    Σ_i Δ + |δ_ε − w|² to sq_sum (R,).  Returns the first step index at which a run became
-    non-finite (that run stops there), or −1."""
+    Σ_i Δ + |δ_ε − w|² to sq_sum (R,).  A run that fails stops there; fault (2,) gets the
+    earliest failing step index and its kind (FAULT_NONFINITE: keys, a, b or the residual not
+    finite; FAULT_NORMALISER: κ + Σφ ≤ 0); fault[1] stays FAULT_NONE when all went well."""
     m, R, L, NT = tokens.shape
     H, FH = K.shape[1], K.shape[2]
     Ho = FH - F
@@ -151,7 +168,6 @@ def reduced_block(weights1, vjp1, K, O, a, b, tokens, c, y, eps, rates, bayes, F
     w, qdiag = np.empty(L), np.empty(H)
     rho, da, db = np.empty(H), np.empty(H), np.empty(H)
     X, Onew, P = np.empty((H, NT)), np.empty((H, H)), np.empty((H, H))
-    bad = -1
     for r in range(R):
         Kr, ar, br = K[r], a[r], b[r]
         sq = 0.0
@@ -167,8 +183,11 @@ def reduced_block(weights1, vjp1, K, O, a, b, tokens, c, y, eps, rates, bayes, F
                     for k in range(FH):
                         s += Kr[h, k] * T[l, k]
                     S[h, l] = s
-            res = _coefficients(weights1, vjp1, S, ar, br, qdiag, c[i, r], y[i, r], rates,
-                                bayes, W, D, D2, w, beta, rho, da, db)
+            res, ok = _coefficients(weights1, vjp1, S, ar, br, qdiag, c[i, r], y[i, r],
+                                    rates, bayes, W, D, D2, w, beta, rho, da, db)
+            if not ok:
+                _report(fault, i, FAULT_NORMALISER)
+                break
             e2 = 0.0
             for l in range(L):
                 e = (1.0 if l == eps[i, r] else 0.0) - w[l]
@@ -202,7 +221,6 @@ def reduced_block(weights1, vjp1, K, O, a, b, tokens, c, y, eps, rates, bayes, F
                 br[h] += db[h]
                 finite = finite and np.isfinite(ar[h]) and np.isfinite(br[h])
             if not finite:
-                bad = i if bad < 0 else min(bad, i)
+                _report(fault, i, FAULT_NONFINITE)
                 break
         sq_sum[r] += sq
-    return bad

@@ -53,7 +53,8 @@ from .initial import InitialCondition, keys_from_state
 from .model import Task, ValidationError, as_finite_array, check_int, check_state_for_task, fail
 from .progress import progress_bar
 from .results import Checkpoint, read_json, to_jsonable, write_json
-from .sgd_step import VJP_SIG, WEIGHTS_SIG, coefficients_stack, psd_factor, reduced_block
+from .sgd_step import (FAULT_NONE, FAULT_NONFINITE, FAULT_NORMALISER, VJP_SIG, WEIGHTS_SIG,
+                       coefficients_stack, psd_factor, reduced_block)
 
 METHODS = ("reduced", "brute")
 # random numbers drawn at once for a block of reduced steps (bounds memory, amortises calls)
@@ -128,6 +129,7 @@ class StepCoefficients:
     da: np.ndarray     # (R, H)
     db: np.ndarray     # (R, H)
     w: np.ndarray      # (R, L) token weights, for the running error
+    ok: bool = True    # False when a normaliser κ + Σφ was ≤ 0 (weights NaN)
 
 
 def step_coefficients(kernels: Any, S: np.ndarray, a: np.ndarray, b: np.ndarray,
@@ -143,8 +145,9 @@ def step_coefficients(kernels: Any, S: np.ndarray, a: np.ndarray, b: np.ndarray,
     out = StepCoefficients(np.empty((R, H, L)), np.empty((R, H)), np.empty((R, H)),
                            np.empty((R, H)), np.empty((R, L)))
     f8 = lambda x: np.ascontiguousarray(x, dtype=float)  # noqa: E731
-    coefficients_stack(kernels.weights1, kernels.vjp1, f8(S), f8(a), f8(b), f8(Qdiag), f8(c),
-                       f8(y), f8(rates), bool(bayes), out.beta, out.rho, out.da, out.db, out.w)
+    out.ok = coefficients_stack(kernels.weights1, kernels.vjp1, f8(S), f8(a), f8(b), f8(Qdiag),
+                                f8(c), f8(y), f8(rates), bool(bayes), out.beta, out.rho, out.da,
+                                out.db, out.w)
     return out
 
 
@@ -198,13 +201,15 @@ class ReducedState:
         coords[s_idx, r_idx, smp.eps, :self.F] += smp.theta
         return np.concatenate([coords, wishart_factor(rng, self.dof, (steps, R), L)], axis=-1)
 
-    def steps(self, kernels: Any, smp: Samples, tokens: np.ndarray, scalars: "Scalars") -> int:
+    def steps(self, kernels: Any, smp: Samples, tokens: np.ndarray,
+              scalars: "Scalars") -> tuple[int, int]:
         """The block's steps, compiled (:func:`sgd_step.reduced_block`), in place; returns
-        the first step index at which a run became non-finite, or −1."""
-        return int(reduced_block(kernels.weights1, kernels.vjp1, self.K, self.O, scalars.a,
-                                 scalars.b, tokens, smp.c, np.ascontiguousarray(smp.y),
-                                 smp.eps, scalars.rates, scalars.bayes, self.F,
-                                 scalars.delta, scalars.sq_sum))
+        (step index, kind) of the earliest failure, kind FAULT_NONE if there was none."""
+        fault = np.zeros(2, dtype=np.int64)
+        reduced_block(kernels.weights1, kernels.vjp1, self.K, self.O, scalars.a, scalars.b,
+                      tokens, smp.c, np.ascontiguousarray(smp.y), smp.eps, scalars.rates,
+                      scalars.bayes, self.F, scalars.delta, scalars.sq_sum, fault)
+        return int(fault[0]), int(fault[1])
 
     def order_parameters(self) -> tuple[np.ndarray, np.ndarray]:
         M = self.M.copy()
@@ -245,9 +250,10 @@ class BruteState:
         X[np.arange(R), smp.eps[0], :self.F] += smp.theta[0]
         return X[None]
 
-    def steps(self, kernels: Any, smp: Samples, tokens: np.ndarray, scalars: "Scalars") -> int:
+    def steps(self, kernels: Any, smp: Samples, tokens: np.ndarray,
+              scalars: "Scalars") -> tuple[int, int]:
         """The block's steps in NumPy (coefficients from the compiled kernels), in place;
-        returns the first step index at which a run became non-finite, or −1."""
+        returns (step index, kind) of the first failure, kind FAULT_NONE if there was none."""
         for i in range(tokens.shape[0]):
             X = tokens[i]
             co = step_coefficients(kernels, self.K @ np.swapaxes(X, -1, -2), scalars.a,
@@ -257,10 +263,12 @@ class BruteState:
             scalars.a += co.da
             scalars.b += co.db
             scalars.sq_sum += squared_errors(smp.eps[i], co.w, scalars.delta)
+            if not co.ok:
+                return i, FAULT_NORMALISER
             if not (np.all(np.isfinite(co.w)) and np.all(np.isfinite(scalars.a))
                     and np.all(np.isfinite(scalars.b))):
-                return i
-        return -1
+                return i, FAULT_NONFINITE
+        return 0, FAULT_NONE
 
     def order_parameters(self) -> tuple[np.ndarray, np.ndarray]:
         return self.K[..., :self.F].copy(), self.K @ np.swapaxes(self.K, -1, -2)
@@ -512,16 +520,24 @@ class _Run:
             m = min(block, n_steps - done)
             smp = draw_samples(cfg.task, self.rng, m, cfg.runs)
             tokens = state.draw_tokens(self.rng, m, smp)
-            bad = state.steps(self.kernels, smp, tokens, self.scalars)
-            if bad >= 0:
-                raise ValidationError(f"gamma: the simulation diverged at t = "
-                                      f"{(self.step_count + bad + 1) / cfg.D:g} (non-finite "
-                                      "keys, a or b); use a smaller step size")
+            bad, kind = state.steps(self.kernels, smp, tokens, self.scalars)
+            if kind != FAULT_NONE:
+                self._fail(self.step_count + bad, kind)
             done += m
             self.step_count += m
             self.sq_count += m
             if after_block is not None:
                 after_block(m)
+
+    def _fail(self, step: int, kind: int) -> None:
+        t = f"t = {(step + 1) / self.cfg.D:g}"
+        if kind == FAULT_NORMALISER:
+            raise ValidationError(f"activation '{self.cfg.act.name}': the normaliser N = kappa + "
+                                  f"sum phi must be > 0, but it was <= 0 at {t} (phi must be "
+                                  "non-negative and not all zero)")
+        assert kind == FAULT_NONFINITE
+        raise ValidationError(f"gamma: the simulation diverged at {t} (non-finite keys, a or b);"
+                              " use a smaller step size")
 
     def result(self) -> SimResult:
         rec = {k: np.array([r[k] for r in self.records], dtype=float) for k in self.records[0]}
