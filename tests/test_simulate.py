@@ -3,12 +3,10 @@ from __future__ import annotations
 
 import json
 import time
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from theory_kit import codegen
 from theory_kit import simulate as sim
 from theory_kit.activations import custom_activation, get_activation
 from theory_kit.cli import main
@@ -17,98 +15,6 @@ from theory_kit.figures.compare import compare, comparison_figure, write_compari
 from theory_kit.model import Task, ValidationError, make_prior
 from theory_kit.ode import initial_condition, integrate_ode
 from theory_kit.results import Checkpoint, write_json
-
-# ----------------------------------------------------------------------------- kernels
-# Until codegen.sample_kernels lands: hand-written njit kernels for φ = exp (per-head and
-# joint normalisation, Bayes offsets), with the contract's signatures.  Test-only.
-_HAND_KERNELS: dict = {}
-
-
-def _hand_exp_kernels(act):
-    if act.fingerprint() not in _HAND_KERNELS:
-        _HAND_KERNELS[act.fingerprint()] = _build_hand_exp_kernels(act)
-    return _HAND_KERNELS[act.fingerprint()]
-
-
-def _build_hand_exp_kernels(act):
-    from numba import njit
-    per_head, kappa, bayes = act.norm == "per-head", float(act.kappa), act.offset == "bayes"
-    assert act.is_plain_exp and act.norm in ("per-head", "joint")
-
-    @njit
-    def weights1(S, b, qdiag, a, W, D, D2, w):
-        H, L = S.shape
-        for h in range(H):
-            for l in range(L):
-                W[h, l] = S[h, l] + b[h] + ((-0.5 * qdiag[h] - np.log(H)) if bayes else 0.0)
-        if per_head:
-            for h in range(H):
-                m = W[h, 0]
-                for l in range(L):
-                    m = max(m, W[h, l])
-                if kappa > 0:
-                    m = max(m, np.log(kappa))
-                tot = kappa * np.exp(-m) if kappa > 0 else 0.0
-                for l in range(L):
-                    W[h, l] = np.exp(W[h, l] - m)
-                    tot += W[h, l]
-                for l in range(L):
-                    W[h, l] /= tot
-        else:
-            m = W[0, 0]
-            for h in range(H):
-                for l in range(L):
-                    m = max(m, W[h, l])
-            tot = 0.0
-            for h in range(H):
-                for l in range(L):
-                    W[h, l] = np.exp(W[h, l] - m)
-                    tot += W[h, l]
-            for h in range(H):
-                for l in range(L):
-                    W[h, l] /= tot
-        for l in range(L):
-            w[l] = 0.0
-        for h in range(H):
-            for l in range(L):
-                D[h, l] = W[h, l]
-                D2[h, l] = W[h, l]
-                w[l] += a[h] * W[h, l]
-        return True
-
-    @njit
-    def vjp1(W, D, D2, a, v, Jv, Av, Bv, Qv):
-        H, L = W.shape
-        wv = 0.0
-        for l in range(L):
-            s = 0.0
-            for h in range(H):
-                s += a[h] * W[h, l]
-            wv += s * v[l]
-        for h in range(H):
-            Wv = 0.0
-            for l in range(L):
-                Wv += W[h, l] * v[l]
-            Av[h] = Wv
-            Bv[h] = 0.0
-            for l in range(L):
-                if per_head:
-                    Jv[h, l] = a[h] * D[h, l] * (v[l] - Wv)
-                else:
-                    Jv[h, l] = D[h, l] * (a[h] * v[l] - wv)
-                Bv[h] += Jv[h, l]
-            Qv[h] = -0.5 * Bv[h] if bayes else 0.0
-
-    def weights(S, b, qdiag, a):
-        kern = act.kernel(S, a, b, qdiag)
-        return kern.W, kern.D, kern.D2, kern.w
-
-    return SimpleNamespace(weights1=weights1, vjp1=vjp1, weights=weights)
-
-
-if not hasattr(codegen, "sample_kernels"):
-    codegen.sample_kernels = _hand_exp_kernels
-
 
 FLIP = Task(4, make_prior("flipping", nu=[2.0, 2.0]))
 Z_MAX = 4.0
@@ -186,20 +92,12 @@ def activation_for(name: str):
     return get_activation(name)
 
 
-def needs_generated(name: str) -> None:
-    act = activation_for(name)
-    if codegen.sample_kernels is _hand_exp_kernels and not (
-            act.is_plain_exp and act.norm in ("per-head", "joint")):
-        pytest.skip("needs codegen.sample_kernels for this activation")
-
-
 @pytest.mark.parametrize("act", ["softmax", "softmax1", "bsoftmax", "softplus", "bayes-user",
                                  "cubic"])
 def test_compiled_step_coefficients_equal_the_hand_oracle(act: str) -> None:
     """The compiled coefficients (generated per-sample kernels inside numba) against the
     hand-written NumPy kernel, run by run: r = y − w·c, β = (γ/D) r J·c,
     ρ = (γ/D) r 2 ∂w/∂Q_hh·c, da = (γ_a/D) r W·c, db = (γ_b/D) r Σ_l J·c."""
-    needs_generated(act)
     activation = activation_for(act)
     rng = np.random.default_rng(1)
     R, H, L = 6, 3, 5
@@ -247,7 +145,6 @@ def reference_block(act, K, O, a, b, tokens, c, y, eps, rates, F, delta):
 @pytest.mark.parametrize("act", ["bsoftmax", "softmax1", "softplus"])
 def test_compiled_block_equals_numpy_reference_steps(act: str) -> None:
     """200 compiled steps of 3 runs against the NumPy reference on the same random numbers."""
-    needs_generated(act)
     activation = activation_for(act)
     cfg = sim.SimConfig(FLIP, activation, H=2, D=40, times=(0.0, 5.0), runs=3, seed=3,
                         train_a=True, train_b=True, gamma=2.0)
@@ -276,7 +173,6 @@ def test_psd_factor_cholesky_and_singular_branch() -> None:
 
 
 def test_trained_a_moves_and_matches_brute_force_mean() -> None:
-    needs_generated("relu")
     cfg = dict(runs=200, train_a=True, times=(0.0, 2.0))
     red = sim.simulate(config("relu", seed=5, **cfg))
     bru = sim.simulate(config("relu", seed=6, method="brute", **cfg))
@@ -394,7 +290,6 @@ def test_finished_run_is_not_recomputed(tmp_path, monkeypatch) -> None:
 
 
 def test_divergence_stops_with_the_time() -> None:
-    needs_generated("linear")
     with pytest.raises(ValidationError, match=r"diverged at t = [0-9.]+"):
         sim.simulate(config("linear", gamma=1e4, D=50, times=(0.0, 50.0)))
 
