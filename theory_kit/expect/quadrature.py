@@ -162,7 +162,7 @@ def log_phi(act: Activation, t: np.ndarray) -> np.ndarray:
         return np.log(phi)
 
 
-def _exp_minus_exp(x: np.ndarray, k: int) -> np.ndarray:
+def exp_minus_exp(x: np.ndarray, k: int) -> np.ndarray:
     """e^{k x − e^x} for k = 0, 1, 2 without overflow (0 where x = ±inf as appropriate)."""
     with np.errstate(over="ignore", invalid="ignore"):
         ex = np.exp(x)
@@ -178,11 +178,12 @@ class UGrid:
     w: np.ndarray
 
 
-def u_grid(psi_min: float, psi_max: float, kappa: float, level: float) -> UGrid:
-    """u on [−ψ_max − 32, −ψ_min + 4.5] with step 0.25/level."""
+def u_grid(psi_min: float, psi_max: float, kappa: float, level: float,
+           low_margin: float = U_LOW_MARGIN, step: float = H_U) -> UGrid:
+    """u on [−ψ_max − low_margin, −ψ_min + 4.5] with step ``step``/level (default 32, 0.25)."""
     psi_min = max(psi_min, psi_max - 200.0)  # φ → 0 polynomially: beyond this all tokens ≈ 0
-    h = H_U / level
-    lo, hi = -psi_max - U_LOW_MARGIN, -psi_min + U_HIGH_MARGIN
+    h = step / level
+    lo, hi = -psi_max - low_margin, -psi_min + U_HIGH_MARGIN
     u = lo + h * np.arange(int(np.ceil((hi - lo) / h)) + 1)
     with np.errstate(over="ignore"):
         damp = np.exp(-kappa * np.exp(u)) if kappa > 0 else np.ones_like(u)
@@ -352,10 +353,10 @@ class QuadEngine:
                        + self.c[second])                                           # (n1, n2)
         x1 = ug.u[:, None] + psi1[None]
         x2 = ug.u[:, None, None] + psi2[None]
-        GB = _exp_minus_exp(x2, 0) @ w2                                            # (U', n1)
-        GD = _exp_minus_exp(x2, 1) @ w2
-        B2 = (_exp_minus_exp(x1, 0) * w1) @ GB.T
-        D = (_exp_minus_exp(x1, 1) * w1) @ GD.T
+        GB = exp_minus_exp(x2, 0) @ w2                                            # (U', n1)
+        GD = exp_minus_exp(x2, 1) @ w2
+        B2 = (exp_minus_exp(x1, 0) * w1) @ GB.T
+        D = (exp_minus_exp(x1, 1) * w1) @ GD.T
         return (B2.T, D.T) if swap else (B2, D)
 
     def _cross(self, h: int, g: int, ug: UGrid) -> float:

@@ -1,0 +1,230 @@
+"""The deterministic Laplace drift engine (expect/laplace.py) against independent methods:
+Monte Carlo, a tensor Gauss–Hermite evaluation over all scores written here, finite
+differences of the deterministic population error (gradient-flow identity), its own
+convergence under refinement, and the exact θ_f → −θ_f symmetry."""
+import itertools
+
+import numpy as np
+import pytest
+
+from theory_kit.activations import custom_activation, get_activation
+from theory_kit.error import population_error
+from theory_kit.expect.drift import MonteCarloDrift
+from theory_kit.expect.laplace import LaplaceDrift, applicability
+from theory_kit.integrands import reference_drift_integrands
+from theory_kit.model import State, Task, ValidationError, make_prior
+
+FIELDS = ("dM", "dQ_lin", "dQ_noise", "da", "db")
+M3 = np.array([[0.6, 0.15], [0.5, -0.1], [0.2, 0.3]])
+Q3 = np.array([[1.3, 0.2, 0.1], [0.2, 1.1, -0.1], [0.1, -0.1, 0.9]])
+
+
+def _act(name):
+    if name == "softplus":  # a user φ, per-head normalised, κ = 0.5
+        return custom_activation("softplus(s)", norm="per-head", kappa=0.5)
+    if name == "softplus-joint":  # a user φ, jointly normalised
+        return custom_activation("softplus(s) + 0.1", norm="joint", kappa=0.2)
+    return get_activation(name)
+
+
+def _state(act, H, L, scale=1.0):
+    a = act.a_default(H, L) * 1.1
+    b = act.b_default(H, L) + 0.1
+    return M3[:H] * scale, Q3[:H, :H] * scale ** 2, a, b
+
+
+def _fields(d):
+    return {**{f: np.asarray(getattr(d, f)) for f in FIELDS}, "error": np.asarray(d.error)}
+
+
+def _check_mc(name, prior, H, L, n):
+    act = _act(name)
+    task = Task(L, make_prior(prior, nu=[2.0, 1.5]))
+    M, Q, a, b = _state(act, H, L)
+    lap = LaplaceDrift().evaluate(task, act, M, Q, a, b)
+    ref = MonteCarloDrift(n, seed=7).evaluate(task, act, M, Q, a, b)
+    for f, x in _fields(lap).items():
+        y, se = np.asarray(getattr(ref, f)), np.asarray(ref.stderr[f])
+        assert np.all(np.abs(x - y) <= 4 * se + 1e-9), (f, x, y, se)
+        assert np.all(lap.stderr[f] < 1e-8), (f, lap.stderr[f])
+    # power: the Monte Carlo band is far narrower than the fields themselves
+    assert ref.stderr["dQ_noise"].max() < 0.05 * np.abs(ref.dQ_noise).max()
+
+
+@pytest.mark.parametrize("name,prior,H,L", [
+    ("softmax", "flipping", 2, 4), ("softmax1", "gaussian", 1, 3), ("bsoftmax", "flipping", 2, 3),
+    ("relu", "gaussian", 2, 5), ("softplus", "flipping", 1, 2), ("linear", "flipping", 1, 3),
+])
+def test_agrees_with_monte_carlo(name, prior, H, L):
+    _check_mc(name, prior, H, L, 30_000)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,prior,H,L", [
+    ("softmax", "gaussian", 2, 12), ("softmax", "flipping", 1, 7), ("softmax1", "flipping", 2, 10),
+    ("softmax1", "gaussian", 2, 3),
+    ("bsoftmax", "gaussian", 2, 6), ("softplus", "gaussian", 2, 8), ("sigmoid", "flipping", 2, 4),
+    ("erf", "gaussian", 1, 9), ("softplus-joint", "flipping", 2, 5), ("linear", "gaussian", 2, 2),
+])
+def test_agrees_with_monte_carlo_table(name, prior, H, L):
+    _check_mc(name, prior, H, L, 200_000)
+
+
+def _convergence(name, prior, H, L):
+    act = _act(name)
+    task = Task(L, make_prior(prior, nu=[2.0, 1.5]))
+    M, Q, a, b = _state(act, H, L)
+    base = LaplaceDrift().evaluate(task, act, M, Q, a, b)
+    fine = LaplaceDrift(level=2.0).evaluate(task, act, M, Q, a, b)
+    for f, x in _fields(base).items():
+        err = np.asarray(base.stderr[f])
+        assert np.all(err < 1e-8), (f, err)
+        assert np.all(np.abs(np.asarray(_fields(fine)[f]) - x) <= err), (f, x, err)
+
+
+@pytest.mark.parametrize("name,prior,H,L", [
+    ("softmax1", "flipping", 1, 5), ("bsoftmax", "gaussian", 1, 3), ("softplus", "gaussian", 1, 6),
+    ("relu", "flipping", 2, 4),
+])
+def test_doubling_resolution_stays_within_abs_err(name, prior, H, L):
+    _convergence(name, prior, H, L)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,prior,H,L", [
+    ("softmax", "flipping", 2, 10), ("softmax1", "gaussian", 2, 20), ("softmax", "flipping", 2, 3),
+    ("bsoftmax", "gaussian", 2, 3),
+    ("softplus", "flipping", 2, 5), ("softplus-joint", "gaussian", 2, 4),
+])
+def test_doubling_resolution_table(name, prior, H, L):
+    _convergence(name, prior, H, L)
+
+
+def _gauss_hermite_drift(act, task, M, Q, a, b, n):
+    """Tensor Gauss–Hermite over the L scores of one head (H = 1), summed over the atoms."""
+    x, w = np.polynomial.hermite_e.hermegauss(n)
+    w = w / w.sum()
+    L = task.L
+    g = np.array(list(itertools.product(x, repeat=L)))                 # (n^L, L)
+    wg = np.prod(np.array(list(itertools.product(w, repeat=L))), axis=1)
+    atoms, pi = task.prior.atoms()
+    sd = np.sqrt(Q[0, 0])
+    out = {f: 0.0 for f in FIELDS + ("error",)}
+    for th, p in zip(atoms, pi):
+        zeta = (sd * g)[:, None, :]
+        S = zeta.copy()
+        S[:, 0, 0] += M[0] @ th
+        theta = np.tile(th, (len(g), 1))
+        smp = reference_drift_integrands(act, S, zeta, theta, M, Q, a, b, task.delta)
+        for f in FIELDS:
+            out[f] = out[f] + p * np.tensordot(wg, getattr(smp, f), axes=1)
+        out["error"] += p * (task.delta + wg @ smp.sq_err)
+    half = out["dQ_lin"]
+    out["dQ_lin"] = half  # already symmetric for H = 1
+    return out
+
+
+@pytest.mark.parametrize("name", ["softmax1", pytest.param("softmax", marks=pytest.mark.slow)])
+def test_matches_tensor_gauss_hermite_at_H1_L3(name):
+    act = get_activation(name)
+    task = Task(3, make_prior("flipping", nu=[1.5, 1.0]), delta=0.1)
+    M, Q = np.array([[0.5, -0.3]]), np.array([[0.6]])
+    a, b = act.a_default(1, 3) * 0.9, act.b_default(1, 3) + 0.2
+    lap = _fields(LaplaceDrift().evaluate(task, act, M, Q, a, b))
+    ref = _gauss_hermite_drift(act, task, M, Q, a, b, 70)
+    ref2 = _gauss_hermite_drift(act, task, M, Q, a, b, 90)
+    for f in lap:
+        # the Gauss–Hermite reference has itself converged far below the tolerance
+        assert np.all(np.abs(ref[f] - ref2[f]) < 1e-11), (f, ref[f] - ref2[f])
+        assert np.all(np.abs(lap[f] - ref2[f]) < 1e-9), (f, lap[f], ref2[f])
+
+
+@pytest.mark.parametrize("name,H", [("softmax", 1), ("sigmoid", 2),
+                                    pytest.param("softmax", 2, marks=pytest.mark.slow),
+                                    pytest.param("bsoftmax", 2, marks=pytest.mark.slow)])
+def test_flipping_prior_zero_overlap_gives_exactly_zero_drift(name, H):
+    act = _act(name)
+    task = Task(5, make_prior("flipping", nu=[2.0, 1.5, 1.2]))
+    M = np.array([[0.6, 0.0, 0.3], [0.4, 0.0, -0.2]])[:H]
+    Q = Q3[:H, :H]
+    a, b = act.a_default(H, 5), act.b_default(H, 5) + 0.1
+    d = LaplaceDrift().evaluate(task, act, M, Q, a, b)
+    assert np.all(d.dM[:, 1] == 0.0), d.dM
+    assert np.all(d.stderr["dM"][:, 1] < 1e-14)
+    assert np.all(np.abs(d.dM[:, [0, 2]]) > 1e-4)  # the other directions do move
+
+
+def _error(task, act, M, Q, a, b):
+    return population_error(task, act, State(M, Q, a, b), method="quad").value
+
+
+def _derivative(fn, eps=2e-4):
+    """Richardson-extrapolated central difference of a scalar function of one step."""
+    d1 = (fn(eps) - fn(-eps)) / (2 * eps)
+    d2 = (fn(2 * eps) - fn(-2 * eps)) / (4 * eps)
+    return (4 * d1 - d2) / 3
+
+
+@pytest.mark.parametrize("name,prior,H", [
+    ("softmax1", "flipping", 1), ("bsoftmax", "gaussian", 1), ("sigmoid", "flipping", 2),
+    pytest.param("softmax1", "flipping", 2, marks=pytest.mark.slow),
+    pytest.param("bsoftmax", "gaussian", 2, marks=pytest.mark.slow)])
+def test_linear_drift_is_minus_half_projected_gradient_of_quad_error(name, prior, H):
+    """dM = −½(∂_M E + 2 A M), dQ^lin = −½(∂_M E Mᵀ + M ∂_M Eᵀ + 2AQ + 2QA), da = −½ ∂_a E,
+    db = −½ ∂_b E (A the symmetric split of ∂E/∂Q), as in tests/test_drift.py, against
+    finite differences of the deterministic error (quadrature, 1e−13)."""
+    act = _act(name)
+    L = 3
+    task = Task(L, make_prior(prior, nu=[2.0, 1.5]))
+    M, Q, a, b = _state(act, H, L)
+    d = LaplaceDrift().evaluate(task, act, M, Q, a, b)
+    gM, A, ga, gb = np.zeros_like(M), np.zeros_like(Q), np.zeros(H), np.zeros(H)
+    for h in range(H):
+        for f in range(M.shape[1]):
+            unit = np.zeros_like(M)
+            unit[h, f] = 1
+            gM[h, f] = _derivative(lambda e: _error(task, act, M + e * unit, Q, a, b))
+        for g in range(h, H):
+            unit = np.zeros_like(Q)
+            unit[h, g] = unit[g, h] = 1
+            val = _derivative(lambda e: _error(task, act, M, Q + e * unit, a, b))
+            A[h, g] = A[g, h] = val if g == h else val / 2
+        e_h = np.eye(H)[h]
+        ga[h] = _derivative(lambda e: _error(task, act, M, Q, a + e * e_h, b))
+        gb[h] = _derivative(lambda e: _error(task, act, M, Q, a, b + e * e_h))
+    gMMt = gM @ M.T
+    expected = {"dM": -0.5 * (gM + 2 * A @ M),
+                "dQ_lin": -0.5 * (gMMt + gMMt.T + 2 * A @ Q + 2 * Q @ A),
+                "da": -0.5 * ga, "db": -0.5 * gb}
+    for f, exp in expected.items():
+        assert np.max(np.abs(getattr(d, f) - exp)) < 1e-8, (f, getattr(d, f), exp)
+        assert np.max(np.abs(exp)) > 1e-3 or f == "db"
+
+
+def test_singular_and_zero_overlaps():
+    """M = 0, Q = η² I (an initial condition) and M = Q = 0 (all scores zero) are evaluated."""
+    act = get_activation("softmax")
+    task = Task(4, make_prior("flipping", nu=[2.0, 2.0]))
+    d = LaplaceDrift().evaluate(task, act, np.zeros((2, 2)), 0.25 * np.eye(2), act.a_default(2, 4),
+                                np.zeros(2))
+    assert np.all(d.dM[:, 1] == 0) and np.all(d.dM[:, 0] > 0)
+    d0 = LaplaceDrift().evaluate(task, act, np.zeros((2, 2)), np.zeros((2, 2)),
+                                 act.a_default(2, 4), np.zeros(2))
+    # all weights are 1/L: E = 1 − 2/L + 1/L, and dM_{h1} = a_h θ_1 E[D_{h0} e_0 − …] in closed form
+    L = 4
+    assert abs(d0.error - (1 - 1 / L)) < 1e-12
+    # g_{h0} = a_h W_0 (e_0 − W·e) = a_h (1/L)((1 − 1/L) − (1/L − 1/L)) at the signal token
+    expected = 0.5 * (1 / L) * (1 - 1 / L) * np.sqrt(2.0)
+    assert np.allclose(d0.dM[:, 0], expected, atol=1e-12)
+
+
+def test_applicability_and_bad_input():
+    task = Task(4, make_prior("flipping", nu=[2.0, 2.0]))
+    assert applicability(task, get_activation("softmax"), 2)[0]
+    ok, why = applicability(task, get_activation("softmax"), 3)
+    assert not ok and "H <= 2" in why
+    assert not applicability(task, custom_activation("Max(0, s) + 0.1", norm="per-head"), 2)[0]
+    with pytest.raises(ValidationError, match="engine"):
+        LaplaceDrift().evaluate(task, get_activation("softmax"), M3, Q3, np.ones(3), np.zeros(3))
+    with pytest.raises(ValidationError, match="level"):
+        LaplaceDrift(level=0)

@@ -1,0 +1,853 @@
+"""Deterministic drift expectations by the Laplace reduction (THEORY §5, "Expectation engines").
+
+The per-sample drift integrands (``integrands.py``, conditional-mean projections) are
+polynomials in per-token quantities: W_{hl} = φ(t_{hl})/N, D_{hl} = φ′(t_{hl})/N, the scores
+s_{hl}, the projections P_{fl} and the signal indicator δ_{l0}, with t_{hl} = s_{hl} + b_h + o_h.
+This module takes their expectation without sampling:
+
+1. **Token sums.**  Each field is written in a small token-sum algebra (:class:`TokenPoly`):
+   e_l = δ_{l0} − Σ_h a_h W_{hl};  J_{hl,l′} = D_{hl}(α_h δ_{ll′} − β_{hl′}) with α_h = a_h and
+   β_{hl′} = a_h W_{hl′} (per-head), w_{l′} (joint), 0 (elementwise), so that
+   g_{hl} = J_{hl}·e = D_{hl}(α_h e_l − Σ_{l′} β_{hl′} e_{l′}) and
+   Σ_l J_{hl}·J_{h′l} = Σ_l D_{hl} D_{h′l}(α_h α_{h′} − α_h β_{h′l} − α_{h′} β_{hl} + Σ_{l′} β_{hl′} β_{h′l′}).
+   Then dM_{hf} = Σ_l g_{hl} P_{fl}, dQ^lin_{hh′} = Σ_l g_{hl} s_{h′l} (+ transpose),
+   dQ^noise_{hh′} = (|e|² + Δ) Σ_l J_{hl}·J_{h′l} + 2 Σ_l g_{hl} g_{h′l}, da_h = Σ_l W_{hl} e_l,
+   db_h = Σ_l g_{hl}.  The Bayes-offset terms 2ρ_h m_{hf}, 2ρ_h Q_{hh′} with ρ_h = −½ db_h are
+   linear in E[db] and added afterwards.
+2. **Distinct-token patterns.**  A product of k token sums is expanded over the set partitions
+   of its k indices into sums over *distinct* tokens.  By exchangeability a pattern with n
+   blocks on noise tokens has multiplicity (L−1)(L−2)…(L−n); at most one block sits on the
+   signal token 0 (δ atoms force it there).
+3. **Laplace reduction.**  Every W or D carries one 1/N.  A pattern with k_h of them for
+   normaliser h uses N_h^{−k} = ∫_0^∞ t^{k−1} e^{−tN_h} dt / Γ(k); in u = log t each atom gets a
+   factor t (tφ = e^{u+ψ}, ψ = log φ), e^{−tN} factorises over tokens (κ gives e^{−κt}), so the
+   pattern is a u-integral of a product of one-token tables
+   T_μ(u) = E_col[μ̂(s) e^{−Σ_h t_h φ_h(s_h)}] (signal column for one block, noise column for the
+   others, T_1 for the L−1−n plain noise tokens).  Per-head activations have one u per active
+   head (H ≤ 2: at most a 2-D u grid), joint ones a single u, elementwise ones none.
+4. **Projections.**  E[p_{:,l} | s] = Mᵀ Q⁺ (s_{:,l} − δ_{l0} M θ) is linear in the scores, so P is
+   a one-token function: P = B s on noise tokens (B = Mᵀ Q⁺), B (s − Mθ) + θ on the signal token
+   of a discrete atom, and (I + diag ν) Mᵀ C⁺ s for a Gaussian prior (signal column N(0, C),
+   C = Q + M diag ν Mᵀ, by linear Gaussian conditioning of θ and the projections on s_0).
+   Signal atoms with the same score mean Mθ share their tables; their θ parts are summed with
+   ``math.fsum``, so a flipping prior with m_{:,f} = 0 gives a drift of exactly 0 along f.
+5. **Rules.**  u: the trapezoid grid of ``quadrature.u_grid``.  Gaussian columns: trapezoid in
+   whitened variables (only the range of the covariance, so singular Q and M = Q = 0 work);
+   per-head H = 2 uses nested conditioning s_1 = μ_1 + σ_1 z_1, s_2 = μ_2 + β z_1 + σ_c z_2 so that a
+   2-D (u_1, u_2) table is one matrix product over z_1.  Elementwise φ (which may have kinks) uses
+   composite Gauss–Legendre with the kinks as panel edges, nested for two heads.
+
+``abs_err`` of every field is the difference to the same computation at resolution
+``COARSE`` × level (as ``quadrature.quad_moments`` does).  The route (token patterns + Laplace
+reduction + nested tables) was chosen because it reuses the one-token machinery of the error
+engine, gives every field from one set of tables, and costs nothing in L.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Callable, Iterator
+
+import numpy as np
+import sympy as sp
+
+from ..activations import S_SYMBOL, Activation, lambdify_numpy
+from ..integrands import projection_matrix
+from ..model import GaussianPrior, Task, ValidationError
+from . import montecarlo as mc
+from .drift import DriftMeans
+from .quadrature import (COARSE, EIG_TOL, exp_minus_exp, gaussian_nodes, kinks,
+                         piecewise_gauss_legendre_normal, trapezoid_normal, u_grid, whiten)
+
+Mono = tuple[str, ...]           # sorted atom names at one token, e.g. ("D0", "P1", "W0")
+MAX_H = {"elementwise": 2, "per-head": 2, "joint": 2}
+MAX_L = 64
+DEFAULT_LEVEL = 1.0
+# Resolution at level 1 (the coarse run for abs_err uses steps / COARSE).  Measured on
+# softmax H = 2, L = 10: the error of the coarse run is ~2e−11, but it grows erratically to
+# ~1e−7 when the steps are a further 1.33× coarser (factors (tφ)^k with k up to 6 narrow the
+# strip of analyticity), so these steps are not to be loosened.
+U_STEP = 0.3                     # trapezoid step in u = log t
+U_LOW = 32.0                     # lower u margin: the cut tail is ≤ e^{−32} ≈ 1e−14
+Z_LEVEL = 1.25                   # whitened-score step 0.24/σ (``trapezoid_normal``)
+X_CLIP = 6.6                     # e^{−e^{6.6}} underflows: tφ beyond this contributes nothing
+
+
+# ============================================================================ token-sum algebra
+class TokenPoly:
+    """A polynomial in closed token sums Σ_l μ(l), optionally times a monomial at a free token.
+
+    ``terms`` maps (closed, local) to a coefficient (float or 1-D array): ``closed`` is a sorted
+    tuple of monomials, one per closed sum, and ``local`` the monomial at the free index
+    (None for an expression without free index)."""
+
+    def __init__(self, terms: dict | None = None, free: bool = True) -> None:
+        self.terms: dict = terms or {}
+        self.free = free
+
+    @staticmethod
+    def atom(name: str) -> "TokenPoly":
+        return TokenPoly({((), (name,)): 1.0}, free=True)
+
+    @staticmethod
+    def const(c: float, free: bool) -> "TokenPoly":
+        return TokenPoly({((), () if free else None): c}, free=free)
+
+    def lifted(self) -> "TokenPoly":
+        """The same expression with a free index (a closed c becomes c × 1 at every token)."""
+        if self.free:
+            return self
+        return TokenPoly({(c, ()): v for (c, _), v in self.terms.items()}, free=True)
+
+    def __add__(self, other: "TokenPoly") -> "TokenPoly":
+        left, right = (self, other) if self.free == other.free else (self.lifted(), other.lifted())
+        out = dict(left.terms)
+        for k, v in right.terms.items():
+            out[k] = out[k] + v if k in out else v
+        return TokenPoly(out, left.free)
+
+    def __sub__(self, other: "TokenPoly") -> "TokenPoly":
+        return self + other * (-1.0)
+
+    def __mul__(self, other: "TokenPoly | float") -> "TokenPoly":
+        if not isinstance(other, TokenPoly):
+            return TokenPoly({k: v * other for k, v in self.terms.items()}, self.free)
+        out: dict = {}
+        for (c1, l1), v1 in self.terms.items():
+            for (c2, l2), v2 in other.terms.items():
+                if l1 is None or l2 is None:
+                    local = l2 if l1 is None else l1
+                else:
+                    local = merge(l1, l2)
+                key = (tuple(sorted(c1 + c2)), local)
+                out[key] = out[key] + v1 * v2 if key in out else v1 * v2
+        return TokenPoly(out, self.free or other.free)
+
+    __rmul__ = __mul__
+
+    def tsum(self) -> "TokenPoly":
+        """Σ_l over the free index."""
+        if not self.free:
+            raise TypeError("no free index to sum over")
+        out: dict = {}
+        for (closed, local), v in self.terms.items():
+            key = (tuple(sorted(closed + (local,))), None)
+            out[key] = out[key] + v if key in out else v
+        return TokenPoly(out, free=False)
+
+
+def merge(m1: Mono, m2: Mono) -> Mono:
+    """Product of two monomials at the same token (δ is idempotent)."""
+    atoms = m1 + m2
+    if atoms.count("d") > 1:
+        atoms = tuple(x for x in atoms if x != "d") + ("d",)
+    return tuple(sorted(atoms))
+
+
+def set_partitions(items: list[int]) -> Iterator[list[list[int]]]:
+    """All set partitions of ``items`` (Bell(k) of them)."""
+    if not items:
+        yield []
+        return
+    first, rest = items[0], items[1:]
+    for part in set_partitions(rest):
+        yield [[first]] + part
+        for i in range(len(part)):
+            yield part[:i] + [[first] + part[i]] + part[i + 1:]
+
+
+def falling(n: int, k: int) -> int:
+    """n (n−1) … (n−k+1)."""
+    out = 1
+    for i in range(k):
+        out *= n - i
+    return out
+
+
+# ============================================================================ the integrands
+@dataclass(frozen=True)
+class Slots:
+    """Flat layout of all output fields in one coefficient vector."""
+
+    H: int
+    F: int
+
+    @property
+    def size(self) -> int:
+        return self.H * self.F + 2 * self.H * self.H + 2 * self.H + 1
+
+    def dM(self, h: int, f: int) -> int:
+        return h * self.F + f
+
+    def dQ_lin(self, h: int, g: int) -> int:
+        return self.H * self.F + h * self.H + g
+
+    def dQ_noise(self, h: int, g: int) -> int:
+        return self.H * self.F + self.H ** 2 + h * self.H + g
+
+    def da(self, h: int) -> int:
+        return self.H * self.F + 2 * self.H ** 2 + h
+
+    def db(self, h: int) -> int:
+        return self.H * self.F + 2 * self.H ** 2 + self.H + h
+
+    def sq(self) -> int:
+        return self.size - 1
+
+
+def drift_polynomial(norm: str, a: np.ndarray, F: int, delta: float) -> TokenPoly:
+    """All drift fields as one closed :class:`TokenPoly` with coefficient vectors (``Slots``).
+
+    dQ_lin holds only the half Σ_l g_{hl} s_{h′l}; symmetrisation and the Bayes-offset terms are
+    done by the caller."""
+    H = len(a)
+    slots = Slots(H, F)
+    T = TokenPoly.atom
+    W = [T(f"W{h}") for h in range(H)]
+    D = [T(f"D{h}") for h in range(H)]
+    e = T("d")
+    for h in range(H):
+        e = e - W[h] * float(a[h])
+    if norm == "per-head":
+        beta = [W[h] * float(a[h]) for h in range(H)]
+    elif norm == "joint":
+        w = W[0] * float(a[0])
+        for h in range(1, H):
+            w = w + W[h] * float(a[h])
+        beta = [w] * H
+    else:
+        beta = None
+
+    def jv(h: int, v: TokenPoly) -> TokenPoly:
+        out = v * float(a[h])
+        if beta is not None:
+            out = out - (beta[h] * v).tsum()
+        return D[h] * out
+
+    def jj_sum(h: int, g: int) -> TokenPoly:
+        inner = TokenPoly.const(float(a[h] * a[g]), free=True)
+        if beta is not None:
+            inner = inner - beta[g] * float(a[h]) - beta[h] * float(a[g])
+            inner = inner + (beta[h] * beta[g]).tsum()
+        return (D[h] * D[g] * inner).tsum()
+
+    def unit(i: int) -> np.ndarray:
+        v = np.zeros(slots.size)
+        v[i] = 1.0
+        return v
+
+    sq = (e * e).tsum()
+    g = [jv(h, e) for h in range(H)]
+    total = sq * unit(slots.sq())
+    sq_delta = sq + TokenPoly.const(delta, free=False) if delta else sq
+    for h in range(H):
+        for f in range(F):
+            total = total + (g[h] * T(f"P{f}")).tsum() * unit(slots.dM(h, f))
+        for k in range(H):
+            total = total + (g[h] * T(f"S{k}")).tsum() * unit(slots.dQ_lin(h, k))
+        for k in range(h, H):
+            noise = sq_delta * jj_sum(h, k) + (g[h] * g[k]).tsum() * 2.0
+            total = total + noise * unit(slots.dQ_noise(h, k))
+        total = total + (W[h] * e).tsum() * unit(slots.da(h))
+        total = total + g[h].tsum() * unit(slots.db(h))
+    return total
+
+
+@dataclass(frozen=True)
+class Pattern:
+    """One distinct-token pattern: the signal-token monomial (None: a plain token), the sorted
+    noise-block monomials, and the summed coefficient vector × multiplicity."""
+
+    signal: Mono | None
+    noise: tuple[Mono, ...]
+
+
+def patterns(poly: TokenPoly, L: int) -> dict[Pattern, np.ndarray]:
+    """Expand each product of token sums over distinct-token patterns (see module docstring)."""
+    out: dict[Pattern, np.ndarray] = {}
+
+    def add(p: Pattern, c: np.ndarray) -> None:
+        out[p] = out[p] + c if p in out else c
+
+    for (closed, _), coef in poly.terms.items():
+        for part in set_partitions(list(range(len(closed)))):
+            blocks = [_block(closed, b) for b in part]
+            n = len(blocks)
+            if not any("d" in m for m in blocks):
+                mult = falling(L - 1, n)
+                if mult:
+                    add(Pattern(None, tuple(sorted(blocks))), coef * mult)
+            for i, m in enumerate(blocks):
+                others = blocks[:i] + blocks[i + 1:]
+                if any("d" in o for o in others):
+                    continue
+                mult = falling(L - 1, n - 1)
+                if mult:
+                    add(Pattern(tuple(x for x in m if x != "d"), tuple(sorted(others))),
+                        coef * mult)
+    return out
+
+
+def _block(closed: tuple[Mono, ...], idx: list[int]) -> Mono:
+    m: Mono = ()
+    for i in idx:
+        m = merge(m, closed[i])
+    return m
+
+
+def atom_counts(m: Mono, H: int) -> tuple[np.ndarray, np.ndarray]:
+    """(k_h, β_h): numbers of W_h or D_h atoms, and of D_h atoms, in a monomial."""
+    k, beta = np.zeros(H, dtype=int), np.zeros(H, dtype=int)
+    for x in m:
+        if x[0] in "WD":
+            k[int(x[1:])] += 1
+            beta[int(x[1:])] += x[0] == "D"
+    return k, beta
+
+
+# ============================================================================ columns
+@dataclass(frozen=True)
+class ColumnGroup:
+    """Score columns sharing one Gaussian law N(mean, cov) (signal atoms with equal Mθ).
+
+    P = R s + r per atom; ``weight`` = Σ π_j and ``rbar`` = Σ_j π_j r_j (F,) (fsum)."""
+
+    weight: float
+    mean: np.ndarray
+    cov: np.ndarray
+    R: np.ndarray
+    rbar: np.ndarray
+
+
+def column_groups(task: Task, M: np.ndarray, Q: np.ndarray) -> tuple[ColumnGroup, list[ColumnGroup]]:
+    """(noise column, signal groups) for the state (M, Q)."""
+    H, F = M.shape
+    B = projection_matrix(M, Q)
+    noise = ColumnGroup(1.0, np.zeros(H), Q, B, np.zeros(F))
+    prior = task.prior
+    if isinstance(prior, GaussianPrior):
+        C = Q + M @ np.diag(prior.nu) @ M.T
+        R = np.diag(1.0 + prior.nu) @ M.T @ np.linalg.pinv(C, hermitian=True)
+        return noise, [ColumnGroup(1.0, np.zeros(H), C, R, np.zeros(F))]
+    atoms, pi = prior.atoms()
+    by_mean: dict[tuple, list[int]] = {}
+    means = atoms @ M.T
+    for j in range(len(pi)):
+        if pi[j] > 0:
+            by_mean.setdefault(tuple(float(x) for x in means[j]), []).append(j)
+    groups = []
+    for key, idx in by_mean.items():
+        mean = np.array(key)
+        r = atoms[idx] - means[idx] @ B.T                      # θ − B M θ per atom
+        rbar = np.array([math.fsum(pi[j] * r[i, f] for i, j in enumerate(idx))
+                         for f in range(F)])
+        groups.append(ColumnGroup(math.fsum(pi[idx]), mean, Q, B, rbar))
+    return noise, groups
+
+
+# ============================================================================ one-token tables
+class _NodeColumn:
+    """Gaussian (or Gauss–Legendre) nodes of one column and the atom values at them.
+
+    ``s[h]`` are score arrays broadcastable to ``shape``; ``w`` the node weights (``shape``)."""
+
+    def __init__(self, act: Activation, c: np.ndarray, group: ColumnGroup,
+                 s: list[np.ndarray], w: np.ndarray) -> None:
+        self.act, self.group, self.s, self.w = act, group, s, w
+        self.shape = w.shape
+        self._cache: dict = {}
+        self.t = [x + ch for x, ch in zip(s, c)]
+
+    def psi(self, h: int) -> np.ndarray:
+        key = ("psi", h)
+        if key not in self._cache:
+            if self.act.log_psi is not None:
+                val = self.act.psi_numpy(self.t[h])
+            else:
+                with np.errstate(divide="ignore"):
+                    val = np.log(self.act.phi_numpy(self.t[h]))
+            self._cache[key] = val
+        return self._cache[key]
+
+    def ratio(self, h: int) -> np.ndarray:
+        """φ′/φ at the biased scores."""
+        key = ("r1", h)
+        if key not in self._cache:
+            if self.act.is_plain_exp:
+                val = np.ones_like(self.t[h])
+            elif self.act.log_psi is not None:
+                val = _log_ratio_fn(self.act)(self.t[h])
+            else:
+                fn = _phi_prime(self.act)
+                val = fn(self.t[h]) / self.act.phi_numpy(self.t[h])
+            self._cache[key] = val
+        return self._cache[key]
+
+    def raw(self, h: int, which: str) -> np.ndarray:
+        """φ or φ′ at the biased scores (elementwise activations)."""
+        key = ("raw", which, h)
+        if key not in self._cache:
+            fn = self.act.phi_numpy if which == "W" else _phi_prime(self.act)
+            self._cache[key] = fn(self.t[h])
+        return self._cache[key]
+
+    def linear(self, m: Mono) -> np.ndarray:
+        """Product of the S and P atoms of m at the nodes (P = R s, without the θ part)."""
+        out = np.ones(self.shape)
+        for x in m:
+            if x[0] == "S":
+                out = out * self.s[int(x[1:])]
+            elif x[0] == "P":
+                row = self.group.R[int(x[1:])]
+                out = out * sum(row[h] * self.s[h] for h in range(len(self.s)))
+        return out
+
+
+@lru_cache(maxsize=32)
+def _phi_prime(act: Activation) -> Callable[[np.ndarray], np.ndarray]:
+    """φ′ as a NumPy callable."""
+    return lambdify_numpy(act.scalar_derivatives[1])
+
+
+@lru_cache(maxsize=32)
+def _log_ratio_fn(act: Activation) -> Callable[[np.ndarray], np.ndarray]:
+    """ψ′ = φ′/φ for φ = e^ψ."""
+    return lambdify_numpy(sp.diff(act.log_psi, S_SYMBOL))
+
+
+def split_p(m: Mono) -> tuple[Mono, int | None]:
+    """(m without its P atom, f) — at most one P per monomial (dM is linear in P)."""
+    ps = [x for x in m if x[0] == "P"]
+    if not ps:
+        return m, None
+    if len(ps) > 1:
+        raise AssertionError("a drift monomial has at most one projection atom")
+    i = m.index(ps[0])
+    return m[:i] + m[i + 1:], int(ps[0][1:])
+
+
+class _Engine:
+    """Tables and pattern sums at one resolution for one state (module docstring, step 3)."""
+
+    def __init__(self, task: Task, act: Activation, M: np.ndarray, Q: np.ndarray,
+                 a: np.ndarray, b: np.ndarray, level: float) -> None:
+        self.task, self.act, self.level = task, act, level
+        self.H = M.shape[0]
+        self.c = np.asarray(b, dtype=float) + act.offsets(np.diag(Q))
+        self.noise_group, self.signal_groups = column_groups(task, M, Q)
+        self.norm = act.norm
+        self.cols = {"noise": [self._nodes(self.noise_group)],
+                     "signal": [self._nodes(g) for g in self.signal_groups]}
+        self.ug = self._ugrid() if self.norm != "elementwise" else None
+        self._tables: dict = {}
+        self._kernels: dict = {}
+
+    # -- nodes ----------------------------------------------------------------------
+    def _nodes(self, group: ColumnGroup) -> _NodeColumn:
+        H = self.H
+        if self.norm == "elementwise":
+            return self._gl_nodes(group)
+        if self.norm == "per-head" and H == 2:
+            return self._nested_nodes(group)
+        y, w, _ = gaussian_nodes(whiten(group.cov), Z_LEVEL * self.level, 0.0, None)
+        s = [group.mean[h] + y[:, h] for h in range(H)]
+        return _NodeColumn(self.act, self.c, group, s, w)
+
+    def _nested_nodes(self, group: ColumnGroup) -> _NodeColumn:
+        """s_f = μ_f + σ_1 z_1 and s_g = μ_g + β z_1 + σ_c z_2, f the head of larger variance."""
+        q = group.cov
+        first = 0 if q[0, 0] >= q[1, 1] else 1
+        second = 1 - first
+        s1 = np.sqrt(max(q[first, first], 0.0))
+        beta = q[first, second] / s1 if s1 > 0 else 0.0
+        sc = np.sqrt(max(q[second, second] - beta * beta, 0.0))
+        if sc < np.sqrt(EIG_TOL) * max(1.0, np.sqrt(max(q[second, second], 0.0))):
+            sc = 0.0
+        z1, w1 = trapezoid_normal(s1, Z_LEVEL * self.level)
+        z2, w2 = trapezoid_normal(sc, Z_LEVEL * self.level)
+        s = [None, None]
+        s[first] = (group.mean[first] + s1 * z1)[:, None]
+        s[second] = group.mean[second] + beta * z1[:, None] + sc * z2[None, :]
+        col = _NodeColumn(self.act, self.c, group, s, np.outer(w1, w2))
+        col.first, col.w1, col.w2 = first, w1, w2  # type: ignore[attr-defined]
+        return col
+
+    def _gl_nodes(self, group: ColumnGroup) -> _NodeColumn:
+        """Composite Gauss–Legendre nodes split at the kinks of φ (nested for two heads)."""
+        H = self.H
+        k = kinks(self.act)
+        q = group.cov
+        if H == 1:
+            sd = np.sqrt(max(q[0, 0], 0.0))
+            z, w = self._gl_1d(k, group.mean[0] + self.c[0], sd)
+            return _NodeColumn(self.act, self.c, group, [group.mean[0] + sd * z], w)
+        first = 0 if q[0, 0] >= q[1, 1] else 1
+        second = 1 - first
+        s1 = np.sqrt(max(q[first, first], 0.0))
+        beta = q[first, second] / s1 if s1 > 0 else 0.0
+        sc = np.sqrt(max(q[second, second] - beta * beta, 0.0))
+        if sc < np.sqrt(EIG_TOL) * max(1.0, np.sqrt(max(q[second, second], 0.0))):
+            sc = 0.0
+        z1, w1 = self._gl_1d(k, group.mean[first] + self.c[first], s1)
+        base = group.mean[second] + beta * z1
+        z2, w2 = self._gl_1d(k, base + self.c[second], sc, batch=len(z1))
+        s = [None, None]
+        s[first] = np.repeat((group.mean[first] + s1 * z1)[:, None], z2.shape[1], axis=1)
+        s[second] = base[:, None] + sc * z2
+        return _NodeColumn(self.act, self.c, group, [x.ravel() for x in s],
+                           (w1[:, None] * w2).ravel())
+
+    def _gl_1d(self, k: np.ndarray, centre: object, sd: float, batch: int | None = None
+               ) -> tuple[np.ndarray, np.ndarray]:
+        shape = () if batch is None else (batch,)
+        if sd <= 0:
+            return np.zeros(shape + (1,)), np.ones(shape + (1,))
+        centre = np.broadcast_to(np.asarray(centre, dtype=float), shape)
+        cuts = (k - centre[..., None]) / sd if k.size else np.full(shape + (0,), np.nan)
+        return piecewise_gauss_legendre_normal(cuts, self.level)
+
+    # -- u grid ----------------------------------------------------------------------
+    def _ugrid(self):
+        lo, hi = np.inf, -np.inf
+        for cols in self.cols.values():
+            for col in cols:
+                for h in range(self.H):
+                    psi = col.psi(h)
+                    fin = psi[np.isfinite(psi)]
+                    if fin.size:
+                        lo, hi = min(lo, float(fin.min())), max(hi, float(fin.max()))
+        if not np.isfinite(hi):
+            raise ValidationError(f"activation '{self.act.name}': phi vanishes on the whole "
+                                  "score range, so the normaliser is zero")
+        return u_grid(lo, hi, self.act.kappa, self.level, low_margin=U_LOW, step=U_STEP)
+
+    # -- patterns ----------------------------------------------------------------------
+    def active(self, k: np.ndarray) -> tuple:
+        """The normalisers present: head indices (per-head), ("t",) (joint) or ()."""
+        if self.norm == "elementwise":
+            return ()
+        if self.norm == "joint" or self.H == 1:
+            return ("t",) if k.sum() else ()
+        return tuple(h for h in range(self.H) if k[h])
+
+    def measure(self, act_set: tuple, k: np.ndarray) -> np.ndarray | float:
+        """Π_h w_u / Γ(k_h) over the active normalisers (e^{−κt} is in the u weights)."""
+        if not act_set:
+            return 1.0
+        if act_set == ("t",):
+            return self.ug.w / math.gamma(int(k.sum()))
+        ws = [self.ug.w / math.gamma(int(k[h])) for h in act_set]
+        return ws[0] if len(ws) == 1 else np.multiply.outer(ws[0], ws[1])
+
+    def table(self, kind: str, m: Mono, act_set: tuple) -> np.ndarray | float:
+        """T_m on the column kind ("noise"/"signal", atom-averaged), shape of the u grid.
+
+        A projection atom P_f = Σ_h R_fh S_h + r_f is resolved into score tables, so dM and
+        dQ_lin share their tables."""
+        key = (kind, m, act_set)
+        if key in self._tables:
+            return self._tables[key]
+        base, f = split_p(m)
+        total: np.ndarray | float = 0.0
+        for col in self.cols[kind]:
+            grp = col.group
+            if f is None:
+                total = total + self._column_table(col, m, act_set) * grp.weight
+                continue
+            for h in range(self.H):
+                if grp.R[f, h] != 0.0:
+                    with_s = tuple(sorted(base + (f"S{h}",)))
+                    total = total + self._column_table(col, with_s, act_set) * (
+                        grp.weight * grp.R[f, h])
+            if grp.rbar[f] != 0.0:
+                total = total + self._column_table(col, base, act_set) * grp.rbar[f]
+        self._tables[key] = total
+        return total
+
+    def _column_table(self, col: _NodeColumn, m: Mono, act_set: tuple) -> np.ndarray | float:
+        key = (id(col), m, act_set)
+        if key in self._tables:
+            return self._tables[key]
+        k, beta = atom_counts(m, self.H)
+        if self.norm == "per-head" and self.H == 2:
+            val = self._nested_table(col, m, k, beta, act_set)
+        else:
+            val = self._flat_table(col, m, k, beta, act_set)
+        self._tables[key] = val
+        return val
+
+    def _flat_table(self, col: _NodeColumn, m: Mono, k: np.ndarray, beta: np.ndarray,
+                    act_set: tuple) -> np.ndarray | float:
+        v = col.w * col.linear(m)
+        if self.norm == "elementwise":
+            for x in m:
+                if x[0] in "WD":
+                    v = v * col.raw(int(x[1:]), x[0])
+            return float(np.sum(v))
+        if not act_set:
+            return float(np.sum(v))
+        logphi = self._log_total(col)
+        for h in range(self.H):
+            if k[h]:
+                v = v * np.exp(k[h] * (col.psi(h) - logphi))
+            if beta[h]:
+                v = v * col.ratio(h) ** beta[h]
+        v = np.nan_to_num(v, nan=0.0)
+        return self._kernel(col, int(k.sum())) @ v
+
+    def _log_total(self, col: _NodeColumn) -> np.ndarray:
+        key = (id(col), "logphi")
+        if key not in self._kernels:
+            with np.errstate(divide="ignore"):
+                self._kernels[key] = np.logaddexp.reduce(
+                    np.stack([col.psi(h) for h in range(self.H)]), axis=0)
+        return self._kernels[key]
+
+    def _kernel(self, col: _NodeColumn, k: int) -> np.ndarray:
+        """exp(k X − e^X), X = u + log Σ_h φ_h, shape (U, nodes); X clipped at ``X_CLIP``."""
+        key = (id(col), k)
+        if key not in self._kernels:
+            base = (id(col), "base")
+            if base not in self._kernels:
+                X = np.minimum(self.ug.u[:, None] + self._log_total(col)[None, :], X_CLIP)
+                eX = np.exp(X)
+                self._kernels[base] = (eX, np.exp(-eX))
+            eX, K0 = self._kernels[base]
+            self._kernels[key] = K0 * eX ** k if k else K0
+        return self._kernels[key]
+
+    def _nested_table(self, col: _NodeColumn, m: Mono, k: np.ndarray, beta: np.ndarray,
+                      act_set: tuple) -> np.ndarray | float:
+        """Per-head, two heads: T(u_0, u_1) = Σ_{z1} O(u_f, z1) I(u_g, z1) (module docstring)."""
+        f = col.first
+        g = 1 - f
+        inner = self._nested_inner(col, m, g, int(k[g]), int(beta[g]), g in act_set)
+        outer_w = col.w1 * (col.ratio(f)[:, 0] ** beta[f] if beta[f] else 1.0)
+        if f in act_set:
+            outer = self._nested_kernel(col, f, int(k[f])) * outer_w[None, :]   # (U, n1)
+            val = outer @ inner.T if g in act_set else outer @ inner
+        else:
+            val = inner @ outer_w if g in act_set else float(inner @ outer_w)
+        if f in act_set and g in act_set and f == 1:
+            val = val.T                                              # axes in head order
+        return val
+
+    def _nested_inner(self, col: _NodeColumn, m: Mono, g: int, k: int, beta: int,
+                      active: bool) -> np.ndarray:
+        """I(u_g, z1) = Σ_{z2} w2 (tφ_g)^k (φ′_g/φ_g)^β × (S, P atoms) e^{−t_g φ_g}, or the same
+        without u when head g has no normaliser in the pattern."""
+        lin = tuple(x for x in m if x[0] in "SP")
+        key = (id(col), "inner", lin, k, beta, active)
+        if key in self._kernels:
+            return self._kernels[key]
+        inner_w = col.w2[None, :] * col.linear(lin)
+        if beta:
+            inner_w = np.nan_to_num(inner_w * col.ratio(g) ** beta, nan=0.0)
+        if active:
+            E = self._nested_kernel(col, g, k)                       # (U, n1, n2)
+            out = np.einsum("uab,ab->ua", E, np.broadcast_to(inner_w, E.shape[1:]))
+        else:
+            out = np.sum(np.broadcast_to(inner_w, col.shape), axis=1)    # (n1,)
+        self._kernels[key] = out
+        return out
+
+    def _nested_kernel(self, col: _NodeColumn, h: int, k: int) -> np.ndarray:
+        """exp(k x − e^x), x = u + ψ_h at the nodes of head h; x clipped at ``X_CLIP`` (beyond
+        it the value underflows anyway), so the powers are products, not new exponentials."""
+        key = (id(col), "nested", h, k)
+        if key not in self._kernels:
+            if k == 0:
+                psi = col.psi(h)
+                psi = psi[:, 0] if h == col.first else psi
+                with np.errstate(over="ignore", invalid="ignore"):
+                    x = np.minimum(self.ug.u.reshape((-1,) + (1,) * psi.ndim) + psi[None], X_CLIP)
+                    ex = np.exp(x)
+                self._kernels[(id(col), "ex", h)] = ex
+                self._kernels[key] = np.exp(-ex)
+            else:
+                ex = self._kernels[(id(col), "ex", h)] if (id(col), "ex", h) in self._kernels \
+                    else (self._nested_kernel(col, h, 0), self._kernels[(id(col), "ex", h)])[1]
+                self._kernels[key] = self._nested_kernel(col, h, k - 1) * ex
+        return self._kernels[key]
+
+    def plain(self, kind: str, act_set: tuple) -> np.ndarray | float:
+        return self.table(kind, (), act_set)
+
+    def evaluate(self, pats: list["CompiledPattern"]) -> np.ndarray:
+        """Σ over patterns of coefficient × ∫ measure × T_sig × Π T_noise × T_1^{L−1−n}."""
+        L = self.task.L
+        out = 0.0
+        powers: dict = {}
+        measures: dict = {}
+        for p in pats:
+            k = np.asarray(p.k)
+            act_set = self.active(k)
+            prod = self.table("signal", p.signal, act_set)
+            for m in p.noise:
+                prod = prod * self.table("noise", m, act_set)
+            rest = L - 1 - len(p.noise)
+            if act_set and rest:
+                pk = (act_set, rest)
+                if pk not in powers:
+                    powers[pk] = self.plain("noise", act_set) ** rest
+                prod = prod * powers[pk]
+            mk = (act_set, p.k)
+            if mk not in measures:
+                measures[mk] = self.measure(act_set, k)
+            out = out + p.coef * float(np.sum(measures[mk] * prod))
+        return np.asarray(out)
+
+
+@dataclass(frozen=True)
+class CompiledPattern:
+    """A pattern with its coefficient vector and normaliser counts k_h (all blocks)."""
+
+    signal: Mono
+    noise: tuple[Mono, ...]
+    coef: np.ndarray
+    k: tuple[int, ...]
+
+
+def compile_patterns(poly: TokenPoly, L: int, H: int, plain_exp: bool) -> list[CompiledPattern]:
+    """:func:`patterns` with k_h precomputed; for φ = exp, D_h = W_h (tφ′ = tφ) is merged."""
+    merged: dict[Pattern, np.ndarray] = {}
+    for p, coef in patterns(poly, L).items():
+        if plain_exp:
+            p = Pattern(None if p.signal is None else _d_to_w(p.signal),
+                        tuple(sorted(_d_to_w(m) for m in p.noise)))
+        merged[p] = merged[p] + coef if p in merged else coef
+    out = []
+    for p, coef in merged.items():
+        if not np.any(coef):
+            continue
+        signal = p.signal if p.signal is not None else ()
+        k = np.zeros(H, dtype=int)
+        for m in (signal,) + p.noise:
+            k += atom_counts(m, H)[0]
+        out.append(CompiledPattern(signal, p.noise, coef, tuple(int(x) for x in k)))
+    return out
+
+
+def _d_to_w(m: Mono) -> Mono:
+    return tuple(sorted("W" + x[1:] if x[0] == "D" else x for x in m))
+
+
+_CONTROLLER: list = []
+
+
+def single_thread_blas() -> contextlib.AbstractContextManager:
+    """Limit BLAS to one thread (threadpoolctl, when installed) for the many small matrix
+    products here: on a loaded machine threaded BLAS made them ~50× slower (measured)."""
+    try:
+        from threadpoolctl import ThreadpoolController
+    except ImportError:
+        return contextlib.nullcontext()
+    if not _CONTROLLER:
+        _CONTROLLER.append(ThreadpoolController())
+    return _CONTROLLER[0].limit(limits=1, user_api="blas")
+
+
+# ============================================================================ public engine
+def applicability(task: Task, act: Activation, H: int) -> tuple[bool, str]:
+    """(True, "") when this engine reaches its target precision here, else (False, reason)."""
+    prior = task.prior
+    if not (prior.is_discrete or isinstance(prior, GaussianPrior)):
+        return False, f"needs a discrete or Gaussian prior (got '{prior.name}')"
+    if prior.is_discrete and len(prior.atoms()[1]) > mc.MAX_ENUMERATED_ATOMS:
+        return False, f"enumerates the atoms: at most {mc.MAX_ENUMERATED_ATOMS}"
+    if H > MAX_H[act.norm]:
+        return False, f"{act.norm} activations need H <= {MAX_H[act.norm]} (got H = {H})"
+    if task.L > MAX_L:
+        return False, f"needs L <= {MAX_L} (got L = {task.L})"
+    if act.norm != "elementwise":
+        if kinks(act).size:
+            return False, "a normalised phi with kinks (the u and z trapezoid rules need a smooth phi)"
+        probe = act.phi_numpy(np.linspace(-40.0, 40.0, 801))
+        if not np.all(probe > 0):
+            return False, "a normalised activation needs phi > 0 on the real line"
+    return True, ""
+
+
+class LaplaceDrift:
+    """Deterministic drift engine (module docstring) with the duck type of ``expect.drift``.
+
+    ``level`` scales every rule's resolution (steps ∝ 1/level); ``abs_err`` per field is the
+    difference to level × ``COARSE``."""
+
+    fresh = False
+    name = "laplace"
+
+    def __init__(self, level: float = DEFAULT_LEVEL) -> None:
+        if not (np.isfinite(level) and level > 0):
+            raise ValidationError(f"level: must be a finite number > 0 (got {level!r})")
+        self.level = float(level)
+        self._poly_cache: dict = {}
+
+    def params(self) -> dict:
+        return {"engine": "laplace", "level": self.level, "coarse": COARSE,
+                "rules": "trapezoid in u = log t and whitened scores; Gauss-Legendre (elementwise)"}
+
+    def applies(self, task: Task, act: Activation, H: int) -> bool:
+        return applicability(task, act, H)[0]
+
+    def reason(self, task: Task, act: Activation, H: int) -> str:
+        """Why the engine does not apply ("" when it does)."""
+        return applicability(task, act, H)[1]
+
+    def _patterns(self, task: Task, act: Activation, a: np.ndarray) -> list[CompiledPattern]:
+        key = (act.norm, act.is_plain_exp, tuple(float(x) for x in a), task.F, task.L,
+               task.delta)
+        if key not in self._poly_cache:
+            if len(self._poly_cache) > 16:
+                self._poly_cache.clear()
+            poly = drift_polynomial(act.norm, a, task.F, task.delta)
+            self._poly_cache[key] = compile_patterns(poly, task.L, len(a), act.is_plain_exp)
+        return self._poly_cache[key]
+
+    def raw(self, task: Task, act: Activation, M: np.ndarray, Q: np.ndarray, a: np.ndarray,
+            b: np.ndarray, level: float) -> np.ndarray:
+        """The flat slot vector (``Slots``) at one resolution."""
+        pats = self._patterns(task, act, np.asarray(a, float))
+        with single_thread_blas():
+            eng = _Engine(task, act, np.asarray(M, float), np.asarray(Q, float),
+                          np.asarray(a, float), np.asarray(b, float), level)
+            return eng.evaluate(pats)
+
+    def evaluate(self, task: Task, act: Activation, M: np.ndarray, Q: np.ndarray,
+                 a: np.ndarray, b: np.ndarray) -> DriftMeans:
+        """E[dM], E[dQ_lin], E[dQ_noise], E[da], E[db] and E at (M, Q, a, b), with abs_err per
+        field in ``stderr`` (difference to the coarser resolution)."""
+        M, Q = np.asarray(M, float), np.asarray(Q, float)
+        H = M.shape[0]
+        ok, why = applicability(task, act, H)
+        if not ok:
+            raise ValidationError(f"engine: laplace {why}")
+        fine = self.unpack(task, act, M, Q, self.raw(task, act, M, Q, a, b, self.level))
+        coarse = self.unpack(task, act, M, Q,
+                             self.raw(task, act, M, Q, a, b, COARSE * self.level))
+        eps = 4 * np.finfo(float).eps
+        stderr = {name: np.maximum(np.abs(np.asarray(fine[name]) - np.asarray(coarse[name])),
+                                   eps * np.maximum(1.0, np.abs(np.asarray(fine[name]))))
+                  for name in fine}
+        return DriftMeans(fine["dM"], fine["dQ_lin"], fine["dQ_noise"], fine["da"], fine["db"],
+                          float(fine["error"]), stderr)
+
+    @staticmethod
+    def unpack(task: Task, act: Activation, M: np.ndarray, Q: np.ndarray,
+               v: np.ndarray) -> dict:
+        """Fields from the slot vector: symmetrise dQ, add the Bayes-offset terms."""
+        H, F = M.shape
+        sl = Slots(H, F)
+        dM = v[:H * F].reshape(H, F).copy()
+        half = v[sl.dQ_lin(0, 0):sl.dQ_lin(0, 0) + H * H].reshape(H, H).copy()
+        noise = v[sl.dQ_noise(0, 0):sl.dQ_noise(0, 0) + H * H].reshape(H, H)
+        noise = np.triu(noise) + np.triu(noise, 1).T
+        da = v[sl.da(0):sl.da(0) + H].copy()
+        db = v[sl.db(0):sl.db(0) + H].copy()
+        if act.offset == "bayes":           # 2ρ_h = −Σ_l g_hl = −db_h
+            dM = dM - db[:, None] * M
+            half = half - db[:, None] * Q
+        return {"dM": dM, "dQ_lin": half + half.T, "dQ_noise": noise, "da": da, "db": db,
+                "error": task.delta + float(v[sl.sq()])}
