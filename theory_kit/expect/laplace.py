@@ -428,6 +428,19 @@ def split_p(m: Mono) -> tuple[Mono, int | None]:
     return m[:i] + m[i + 1:], int(ps[0][1:])
 
 
+def nested_factors(q: np.ndarray) -> tuple[int, int, float, float, float]:
+    """(f, g, σ_1, β, σ_c) with s_f = μ_f + σ_1 z_1, s_g = μ_g + β z_1 + σ_c z_2 for a 2×2 covariance,
+    f the head of larger variance (so |β| ≤ σ_1 and the z_1 rule resolves both)."""
+    first = 0 if q[0, 0] >= q[1, 1] else 1
+    second = 1 - first
+    s1 = float(np.sqrt(max(q[first, first], 0.0)))
+    beta = float(q[first, second] / s1) if s1 > 0 else 0.0
+    sc = float(np.sqrt(max(q[second, second] - beta * beta, 0.0)))
+    if sc < np.sqrt(EIG_TOL) * max(1.0, np.sqrt(max(q[second, second], 0.0))):
+        sc = 0.0
+    return first, second, s1, beta, sc
+
+
 class _Engine:
     """Tables and pattern sums at one resolution for one state (module docstring, step 3)."""
 
@@ -458,13 +471,7 @@ class _Engine:
     def _nested_nodes(self, group: ColumnGroup) -> _NodeColumn:
         """s_f = μ_f + σ_1 z_1 and s_g = μ_g + β z_1 + σ_c z_2, f the head of larger variance."""
         q = group.cov
-        first = 0 if q[0, 0] >= q[1, 1] else 1
-        second = 1 - first
-        s1 = np.sqrt(max(q[first, first], 0.0))
-        beta = q[first, second] / s1 if s1 > 0 else 0.0
-        sc = np.sqrt(max(q[second, second] - beta * beta, 0.0))
-        if sc < np.sqrt(EIG_TOL) * max(1.0, np.sqrt(max(q[second, second], 0.0))):
-            sc = 0.0
+        first, second, s1, beta, sc = nested_factors(q)
         z1, w1 = trapezoid_normal(s1, Z_LEVEL * self.level)
         z2, w2 = trapezoid_normal(sc, Z_LEVEL * self.level)
         s = [None, None]
@@ -483,13 +490,7 @@ class _Engine:
             sd = np.sqrt(max(q[0, 0], 0.0))
             z, w = self._gl_1d(k, group.mean[0] + self.c[0], sd)
             return _NodeColumn(self.act, self.c, group, [group.mean[0] + sd * z], w)
-        first = 0 if q[0, 0] >= q[1, 1] else 1
-        second = 1 - first
-        s1 = np.sqrt(max(q[first, first], 0.0))
-        beta = q[first, second] / s1 if s1 > 0 else 0.0
-        sc = np.sqrt(max(q[second, second] - beta * beta, 0.0))
-        if sc < np.sqrt(EIG_TOL) * max(1.0, np.sqrt(max(q[second, second], 0.0))):
-            sc = 0.0
+        first, second, s1, beta, sc = nested_factors(q)
         z1, w1 = self._gl_1d(k, group.mean[first] + self.c[first], s1)
         base = group.mean[second] + beta * z1
         z2, w2 = self._gl_1d(k, base + self.c[second], sc, batch=len(z1))
