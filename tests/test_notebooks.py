@@ -1,4 +1,4 @@
-"""Every notebook runs top to bottom in quick mode (THEORY_KIT_QUICK=1) without errors."""
+"""Every notebook runs top to bottom in quick mode (THEORY_KIT_QUICK=1) without errors or warnings."""
 import os
 from pathlib import Path
 
@@ -10,8 +10,8 @@ nbclient = pytest.importorskip("nbclient")
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 
 
-def test_there_are_three_notebooks():
-    assert [p.name[:2] for p in NOTEBOOKS] == ["01", "02", "03"]
+def test_there_are_four_notebooks():
+    assert [p.name[:2] for p in NOTEBOOKS] == ["01", "02", "03", "04"]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
@@ -25,4 +25,6 @@ def test_notebook_runs_in_quick_mode(path, tmp_path, monkeypatch):
     client.execute()
     outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
     assert not [o for o in outputs if o.get("output_type") == "error"]
+    warnings = [o["text"] for o in outputs if o.get("name") == "stderr" and "Warning" in o.get("text", "")]
+    assert not warnings, warnings
     assert any(o.get("output_type") == "display_data" for o in outputs)   # a plot was drawn
