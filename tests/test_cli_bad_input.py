@@ -33,6 +33,8 @@ BASE = {
     "figure": ["figure", "1", "--quick", "--out", "{out}/fig"],
     "drift": ["drift", *ACT, *TASK, "--M", M_OK, "--Q", Q_OK, "--gamma", "1", "--engine", "mc",
               "--samples", "64"],
+    "escape": ["escape", *ACT, *TASK, "--H", "2", "--gamma", "1", "--T", "4", "--points", "16",
+               "--runs", "10", "--no-progress"],
 }
 TASK_VERBS = ("error", "bayes-error", "ode", "simulate", "einf", "compare", "drift")
 ACT_VERBS = ("error", "derive", "ode", "simulate", "einf", "compare", "drift")
@@ -171,6 +173,18 @@ def build_cases() -> list[tuple[str, list[str], str]]:
         ["figure", "5", "--quick", "--data", "{out}/missing.npz", "--out", "{out}/fig"], "data")
     add("figure --redraw without json", ["figure", "2", "--redraw", "--out", "{out}/none"],
         "redraw")
+    # escape: --delta is the specialisation threshold there (label noise is --label-noise)
+    for opt, bad, param in (("--D", "abc", "D"), ("--D", "4", "D"), ("--delta", "0", "delta"),
+                            ("--delta", "nan", "delta"), ("--label-noise", "-1", "label_noise"),
+                            ("--nu", "-1,2", "nu"), ("--L", "1", "L"),
+                            ("--prior", "laplace", "prior"), ("--gamma", "0", "gamma"),
+                            ("--gamma", "nan", "gamma"), ("--H", "1", "H"), ("--eta", "-1", "eta"),
+                            ("--direction", "3", "direction"), ("--T", "5", "T"),
+                            ("--runs", "1", "runs"), ("--points", "1", "points"),
+                            ("--dt", "0", "dt"), ("--activation", "softermax", "activation")):
+        add(f"escape {opt} {bad}", with_eq("escape", opt, bad), param)
+    add("escape --Q0 non-PSD",
+        with_opt("escape", "--H", None) + ["--M0", M_OK, "--Q0", bad_q["non-PSD"]], "Q0")
     add("ode --H abc", with_opt("ode", "--H", "abc"), "argument --H")
     add("ode --gamma abc", with_opt("ode", "--gamma", "abc"), "argument --gamma")
     add("simulate --D 1.5", with_opt("simulate", "--D", "1.5"), "argument --D")
