@@ -57,6 +57,7 @@ from scipy.linalg import expm
 from . import __version__
 from .activations import Activation
 from .expect.drift import QuadratureDrift, SampleDrift
+from .expect.engines import build_engine
 from .expect.montecarlo import head_permutations
 from .initial import InitialCondition
 from .model import State, Task, as_finite_array, check_int, fail
@@ -299,7 +300,7 @@ def symmetric_state(state: State) -> State:
 def default_engine(n_points: int = 4096, seed: int = 1) -> SampleDrift:
     """Scrambled Sobol points paired with their head permutations: an exactly head-equivariant,
     smooth drift (so X_sym stays symmetric and J has exact block structure)."""
-    return QuadratureDrift(max_tensor_dim=1, qmc_points=n_points, seed=seed, head_symmetric=True)
+    return build_engine("sobol", samples=n_points, seed=seed, head_symmetric=True)
 
 
 def jacobian_nodes(T: float, dt: float, every: float) -> np.ndarray:
@@ -403,9 +404,10 @@ def node_errors(drift: Drift, x: np.ndarray, idx: np.ndarray, Jn: np.ndarray,
     lam = growth_rate(Jn[mid], basis)
     out = {"node_t_index": int(idx[mid]), "lambda_mid": lam,
            "fd_err": abs(growth_rate(jacobian(drift, xm, 2 * FD_STEP), basis) - lam) / 3}
-    if check_points is not None and isinstance(engine, QuadratureDrift):
-        coarse = QuadratureDrift(max_tensor_dim=engine.max_tensor_dim, qmc_points=check_points,
-                                 seed=engine.seed, head_symmetric=engine.head_symmetric)
+    if check_points is not None and isinstance(engine, QuadratureDrift) \
+            and engine.max_tensor_dim == 1:
+        coarse = build_engine("sobol", samples=check_points, seed=engine.seed,
+                              head_symmetric=engine.head_symmetric)
         system = drift.system
         other = OdeSystem(system.task, system.act, coarse, system.H, system.rate,
                           system.noise_rate, system.rate_a, system.rate_b)
