@@ -6,7 +6,7 @@ os.environ.setdefault("THEORY_KIT_NO_PROGRESS", "1")
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def private_codegen_cache(request, monkeypatch):
     """Generated modules go to pytest's own cache folder (.pytest_cache), never the user's
     cache.  The cache key covers the generator source, so nothing stale is read, and the folder

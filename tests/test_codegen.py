@@ -6,7 +6,7 @@ import pytest
 from theory_kit import codegen
 from theory_kit.activations import PRESETS, custom_activation, get_activation
 from theory_kit.expect.montecarlo import draw_samples, scores, weighted_mean
-from theory_kit.integrands import reference_drift_integrands
+from oracle import reference_drift_integrands
 from theory_kit.model import ValidationError, make_prior
 
 FIELDS = ("dM", "dQ_lin", "dQ_noise", "da", "db", "sq_err")

@@ -8,7 +8,7 @@ from theory_kit.error import squared_residual
 from theory_kit.expect import montecarlo as mc
 from theory_kit.expect.drift import (MonteCarloDrift, QuadratureDrift, gauss_hermite_tensor,
                                      per_group_sums, stratum_shape)
-from theory_kit.integrands import reference_drift_integrands
+from oracle import reference_drift_integrands
 from theory_kit.model import Task, ValidationError, make_prior
 
 M_TEST = np.array([[0.8, 0.3], [0.5, -0.4]])
@@ -123,8 +123,11 @@ def test_gauss_hermite_rule_integrates_moments():
         gauss_hermite_tensor(1, 5, positive=True)
 
 
-@pytest.mark.parametrize("engine", [MonteCarloDrift(500, seed=4), QuadratureDrift(points=3),
-                                    QuadratureDrift(qmc_points=512)])
+@pytest.mark.parametrize("engine", [
+    MonteCarloDrift(500, seed=4), QuadratureDrift(points=3), QuadratureDrift(qmc_points=512),
+    MonteCarloDrift(500, seed=4, projection="stein"),
+    MonteCarloDrift(500, seed=4, backend="numpy"), MonteCarloDrift(500, seed=4, head_symmetric=True),
+    MonteCarloDrift(500, seed=4, integrand=reference_drift_integrands)])
 def test_flipping_symmetry_is_exact(engine):
     """m_{:,f} = 0 for a flipping feature f ⇒ its drift is exactly 0 (F = 3: the sign axes
     of the strata must each be summed as pairs)."""
@@ -165,22 +168,66 @@ def test_bad_engine_input():
         QuadratureDrift(points=0)
 
 
-def test_generated_integrand_is_a_one_line_switch():
-    """The code-generated integrands (conditional mean and Stein's lemma) through the same
-    engine: conditional agrees with the reference to round-off, Stein within MC error."""
-    from theory_kit.expect.drift import generated_integrand
+ENGINE_CASES = [
+    # (activation, prior, nu or atoms, H, L, engine factory)
+    ("softmax", "flipping", [2.0, 1.0, 3.0], 2, 4, lambda **k: MonteCarloDrift(300, seed=7, **k)),
+    ("bsoftmax", "gaussian", [2.0, 1.0], 3, 3, lambda **k: MonteCarloDrift(200, seed=8, **k)),
+    ("softmax1", "flipping", [2.0, 2.0], 2, 3,
+     lambda **k: MonteCarloDrift(150, seed=9, head_symmetric=True, **k)),
+    ("sigmoid", "flipping", [1.5, 2.5], 2, 2, lambda **k: QuadratureDrift(points=3, **k)),
+    ("softplus", "gaussian", [2.0], 3, 2, lambda **k: QuadratureDrift(qmc_points=256, **k)),
+]
+
+
+@pytest.mark.parametrize("case", ENGINE_CASES, ids=[c[0] + "-" + c[1] for c in ENGINE_CASES])
+def test_engines_default_generated_paths_equal_the_oracle(case, activation_by_name):
+    """The default path (numba: one fused pass giving per-group sums), the generated NumPy
+    backend and the hand oracle give the same means and standard errors to round-off, for
+    both projections (Stein only against itself across backends)."""
+    name, prior, nu, H, L, make = case
+    act = activation_by_name(name)
+    task = Task(L, make_prior(prior, nu=nu), delta=0.2)
+    rng = np.random.default_rng(10)
+    F = task.F
+    M = 0.7 * rng.standard_normal((H, F))
+    A = rng.standard_normal((H, H + 1))
+    Q = A @ A.T / (H + 1) + M @ M.T + 0.3 * np.eye(H)
+    a = act.a_default(H, L) * rng.uniform(0.7, 1.3, H)
+    b = act.b_default(H, L) + 0.2 * rng.standard_normal(H)
+    ref = make(integrand=reference_drift_integrands).evaluate(task, act, M, Q, a, b)
+    for projection in ("conditional", "stein"):
+        fused = make(projection=projection).evaluate(task, act, M, Q, a, b)
+        numpy = make(projection=projection, backend="numpy").evaluate(task, act, M, Q, a, b)
+        want = ref if projection == "conditional" else numpy
+        for field in ("dM", "dQ_lin", "dQ_noise", "da", "db"):
+            for got in (fused, numpy):
+                np.testing.assert_allclose(getattr(got, field), getattr(want, field),
+                                           rtol=1e-11, atol=1e-12, err_msg=field)
+                np.testing.assert_allclose(got.stderr[field], want.stderr[field],
+                                           rtol=1e-8, atol=1e-12, err_msg=field)
+        assert abs(fused.error - ref.error) < 1e-12
+    assert make().params()["integrand"] == "generated[numba, conditional]"
+
+
+def test_fused_path_is_used_by_default():
+    """The default engine never builds per-sample arrays: it calls the fused group sums."""
+    from theory_kit import codegen
     task = Task(3, make_prior("flipping", nu=[2.0, 2.0]))
-    act = get_activation("bsoftmax")
-    args = (task, act, M_TEST, Q_TEST, act.a_default(2, 3), act.b_default(2, 3))
-    ref = MonteCarloDrift(2000, seed=6).evaluate(*args)
-    gen = MonteCarloDrift(2000, seed=6, integrand=generated_integrand(act)).evaluate(*args)
-    stein = MonteCarloDrift(2000, seed=6,
-                            integrand=generated_integrand(act, "stein")).evaluate(*args)
-    assert np.allclose(gen.dM, ref.dM, atol=1e-12) and np.allclose(gen.dQ_noise, ref.dQ_noise)
-    assert np.all(np.abs(stein.dM - ref.dM) <= 4.5 * np.sqrt(2) * ref.stderr["dM"])
-    with pytest.raises(ValidationError, match="integrand"):
-        MonteCarloDrift(10, integrand=generated_integrand(act)).evaluate(
-            task, get_activation("softmax"), M_TEST, Q_TEST, np.ones(2), np.zeros(2))
+    act = get_activation("softmax")
+    engine = MonteCarloDrift(50, seed=1)
+    assert isinstance(engine.generated(act), codegen.CompiledIntegrand)
+    calls = []
+    original = codegen.CompiledIntegrand.__call__
+    try:
+        codegen.CompiledIntegrand.__call__ = lambda self, *a, **k: calls.append(1) or original(self, *a, **k)
+        engine.evaluate(task, act, M_TEST, Q_TEST, act.a_default(2, 3), act.b_default(2, 3))
+    finally:
+        codegen.CompiledIntegrand.__call__ = original
+    assert calls == []
+    with pytest.raises(ValidationError, match="^projection:"):
+        MonteCarloDrift(10, projection="fourier")
+    with pytest.raises(ValidationError, match="^backend:"):
+        QuadratureDrift(backend="fortran")
 
 
 @pytest.mark.parametrize("engine_kind", ["mc", "sobol"])

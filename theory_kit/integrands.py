@@ -8,16 +8,15 @@ P_{fl} = E[u_f·x_l | s] = (Mᵀ Q⁺ ζ_l)_f + 1[l = ε] θ_f, the drifts are e
     dQ^noise_{hh'} = (|e|² + Δ) Σ_l J_{hl}·J_{h'l} + 2 Σ_l g_{hl} g_{h'l}     (× γ²)
     da_h = ∂w/∂a_h·e (× γ_a),   db_h = Σ_l g_{hl} (× γ_b).
 
-This is the hand-structured NumPy reference; the SymPy-derived, code-generated integrands
-(``derive`` → ``codegen``) must agree with it.
+The integrands themselves are generated from the SymPy derivation (``derive`` → ``codegen``);
+this module holds their container and the conditional-mean projection.  The hand-structured
+NumPy version lives in ``tests/oracle.py`` as the independent oracle they are tested against.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
-
-from .activations import Activation, pair_products
 
 
 @dataclass
@@ -45,25 +44,3 @@ def conditional_projections(theta: np.ndarray, zeta: np.ndarray, M: np.ndarray,
 def projection_matrix(M: np.ndarray, Q: np.ndarray) -> np.ndarray:
     """B = Mᵀ Q⁺ (F × H), so that E[u·x_l | ζ] = B ζ_l off the signal token."""
     return M.T @ np.linalg.pinv(Q, hermitian=True)
-
-
-def reference_drift_integrands(act: Activation, S: np.ndarray, zeta: np.ndarray,
-                               theta: np.ndarray, M: np.ndarray, Q: np.ndarray, a: np.ndarray,
-                               b: np.ndarray, delta: float = 0.0) -> DriftSamples:
-    """The integrands above at scores S (n, H, L) with the signal at token 0.
-
-    Only token 0 carries θ, so with gζ_{hh'} = Σ_l g_{hl} ζ_{h'l} the two token sums are
-    Σ_l g_{hl} P_{fl} = (gζ Bᵀ)_{hf} + g_{h0} θ_f and Σ_l g_{hl} s_{h'l} = gζ_{hh'} + g_{h0} (Mθ)_{h'}."""
-    kern = act.kernel(S, a, b, np.diag(Q))
-    e = -kern.w
-    e[:, 0] += 1.0
-    sq = np.einsum("nl,nl->n", e, e)
-    g = kern.jvp_tokens(e)                      # (n, H, L)
-    rho2 = 2 * kern.grad_qdiag(g)[:, :, None]   # (n, H, 1)
-    g0 = g[:, :, 0, None]
-    gz = pair_products(g, zeta)
-    dM = gz @ projection_matrix(M, Q).T + g0 * theta[:, None, :] + rho2 * M
-    half = gz + g0 * (theta @ M.T)[:, None, :] + rho2 * Q
-    dQ_lin = half + np.swapaxes(half, 1, 2)
-    dQ_noise = (sq + delta)[:, None, None] * kern.jj_sum() + 2 * pair_products(g, g)
-    return DriftSamples(dM, dQ_lin, dQ_noise, kern.grad_a(e), kern.grad_b(g), sq)

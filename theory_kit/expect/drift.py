@@ -18,10 +18,13 @@ as a product of sign axes, and each axis is summed as a pair (x + (−x) = 0 in 
 before anything else is added.  So with a flipping prior and m_{:,f} = 0 the drift of m_{:,f}
 is exactly zero.
 
-The per-sample integrand is a parameter (default :func:`integrands.reference_drift_integrands`),
-so switching to the code-generated one is one line::
-
-    MonteCarloDrift(20_000, integrand=generated_integrand(act, "conditional"))
+By default the integrand is the code-generated one of ``codegen.drift_integrand`` for the
+activation at hand (``projection`` "conditional" or "stein", ``backend`` numba or numpy, default
+``$THEORY_KIT_BACKEND``).  With the numba backend one fused compiled pass over the whitened draws
+produces the weighted per-group sums and their squares directly (no (n, H, L) temporaries); with
+the NumPy backend, or a user ``integrand(act, S, zeta, theta, M, Q, a, b, delta)``, the samples
+are evaluated in memory-bounded chunks and reduced by :func:`per_group_sums`.  Both reduce each
+θ sign axis as a pair first, so the symmetry above holds for every path.
 """
 from __future__ import annotations
 
@@ -32,8 +35,9 @@ from typing import Callable
 import numpy as np
 from scipy import special, stats
 
+from .. import codegen
 from ..activations import Activation
-from ..integrands import DriftSamples, reference_drift_integrands
+from ..integrands import DriftSamples
 from ..model import FlippingPrior, GaussianPrior, Prior, Task, check_int, fail
 from . import montecarlo as mc
 
@@ -103,10 +107,21 @@ class _Accumulator:
 
 
 # ----------------------------------------------------------------------------- engines
+def _checked_integrand_choice(projection: str, backend: str | None) -> tuple[str, str | None]:
+    """Validate the projection form and backend names early (backend None: decided at use)."""
+    if projection not in codegen.PROJECTIONS:
+        fail("projection", f"must be one of {', '.join(codegen.PROJECTIONS)}", projection)
+    if backend is not None and backend not in codegen.BACKENDS:
+        fail("backend", f"must be one of {', '.join(codegen.BACKENDS)}", backend)
+    return projection, backend
+
+
 class SampleDrift:
     """Common machinery: a weighted sample set, evaluated in memory-bounded chunks."""
 
-    integrand: Integrand
+    integrand: Integrand | None = None
+    projection: str = "conditional"
+    backend: str | None = None
     fresh: bool = False
     head_symmetric: bool = False
     _cache: mc.Samples | None = None
@@ -135,6 +150,15 @@ class SampleDrift:
         """Whether each draw is replicated over head permutations (see ``montecarlo``)."""
         return self.head_symmetric and H > 1
 
+    def generated(self, act: Activation) -> Callable[..., DriftSamples]:
+        """The generated integrand of ``act`` for this engine's projection and backend."""
+        return codegen.drift_integrand(act, self.projection, self.backend)
+
+    def integrand_name(self) -> str:
+        if self.integrand is not None:
+            return getattr(self.integrand, "__name__", "custom")
+        return f"generated[{codegen.resolve_backend(self.backend)}, {self.projection}]"
+
     def evaluate(self, task: Task, act: Activation, M: np.ndarray, Q: np.ndarray,
                  a: np.ndarray, b: np.ndarray) -> DriftMeans:
         """E[dM], E[dQ_lin], E[dQ_noise], E[da], E[db] and E = Δ + E|e|² at (M, Q, a, b)."""
@@ -143,23 +167,36 @@ class SampleDrift:
         shape = stratum_shape(task.prior, reps // smp.head_perms)
         if smp.head_perms > 1:
             shape = (smp.head_perms,) + shape
+        generated = self.generated(act) if self.integrand is None else None
         acc = _Accumulator()
-        groups_per_chunk = max(1, CHUNK_BYTES // (8 * 12 * reps * M.shape[0] ** 2 * task.L))
-        for start in range(0, smp.n_groups, groups_per_chunk):
-            rows = slice(start * reps, min(smp.n_groups, start + groups_per_chunk) * reps)
-            part = mc.Samples(smp.theta[rows], smp.weights[rows], smp.g[rows], smp.group[rows],
-                              smp.head_perms)
-            S, zeta = mc.scores(part, M, Q)
-            out = self.integrand(act, S, zeta, part.theta, M, Q, a, b, task.delta)
-            for name in DRIFT_FIELDS:
-                acc.add(name, per_group_sums(getattr(out, name), part.weights, shape))
-            acc.groups += len(part.weights) // reps
+        if hasattr(generated, "group_sums"):
+            acc.total, acc.square, acc.groups = generated.group_sums(
+                smp.g, smp.theta, smp.weights, mc.sqrtm_psd(Q), M, Q, a, b, task.delta, shape)
+        else:
+            integrand = self.integrand or (lambda _act, *args: generated(*args))
+            self._chunked(acc, integrand, smp, reps, shape, task, act, M, Q, a, b)
         w_group = 1.0 / smp.n_groups if self.has_stderr() else None
         stderr = {name: acc.stderr(name, w_group) for name in DRIFT_FIELDS}
         stderr["error"] = stderr.pop("sq_err")
         return DriftMeans(acc.total["dM"], acc.total["dQ_lin"], acc.total["dQ_noise"],
                           acc.total["da"], acc.total["db"],
                           task.delta + float(acc.total["sq_err"]), stderr)
+
+    @staticmethod
+    def _chunked(acc: "_Accumulator", integrand: Integrand, smp: mc.Samples, reps: int,
+                 shape: tuple[int, ...], task: Task, act: Activation, M: np.ndarray,
+                 Q: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+        """Per-sample integrands in memory-bounded chunks, reduced by :func:`per_group_sums`."""
+        groups_per_chunk = max(1, CHUNK_BYTES // (8 * 12 * reps * M.shape[0] ** 2 * task.L))
+        for start in range(0, smp.n_groups, groups_per_chunk):
+            rows = slice(start * reps, min(smp.n_groups, start + groups_per_chunk) * reps)
+            part = mc.Samples(smp.theta[rows], smp.weights[rows], smp.g[rows], smp.group[rows],
+                              smp.head_perms)
+            S, zeta = mc.scores(part, M, Q)
+            out = integrand(act, S, zeta, part.theta, M, Q, a, b, task.delta)
+            for name in DRIFT_FIELDS:
+                acc.add(name, per_group_sums(getattr(out, name), part.weights, shape))
+            acc.groups += len(part.weights) // reps
 
 
 class MonteCarloDrift(SampleDrift):
@@ -170,13 +207,14 @@ class MonteCarloDrift(SampleDrift):
     state can be saved and restored (:meth:`rng_state`) for exact resumption."""
 
     def __init__(self, n_samples: int = 20_000, seed: int = 0, fresh: bool = False,
-                 integrand: Integrand = reference_drift_integrands,
-                 head_symmetric: bool = False) -> None:
+                 integrand: Integrand | None = None, head_symmetric: bool = False,
+                 projection: str = "conditional", backend: str | None = None) -> None:
         self.n_samples = check_int(n_samples, "samples", 2)
         self.seed = int(seed)
         self.fresh = bool(fresh)
         self.integrand = integrand
         self.head_symmetric = bool(head_symmetric)
+        self.projection, self.backend = _checked_integrand_choice(projection, backend)
         self.rng = np.random.default_rng(self.seed)
 
     def sample_set(self, task: Task, H: int) -> mc.Samples:
@@ -196,7 +234,7 @@ class MonteCarloDrift(SampleDrift):
     def params(self) -> dict:
         return {"engine": "mc", "n_samples": self.n_samples, "seed": self.seed,
                 "fresh": self.fresh, "head_symmetric": self.head_symmetric,
-                "integrand": getattr(self.integrand, "__name__", "custom")}
+                "integrand": self.integrand_name()}
 
 
 class QuadratureDrift(SampleDrift):
@@ -206,14 +244,16 @@ class QuadratureDrift(SampleDrift):
     their atoms; other non-Gaussian priors are refused."""
 
     def __init__(self, points: int = 8, max_tensor_dim: int = 6, qmc_points: int = 2 ** 15,
-                 seed: int = 0, integrand: Integrand = reference_drift_integrands,
-                 head_symmetric: bool = False) -> None:
+                 seed: int = 0, integrand: Integrand | None = None,
+                 head_symmetric: bool = False, projection: str = "conditional",
+                 backend: str | None = None) -> None:
         self.points = check_int(points, "points", 1)
         self.max_tensor_dim = check_int(max_tensor_dim, "max_tensor_dim", 1)
         self.qmc_points = check_int(qmc_points, "qmc_points", 2)
         self.seed = int(seed)
         self.integrand = integrand
         self.head_symmetric = bool(head_symmetric)
+        self.projection, self.backend = _checked_integrand_choice(projection, backend)
 
     def symmetric_heads(self, task: Task, H: int) -> bool:
         """Tensor Gauss–Hermite nodes are already symmetric under head permutations."""
@@ -262,7 +302,7 @@ class QuadratureDrift(SampleDrift):
         return {"engine": "quad", "points": self.points, "max_tensor_dim": self.max_tensor_dim,
                 "qmc_points": self.qmc_points, "seed": self.seed,
                 "head_symmetric": self.head_symmetric,
-                "integrand": getattr(self.integrand, "__name__", "custom")}
+                "integrand": self.integrand_name()}
 
 
 def gauss_hermite_tensor(dim: int, points: int, positive: bool = False
@@ -306,10 +346,8 @@ def stratify_theta(prior: Prior, g: np.ndarray, weights: np.ndarray,
 
 def generated_integrand(act: Activation, projection: str = "conditional") -> Integrand:
     """The code-generated integrand of ``codegen.drift_integrand`` (bound to ``act``), with the
-    engines' calling convention ``(act, S, zeta, theta, M, Q, a, b, delta)``."""
-    from ..codegen import drift_integrand
-
-    bound = drift_integrand(act, projection)
+    engines' calling convention ``(act, S, zeta, theta, M, Q, a, b, delta)`` (per-sample path)."""
+    bound = codegen.drift_integrand(act, projection)
     fingerprint = act.fingerprint()
 
     def integrand(act_: Activation, S: np.ndarray, zeta: np.ndarray, theta: np.ndarray,
