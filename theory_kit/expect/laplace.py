@@ -453,9 +453,10 @@ class _Engine:
         self.norm = act.norm
         self.cols = {"noise": [self._nodes(self.noise_group)],
                      "signal": [self._nodes(g) for g in self.signal_groups]}
-        self.ug = self._ugrid() if self.norm != "elementwise" else None
         self._tables: dict = {}
         self._kernels: dict = {}
+        self._recording: dict | None = None
+        self.ug = self._ugrid() if self.norm != "elementwise" else None
 
     # -- nodes ----------------------------------------------------------------------
     def _nodes(self, group: ColumnGroup) -> _NodeColumn:
@@ -511,18 +512,29 @@ class _Engine:
 
     # -- u grid ----------------------------------------------------------------------
     def _ugrid(self):
-        lo, hi = np.inf, -np.inf
+        """u grid from the ψ range of the nodes.  The lower end uses moments rather than max ψ:
+        below u_lo every pattern is ≤ Σ_k e^{k u_lo} E[φ^k] (k its normaliser count), so
+        u_lo = −max_k (log E[φ^k] + U_LOW)/k cuts ≤ e^{−U_LOW} (k ≤ 8 covers every field)."""
+        lo, hi, top = np.inf, -np.inf, -np.inf
         for cols in self.cols.values():
             for col in cols:
-                for h in range(self.H):
-                    psi = col.psi(h)
-                    fin = psi[np.isfinite(psi)]
-                    if fin.size:
-                        lo, hi = min(lo, float(fin.min())), max(hi, float(fin.max()))
+                logw = np.log(np.broadcast_to(col.w, col.shape))
+                arrays = ([self._log_total(col)] if self.norm == "joint"
+                          else [col.psi(h) for h in range(self.H)])
+                for psi in arrays:
+                    psi = np.broadcast_to(psi, col.shape)
+                    fin = np.isfinite(psi)
+                    if not fin.any():
+                        continue
+                    lo, hi = min(lo, float(psi[fin].min())), max(hi, float(psi[fin].max()))
+                    for k in range(1, 9):
+                        mk = float(np.logaddexp.reduce((k * psi + logw)[fin]))
+                        top = max(top, (mk + U_LOW) / k)
         if not np.isfinite(hi):
             raise ValidationError(f"activation '{self.act.name}': phi vanishes on the whole "
                                   "score range, so the normaliser is zero")
-        return u_grid(lo, hi, self.act.kappa, self.level, low_margin=U_LOW, step=U_STEP)
+        return u_grid(lo, min(top, hi + U_LOW), self.act.kappa, self.level, low_margin=0.0,
+                      step=U_STEP)
 
     # -- patterns ----------------------------------------------------------------------
     def active(self, k: np.ndarray) -> tuple:
@@ -564,13 +576,17 @@ class _Engine:
                         grp.weight * grp.R[f, h])
             if grp.rbar[f] != 0.0:
                 total = total + self._column_table(col, base, act_set) * grp.rbar[f]
-        self._tables[key] = total
+        if self._recording is None:
+            self._tables[key] = total
         return total
 
     def _column_table(self, col: _NodeColumn, m: Mono, act_set: tuple) -> np.ndarray | float:
         key = (id(col), m, act_set)
         if key in self._tables:
             return self._tables[key]
+        if self._recording is not None:
+            self._recording.setdefault(id(col), (col, set()))[1].add((m, act_set))
+            return 0.0
         k, beta = atom_counts(m, self.H)
         if self.norm == "per-head" and self.H == 2:
             val = self._nested_table(col, m, k, beta, act_set)
@@ -640,7 +656,7 @@ class _Engine:
         """I(u_g, z1) = Σ_{z2} w2 (tφ_g)^k (φ′_g/φ_g)^β × (S, P atoms) e^{−t_g φ_g}, or the same
         without u when head g has no normaliser in the pattern."""
         lin = tuple(x for x in m if x[0] in "SP")
-        key = (id(col), "inner", lin, k, beta, active)
+        key = (id(col), "inner", lin, k, beta, bool(active))
         if key in self._kernels:
             return self._kernels[key]
         inner_w = col.w2[None, :] * col.linear(lin)
@@ -675,6 +691,78 @@ class _Engine:
 
     def plain(self, kind: str, act_set: tuple) -> np.ndarray | float:
         return self.table(kind, (), act_set)
+
+    # -- batched per-head tables ------------------------------------------------------
+    def prefetch(self, pats: list["CompiledPattern"]) -> None:
+        """Compute every per-head two-head table the patterns need in a few large BLAS calls:
+        a dry pass records the (column, monomial, active set) keys, then the inner sums of all
+        monomials of one column are one batched matrix product, and the outer contraction of all
+        tables sharing an outer factor is one more."""
+        if not (self.norm == "per-head" and self.H == 2):
+            return
+        self._recording = {}
+        self.evaluate(pats)
+        recorded, self._recording = self._recording, None
+        for col, items in recorded.values():
+            self._batch_column(col, sorted(items))
+
+    def _batch_column(self, col: _NodeColumn, items: list) -> None:
+        f, g = col.first, 1 - col.first
+        info = []
+        for m, act_set in items:
+            k, beta = atom_counts(m, self.H)
+            lin = tuple(x for x in m if x[0] in "SP")
+            info.append((m, act_set, (lin, int(k[g]), int(beta[g]), g in act_set),
+                         (int(k[f]), int(beta[f]), f in act_set)))
+        active = sorted({ik for *_, ik, _ in info if ik[3]})
+        if active:
+            self._batch_inner(col, g, active)
+        groups: dict = {}
+        for m, act_set, ik, ok in info:
+            if ik[3] and ok[2]:
+                groups.setdefault(ok, []).append((m, act_set, ik))
+            else:
+                self._tables[(id(col), m, act_set)] = self._nested_table(
+                    col, m, *atom_counts(m, self.H), act_set)
+        for (kf, bf, _), members in groups.items():
+            outer_w = col.w1 * (col.ratio(f)[:, 0] ** bf if bf else 1.0)
+            outer = self._nested_kernel(col, f, kf) * outer_w[None, :]           # (U, n1)
+            stack = np.stack([self._kernels[(id(col), "inner") + ik] for _, _, ik in members])
+            J, U, n1 = stack.shape
+            vals = (outer @ stack.reshape(J * U, n1).T).reshape(U, J, U)
+            for j, (m, act_set, _) in enumerate(members):
+                v = vals[:, j, :]
+                self._tables[(id(col), m, act_set)] = v.T if f == 1 else v
+
+    def _batch_inner(self, col: _NodeColumn, g: int, keys: list) -> None:
+        """I_j(u, z1) = e^{k_j(u+c)} Σ_{z2} e^{−e^{u+ψ}} [w2 lin_j ratio^β_j e^{k_j(ψ−c)}] for all
+        keys at once (c = max ψ keeps both exponentials in range); falls back to the direct
+        kernels when the score range is too wide for that split."""
+        psi = col.psi(g)                                                         # (n1, n2)
+        fin = psi[np.isfinite(psi)]
+        c = float(fin.max())
+        kmax = max(k for _, k, _, _ in keys)
+        u = self.ug.u
+        if kmax * (float(u[-1]) + c) > 300 or kmax * (c - float(fin.min())) > 600:
+            for lin, k, beta, act in keys:
+                self._nested_inner(col, lin, g, k, beta, act)
+            return
+        with np.errstate(over="ignore", invalid="ignore"):
+            E0 = np.exp(-np.exp(u[None, :, None] + psi[:, None, :]))            # (n1, U, n2)
+        W = np.empty(psi.shape + (len(keys),))
+        for j, (lin, k, beta, _) in enumerate(keys):
+            w = col.w2[None, :] * col.linear(lin)
+            if beta:
+                w = w * col.ratio(g) ** beta
+            if k:
+                with np.errstate(invalid="ignore"):
+                    w = w * np.exp(k * (psi - c))
+            W[..., j] = np.nan_to_num(np.broadcast_to(w, psi.shape), nan=0.0)
+        R = np.matmul(E0, W)                                                     # (n1, U, J)
+        ks = np.array([k for _, k, _, _ in keys])
+        scale = np.exp(np.outer(u + c, ks))                                      # (U, J)
+        for j, key in enumerate(keys):
+            self._kernels[(id(col), "inner") + key] = (R[:, :, j] * scale[:, j][None, :]).T
 
     def evaluate(self, pats: list["CompiledPattern"]) -> np.ndarray:
         """Σ over patterns of coefficient × ∫ measure × T_sig × Π T_noise × T_1^{L−1−n}."""
@@ -814,6 +902,7 @@ class LaplaceDrift:
         with single_thread_blas():
             eng = _Engine(task, act, np.asarray(M, float), np.asarray(Q, float),
                           np.asarray(a, float), np.asarray(b, float), level)
+            eng.prefetch(pats)
             return eng.evaluate(pats)
 
     def evaluate(self, task: Task, act: Activation, M: np.ndarray, Q: np.ndarray,
