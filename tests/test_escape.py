@@ -20,8 +20,7 @@ from theory_kit.expect.drift import MonteCarloDrift
 from theory_kit.initial import InitialCondition
 from theory_kit.model import State, Task, ValidationError, make_prior
 from theory_kit.ode import build_system, integrate_ode
-from theory_kit.simulate import (ReducedState, SimConfig, draw_samples, simulate,
-                                 step_coefficients)
+from theory_kit.simulate import SimConfig, simulate
 
 SOFTMAX = get_activation("softmax")
 
@@ -88,19 +87,14 @@ def test_lambda_equals_growth_of_a_tiny_antisymmetric_perturbation(short_lin):
 
 # ----------------------------------------------------------------------------- Σ
 def one_reduced_step(act, tk: Task, state: State, D: int, runs: int, seed: int) -> np.ndarray:
-    """x after − x before for ``runs`` independent single steps of the exact reduced SGD."""
-    rng = np.random.default_rng(seed)
-    ic = InitialCondition(state)
-    st = ReducedState.given(ic, runs, D)
-    a, b = np.tile(state.a, (runs, 1)), np.tile(state.b, (runs, 1))
-    smp = draw_samples(tk, rng, 1, runs)
-    tokens = st.draw_tokens(rng, 1, smp)
-    co = step_coefficients(act, st.scores(tokens, 0), a, b, st.Qdiag(), smp.c[0], smp.y[0],
-                           np.array([1.0, 0.0, 0.0]) / D)
+    """x after − x before for ``runs`` independent single steps of the exact reduced SGD
+    (``simulate`` from the given state, recorded at t = 0 and t = 1/D)."""
+    cfg = SimConfig(tk, act, state.H, D, times=(0.0, 1.0 / D), runs=runs, seed=seed,
+                    initial=InitialCondition(state), error_samples=1)
+    res = simulate(cfg)
     c = escape.Coordinates(state.H, tk.F)
-    before = c.vector(*st.order_parameters(), a, b)
-    st.update(tokens, 0, co)
-    return c.vector(*st.order_parameters(), a, b) - before
+    x = c.vector(res.M, res.Q, res.a, res.b)             # (runs, 2, n)
+    return x[:, 1] - x[:, 0]
 
 
 @pytest.mark.parametrize("name", ["softmax", "bsoftmax"])

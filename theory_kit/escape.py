@@ -63,7 +63,7 @@ from .initial import InitialCondition
 from .model import State, Task, as_finite_array, check_int, fail
 from .ode import OdeSystem, build_system, integrate_ode, rk4_step
 from .progress import progress_bar
-from .simulate import ReducedState, psd_factor, step_coefficients
+from .simulate import ReducedState, psd_factor
 
 E_LOG_ABS_NORMAL = -(np.euler_gamma + np.log(2.0)) / 2   # E ln|Z|, Z ~ N(0, 1)
 VAR_LOG_ABS_NORMAL = np.pi ** 2 / 8                      # Var ln|Z|
@@ -199,18 +199,22 @@ def increments(task: Task, act: Activation, coords: Coordinates, state: State,
     S = M @ p + psd_factor(state.orthogonal_part()) @ rng.standard_normal((n, H, L))
     c = rng.standard_normal((n, L))
     y = c[:, 0] + math.sqrt(task.delta) * rng.standard_normal(n)
-    co = step_coefficients(act, S, np.tile(state.a, (n, 1)), np.tile(state.b, (n, 1)),
-                           np.tile(np.diag(Q), (n, 1)), c, y, np.asarray(rates, float))
-    beta = co.beta                                         # γ r G, (n, H, L)
+    kern = act.kernel(S, np.tile(state.a, (n, 1)), np.tile(state.b, (n, 1)),
+                      np.tile(np.diag(Q), (n, 1)))
+    g, ga, gb = rates
+    r = y - np.einsum("nl,nl->n", kern.w, c)
+    G = kern.jvp_tokens(c)                                 # ∂ŷ/∂s_{hl}
+    beta = (g * r)[:, None, None] * G                      # γ r G, (n, H, L)
     ZM = beta @ np.swapaxes(p, 1, 2)
     half = beta @ np.swapaxes(S, 1, 2)
-    if co.rho is not None:                                 # γ r 2R_h (Bayes offsets)
-        ZM = ZM + co.rho[:, :, None] * M
-        half = half + co.rho[:, :, None] * Q
+    if act.offset == "bayes":                              # γ r 2R_h, R_h = ∂ŷ/∂Q_hh
+        rho = (2 * g * r)[:, None] * kern.grad_qdiag(G)
+        ZM = ZM + rho[:, :, None] * M
+        half = half + rho[:, :, None] * Q
     ZQ = half + np.swapaxes(half, 1, 2) + beta @ np.swapaxes(beta, 1, 2)
-    zeros = np.zeros((n, H))
-    return coords.vector(ZM, ZQ, zeros if co.da is None else co.da,
-                         zeros if co.db is None else co.db)
+    da = (ga * r)[:, None] * kern.grad_a(c)
+    db = (gb * r)[:, None] * kern.grad_b(G)
+    return coords.vector(ZM, ZQ, da, db)
 
 
 def noise_covariance(task: Task, act: Activation, coords: Coordinates, state: State,

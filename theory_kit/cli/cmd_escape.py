@@ -10,6 +10,7 @@ from ..escape import escape_law
 from ..model import Task, ValidationError, fail, make_prior
 from ..ode import initial_condition
 from ..results import write_json
+from .cmd_ode import add_rate_args
 from .common import add_activation_args, build_activation, parse_float_list, parse_json_array, \
     print_json
 
@@ -32,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="label noise Delta >= 0 (--delta of the other verbs; here --delta is "
                         "the specialisation threshold)")
     p.add_argument("--H", type=int, help="number of heads (>= 2; taken from --M0 if omitted)")
-    p.add_argument("--gamma", type=float, required=True, help="learning rate gamma > 0")
+    add_rate_args(p)
     p.add_argument("--eta", type=float, default=1.0,
                    help="initialisation scale of the keys drawn at each D")
     p.add_argument("--D", default=DEFAULT_D, help=f"dimensions, comma-separated (default "
@@ -40,12 +41,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--M0", help="given initial H x F overlaps as JSON (only the SGD noise is "
                                 "then random)")
     p.add_argument("--Q0", help="given initial H x H Gram matrix as JSON")
-    p.add_argument("--train-a", action=argparse.BooleanOptionalAction, default=None,
-                   help="train a (default: the activation's convention)")
-    p.add_argument("--train-b", action=argparse.BooleanOptionalAction, default=None,
-                   help="train b (default: the activation's convention)")
-    p.add_argument("--gamma-a", type=float, help="learning rate of a (default gamma)")
-    p.add_argument("--gamma-b", type=float, help="learning rate of b (default gamma)")
     p.add_argument("--delta", type=float, default=0.2, help="specialisation threshold delta")
     p.add_argument("--direction", type=int, default=2, help="feature f of tau_f (1-based)")
     p.add_argument("--T", type=float, default=400.0, help="horizon (runs not crossed by T are "
@@ -73,6 +68,9 @@ def _dimensions(text: str) -> list[int]:
 
 
 def run_escape(args: argparse.Namespace) -> int:
+    if args.gradient_flow:
+        fail("gradient_flow", "escape needs the SGD noise (finite gamma); drop --gradient-flow",
+             True)
     if not np.isfinite(args.label_noise) or args.label_noise < 0:
         fail("label_noise", "label noise Delta must be a finite number >= 0", args.label_noise)
     task = Task(args.L, make_prior(args.prior if args.prior in ("flipping", "gaussian") else
