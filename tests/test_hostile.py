@@ -287,3 +287,106 @@ def test_canary_path_is_writable():
     Path(CANARY).write_text("x")
     assert os.path.exists(CANARY)
     os.unlink(CANARY)
+
+
+# --------------------------------------------------------------------------- CLI guard
+ODE = ["ode", "--activation", "softmax", "--L", "2", "--nu", "2,2", "--H", "2", "--gamma", "1",
+       "--T", "0.1", "--D", "100", "--samples", "16", "--no-progress"]
+
+
+def _out_cases(root: Path) -> dict[str, str]:
+    (root / "afile").write_text("x")
+    (root / "adir").mkdir()
+    return {"under a file": str(root / "afile" / "o.json"), "empty": "",
+            "name too long": str(root / ("n" * 300 + ".json")), "a folder": str(root / "adir"),
+            "deep under a file": str(root / "afile" / "a" / "b" / "o.json")}
+
+
+@pytest.mark.parametrize("case", ["under a file", "empty", "name too long", "a folder",
+                                  "deep under a file"])
+def test_unwritable_out_exits_3(case, tmp_path, capsys):
+    out = _out_cases(tmp_path)[case]
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    status, _, err = run_cli(ODE + ["--out", out], capsys)
+    assert_one_line(err, "ode", status, 3, "out: ")
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
+def test_lock_held_by_a_live_run_exits_3(tmp_path, capsys):
+    import socket
+    out = tmp_path / "o.json"
+    (tmp_path / "o.json.lock").write_text(f"{socket.gethostname()} 1\n")  # pid 1 is alive
+    status, _, err = run_cli(ODE + ["--out", str(out)], capsys)
+    assert_one_line(err, "ode", status, 3, "out: another theory-kit run")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("exc,code,start", [
+    (RuntimeError("boom"), 1, "internal error: RuntimeError: boom"),
+    (MemoryError(), 4, "out of memory"),
+    (OSError(28, "No space left on device", "/x/o.json"), 3, "out: cannot write"),
+    (RecursionError("deep"), 1, "internal error"),
+])
+def test_unexpected_errors_give_one_line(exc, code, start, capsys, monkeypatch):
+    import theory_kit.cli.cmd_derive as cmd
+
+    def explode(args):
+        raise exc
+    monkeypatch.setattr(cmd, "run", explode, raising=False)
+    from theory_kit.cli import build_parser
+    parser = build_parser()
+    args = parser.parse_args(["derive", "--activation", "softmax"])
+    args.func = explode
+    from theory_kit.cli import _run
+    status = _run(args, debug=False)
+    err = capsys.readouterr().err
+    assert_one_line(err, "derive", status, code, start)
+    if code == 1:
+        assert err.rstrip().endswith("rerun with --debug for the traceback")
+    status = _run(args, debug=True)
+    assert "Traceback" in capsys.readouterr().err and status == code
+
+
+def test_ctrl_c_during_start_up_is_one_line(capsys, monkeypatch):
+    import theory_kit.cli as cli
+
+    def interrupted():
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cli, "build_parser", interrupted)
+    status = cli.main(["derive", "--activation", "softmax"])
+    err = capsys.readouterr().err
+    assert status == 130 and len(err.strip().splitlines()) == 1 and "interrupted" in err
+
+
+def test_debug_anywhere_shows_the_traceback(capsys):
+    status, _, err = run_cli(["derive", "--phi", "1/s", "--debug"], capsys)
+    assert status == 2 and "Traceback" in err and err.rstrip().splitlines()[-1].startswith(
+        "theory-kit derive: error: phi:")
+
+
+@pytest.mark.slow
+def test_broken_pipe_is_quiet_exit_3(tmp_path):
+    import subprocess
+    import sys
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.run(f"{sys.executable} -m theory_kit derive --activation softmax | head -c 1",
+                          shell=True, capture_output=True, text=True, env=env, cwd=tmp_path,
+                          executable="/bin/bash")
+    assert proc.stderr == "", proc.stderr
+    assert proc.returncode == 0 and proc.stdout == "#"
+
+
+def test_broken_pipe_in_process_exits_3_quietly(capsys, monkeypatch):
+    class ClosedPipe:
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def fileno(self):
+            raise ValueError("no fd")
+    monkeypatch.setattr("sys.stdout", ClosedPipe())
+    status = main(["derive", "--activation", "softmax"])
+    monkeypatch.undo()
+    assert status == 3 and capsys.readouterr().err == ""

@@ -19,7 +19,16 @@ PSD_TOL = 1e-9
 
 
 class ValidationError(ValueError):
-    """Bad input: the message names the parameter and the allowed range."""
+    """Bad input: the message names the parameter and the allowed range (CLI exit 2)."""
+
+
+class OutputError(Exception):
+    """An output cannot be written: path, permission, disk full, a lock held (CLI exit 3)."""
+
+
+class ResourceError(Exception):
+    """A request exceeds the memory or time bound (CLI exit 4); the message gives the
+    estimate, the limit and the option that raises it."""
 
 
 def fail(param: str, allowed: str, got: object) -> None:

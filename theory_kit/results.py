@@ -1,71 +1,220 @@
-"""Result files: atomic JSON/NPZ writing, reloading, version stamps and checkpoints.
+"""Result files: atomic strict-JSON/NPZ writing, reloading, version stamps, locks, checkpoints.
 
 Every result is a JSON object (or NPZ archive) carrying ``"params"`` (the full parameter
 set) and ``"version"`` (the toolkit version).  Files are written to a temporary name in the
-same folder and renamed, so an interrupted run never leaves a half-written file.
+same folder and renamed, so an interrupted run never leaves a half-written file; a target
+that is not a regular file (``/dev/null``, a FIFO) is written directly instead, never
+replaced.  JSON is strict (RFC 8259): a non-finite number is written as ``null`` and listed
+under ``"non_finite"`` with what it was, so readers in any language parse every file.
+Files get mode 0666 minus the umask (0644 by default), like any other program's output.
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import os
+import socket
+import stat
+import sys
 import tempfile
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from . import __version__
+from .model import OutputError, ValidationError
+
+CHECKPOINT_SCHEMA = 2
+NON_FINITE_NOTE = ("values that were NaN or +-inf, written as null so that the file is strict "
+                   "JSON; keys are paths into this file")
+ORPHAN_SECONDS = 3600.0  # a temporary file of unknown owner this old is a killed run's
 
 
-def to_jsonable(obj: Any) -> Any:
-    """NumPy arrays and scalars to lists and floats, recursively."""
+def to_jsonable(obj: Any, non_finite: dict[str, str] | None = None, where: str = "") -> Any:
+    """NumPy arrays and scalars to lists and floats, recursively; non-finite floats to None.
+
+    ``non_finite``, if given, collects ``{path: "nan" | "inf" | "-inf"}`` for each value
+    replaced (paths like ``run/error/3``), so a writer can say why a value is null."""
     if isinstance(obj, dict):
-        return {str(k): to_jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [to_jsonable(v) for v in obj]
+        return {str(k): to_jsonable(v, non_finite, f"{where}/{k}") for k, v in obj.items()}
     if isinstance(obj, np.ndarray):
+        if obj.dtype.kind in "fc" and not np.all(np.isfinite(obj)):
+            return to_jsonable(obj.astype(object).tolist(), non_finite, where)
         return obj.tolist()
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v, non_finite, f"{where}/{i}") for i, v in enumerate(obj)]
     if isinstance(obj, np.generic):
-        return obj.item()
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        if non_finite is not None:
+            non_finite[where.lstrip("/") or "/"] = "nan" if math.isnan(obj) else (
+                "inf" if obj > 0 else "-inf")
+        return None
     return obj
 
 
-def atomic_replace(path: Path, write: Any, suffix: str) -> None:
-    """Write through ``write(handle)`` to a temporary file in the same folder, then rename it
-    over ``path``: readers see the old file or the complete new one, never a partial one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix)
+def strict_payload(data: dict) -> dict:
+    """``data`` as strict-JSON-ready values, plus ``non_finite``/``non_finite_note`` when any
+    NaN or inf was replaced by null."""
+    found: dict[str, str] = {}
+    payload = to_jsonable(data, found)
+    if found:
+        shown = dict(list(found.items())[:200])
+        payload["non_finite"] = shown
+        payload["non_finite_note"] = NON_FINITE_NOTE + (
+            f" ({len(found)} values, first 200 listed)" if len(found) > 200 else "")
+    return payload
+
+
+def dumps_strict(data: dict, indent: int | None = None) -> str:
+    """JSON text of :func:`strict_payload` (``allow_nan=False`` guarantees strictness)."""
+    return json.dumps(strict_payload(data), indent=indent, allow_nan=False)
+
+
+# ----------------------------------------------------------------------------- writing
+def _umask() -> int:
     try:
+        with open("/proc/self/status") as handle:
+            for line in handle:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    old = os.umask(0o022)  # elsewhere: read it by setting it (and restore at once)
+    os.umask(old)
+    return old
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+def remove_orphans(path: Path, suffix: str) -> None:
+    """Delete temporary files of earlier writes of ``path`` whose writer was killed.
+
+    Names are ``.<name>.<pid>.<random><suffix>``: the file is an orphan when that process
+    is gone; older-style names without a pid count once they are over an hour old."""
+    prefix = f".{path.name}."
+    try:
+        candidates = [p for p in path.parent.iterdir()
+                      if p.name.startswith(prefix) and p.name.endswith(suffix)]
+    except OSError:
+        return
+    for tmp in candidates:
+        pid_text = tmp.name[len(prefix):].split(".", 1)[0]
+        try:
+            orphan = (not _pid_alive(int(pid_text))) if pid_text.isdigit() else (
+                time.time() - tmp.stat().st_mtime > ORPHAN_SECONDS)
+            if orphan and tmp.is_file():
+                tmp.unlink()
+        except OSError:
+            continue
+
+
+def _special_target(path: Path) -> bool:
+    """True for an existing target that must be written in place (device, FIFO, socket)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise OutputError(f"out: cannot write {path} ({exc.strerror})") from exc
+    if stat.S_ISDIR(mode):
+        raise OutputError(f"out: {path} is a directory, not a file")
+    return not stat.S_ISREG(mode)
+
+
+def atomic_replace(path: Path, write: Callable[[Any], Any], suffix: str) -> None:
+    """Write through ``write(handle)`` to a temporary file in the same folder, then rename it
+    over ``path``: readers see the old file or the complete new one, never a partial one.
+
+    A path that exists and is not a regular file (``/dev/null``, a FIFO) is written
+    directly, never replaced.  OS failures (permission, no space, name too long, a parent
+    that is a file) raise :class:`OutputError` naming the path."""
+    path = Path(path)
+    try:
+        if str(path) in ("", "."):
+            raise OutputError("out: must be a file name (got an empty path)")
+        if _special_target(path):
+            with open(path, "wb") as handle:
+                write(handle)
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        remove_orphans(path, suffix)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.",
+                                   suffix=suffix)
+    except OSError as exc:
+        raise OutputError(f"out: cannot write {path} ({exc.strerror or exc})") from exc
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as handle:
             write(handle)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise OutputError(f"out: cannot write {path} ({exc.strerror or exc})") from exc
         raise
 
 
 def write_json(path: str | os.PathLike, data: dict) -> Path:
-    """Write ``data`` (plus ``version`` if absent) as JSON, atomically."""
+    """Write ``data`` (plus ``version`` if absent) as strict JSON, atomically.
+
+    Non-finite numbers become null and are listed under ``non_finite``."""
     path = Path(path)
-    payload = {"version": __version__, **to_jsonable(data)}
-    text = json.dumps(payload, indent=1, allow_nan=True).encode()
+    text = dumps_strict({"version": __version__, **data}, indent=1).encode()
     atomic_replace(path, lambda h: h.write(text), ".tmp")
     return path
 
 
-def read_json(path: str | os.PathLike) -> dict:
-    """Reload a JSON result."""
-    with open(path) as handle:
-        return json.load(handle)
+MAX_JSON_BYTES = 2 * 1024 ** 3
+
+
+def read_json(path: str | os.PathLike, param: str = "file") -> dict:
+    """Reload a JSON result; unreadable, non-UTF-8, malformed, too deeply nested or
+    non-object content raises ValidationError ``<param>: ...`` (one line)."""
+    path = Path(path)
+    try:
+        if path.stat().st_size > MAX_JSON_BYTES:
+            raise ValidationError(f"{param}: {path} is larger than 2 GiB; not a result file")
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except FileNotFoundError:
+        raise ValidationError(f"{param}: {path} does not exist")
+    except IsADirectoryError:
+        raise ValidationError(f"{param}: {path} is a directory, not a JSON file")
+    except PermissionError:
+        raise ValidationError(f"{param}: {path} cannot be read (permission denied)")
+    except UnicodeDecodeError:
+        raise ValidationError(f"{param}: {path} is not UTF-8 text (not a JSON file)")
+    except json.JSONDecodeError as exc:
+        raise ValidationError(f"{param}: {path} is not valid JSON ({exc.msg} at line "
+                              f"{exc.lineno}, column {exc.colno})")
+    except RecursionError:
+        raise ValidationError(f"{param}: {path} is nested too deeply to be a result file")
+    if not isinstance(data, dict):
+        raise ValidationError(f"{param}: {path} must hold a JSON object, not a "
+                              f"{type(data).__name__}")
+    return data
 
 
 def write_npz(path: str | os.PathLike, params: dict, **arrays: np.ndarray) -> Path:
     """Write arrays plus the parameters (as a JSON string) and version to NPZ, atomically."""
     path = Path(path)
-    meta = json.dumps({"version": __version__, "params": to_jsonable(params)})
+    meta = json.dumps(strict_payload({"version": __version__, "params": params}),
+                      allow_nan=False)
     atomic_replace(path, lambda h: np.savez(h, __meta__=np.array(meta), **arrays), ".npz")
     return path
 
@@ -78,25 +227,169 @@ def read_npz(path: str | os.PathLike) -> tuple[dict, dict[str, np.ndarray]]:
     return meta, arrays
 
 
+def warn(message: str) -> None:
+    """One warning line on stderr (the CLI's style; no source line, unlike ``warnings``)."""
+    print(f"theory-kit: warning: {' '.join(message.split())}", file=sys.stderr)
+
+
+def set_aside(path: Path, why: str) -> Path | None:
+    """Rename a foreign or corrupt file to ``<name>.bad-<time>`` and warn; the caller
+    starts clean.  Returns the new name (None if it could not be moved)."""
+    target = path.with_name(f"{path.name}.bad-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}")
+    try:
+        os.replace(path, target)
+    except OSError:
+        warn(f"{path} is {why} and could not be moved aside; ignoring it")
+        return None
+    warn(f"{path} is {why}; moved it to {target.name} and starting clean")
+    return target
+
+
+def read_piece(path: Path) -> dict | None:
+    """A finished piece of work (``workdir/<piece>.json``), or None when it is missing or
+    unreadable (then it is set aside, with a warning, and the piece is recomputed)."""
+    if not path.exists():
+        return None
+    try:
+        return read_json(path)
+    except ValidationError:
+        set_aside(path, "not a readable result file")
+        return None
+
+
+# ----------------------------------------------------------------------------- locks
+class OutputLock:
+    """``<out>.lock``: one run writes a given output at a time.
+
+    The lock file holds ``host pid``; a lock left by a dead process on this host is taken
+    over.  A live one raises :class:`OutputError` (the CLI's exit 3) before any work.
+    Targets that are not regular files or folders (``/dev/null``) are not locked."""
+
+    def __init__(self, out_path: str | os.PathLike) -> None:
+        if not str(out_path).strip():
+            raise OutputError("out: must be a file or folder name (got an empty path)")
+        out = Path(out_path).absolute()
+        self.out = out
+        self.path = out.with_name(out.name + ".lock")
+        self.held = False
+
+    def acquire(self) -> "OutputLock":
+        if self.out.exists() and not (self.out.is_file() or self.out.is_dir()):
+            return self
+        me = f"{socket.gethostname()} {os.getpid()}"
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise OutputError(f"out: cannot write {self.out} ({exc.strerror or exc}: "
+                              f"{self.path.parent})") from exc
+        for _ in range(3):
+            try:
+                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            except FileExistsError:
+                if self._stale():
+                    try:
+                        self.path.unlink()
+                    except OSError:
+                        pass
+                    continue
+                raise OutputError(f"out: another theory-kit run ({self._owner()}) is writing "
+                                  f"{self.out}; wait for it, or delete {self.path} if it is "
+                                  "not running")
+            except OSError as exc:
+                raise OutputError(f"out: cannot write {self.out} ({exc.strerror or exc})") from exc
+            with os.fdopen(fd, "w") as handle:
+                handle.write(me + "\n")
+            self.held = True
+            return self
+        raise OutputError(f"out: could not lock {self.out} (remove {self.path})")
+
+    def _owner(self) -> str:
+        try:
+            host, pid = self.path.read_text().split()[:2]
+            return f"pid {pid} on {host}"
+        except (OSError, ValueError):
+            return "unknown process"
+
+    def _stale(self) -> bool:
+        try:
+            host, pid = self.path.read_text().split()[:2]
+        except (OSError, ValueError):
+            # unreadable or half-written: stale once it is older than a few seconds
+            try:
+                return time.time() - self.path.stat().st_mtime > 10
+            except OSError:
+                return True
+        return host == socket.gethostname() and pid.isdigit() and not _pid_alive(int(pid))
+
+    def release(self) -> None:
+        if self.held:
+            try:
+                self.path.unlink()
+            except OSError:
+                pass
+            self.held = False
+
+    def __enter__(self) -> "OutputLock":
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+# ----------------------------------------------------------------------------- checkpoints
+def params_digest(data: Any) -> str:
+    """SHA-256 of the canonical strict JSON of ``data`` (key order does not matter)."""
+    text = json.dumps(to_jsonable(data), sort_keys=True, allow_nan=False)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 class Checkpoint:
     """A JSON checkpoint next to an output file (``<out>.partial.json``) for resumable runs.
 
-    ``load(params)`` returns the saved progress only when it was made with the same params,
-    so a changed command line never resumes someone else's run."""
+    The file carries ``schema`` (:data:`CHECKPOINT_SCHEMA`), the toolkit version, the params
+    and a digest of params and progress.  ``load(params)`` returns the saved progress only
+    when all of them check out and the params are this run's; a foreign, older-schema,
+    corrupt or hand-edited checkpoint is set aside (renamed, with a warning) and the run
+    starts clean.  For an output that is not a regular file (``/dev/null``) there is no
+    checkpoint."""
 
     def __init__(self, out_path: str | os.PathLike) -> None:
         out = Path(out_path)
         self.path = out.with_name(out.name + ".partial.json")
+        self.enabled = not (out.exists() and not out.is_file())
 
     def load(self, params: dict) -> dict | None:
-        if not self.path.exists():
+        if not self.enabled or not self.path.exists():
             return None
-        saved = read_json(self.path)
-        return saved.get("progress") if saved.get("params") == to_jsonable(params) else None
+        try:
+            saved = read_json(self.path, "checkpoint")
+        except ValidationError:
+            set_aside(self.path, "not a readable checkpoint")
+            return None
+        if saved.get("schema") != CHECKPOINT_SCHEMA or "progress" not in saved:
+            set_aside(self.path, f"a checkpoint of another format (schema "
+                                 f"{saved.get('schema')!r}, expected {CHECKPOINT_SCHEMA})")
+            return None
+        try:
+            intact = saved.get("digest") == params_digest([saved.get("params"), saved["progress"]])
+        except (TypeError, ValueError):
+            intact = False
+        if not intact:
+            set_aside(self.path, "a corrupt checkpoint (its digest does not match)")
+            return None
+        if saved.get("params") != to_jsonable(params):
+            set_aside(self.path, "a checkpoint of a run with other parameters")
+            return None
+        return saved["progress"]
 
     def save(self, params: dict, progress: dict) -> None:
-        write_json(self.path, {"params": params, "progress": progress})
+        if not self.enabled:
+            return
+        params, progress = to_jsonable(params), to_jsonable(progress)
+        write_json(self.path, {"schema": CHECKPOINT_SCHEMA, "params": params,
+                               "progress": progress,
+                               "digest": params_digest([params, progress])})
 
     def clear(self) -> None:
-        if self.path.exists():
+        if self.enabled and self.path.exists():
             self.path.unlink()

@@ -1,27 +1,49 @@
 """Command line: ``theory-kit <verb> ...``.
 
 Each verb lives in its own module ``theory_kit.cli.cmd_<verb>`` exposing
-``register(subparsers)``; modules are discovered automatically.  Bad input exits with
-status 2 and one line naming the parameter and what is allowed; no traceback.
+``register(subparsers)``; modules are discovered automatically.
+
+One guard around every verb turns expected failures into one stderr line and a documented
+exit status (no traceback unless ``--debug``, anywhere on the command line, or
+``THEORY_KIT_DEBUG=1``):
+
+* 0 success; 2 bad input, including unreadable or malformed input files;
+* 3 an output cannot be written (path, permission, disk full, a lock held by another run;
+  a closed pipe such as ``| head`` exits 3 quietly);
+* 4 resources: the request exceeds ``--max-memory`` or a time bound;
+* 1 anything else: one line and "rerun with --debug for the traceback";
+* 130 interrupted (Ctrl-C), also during start-up.
 """
 from __future__ import annotations
 
-import argparse
-import importlib
-import pkgutil
+import errno
+import os
 import sys
+from pathlib import Path
 from typing import Sequence
 
-from .. import __version__
-from ..model import ValidationError
+EXIT_INPUT, EXIT_OUTPUT, EXIT_RESOURCES, EXIT_INTERNAL, EXIT_INTERRUPT = 2, 3, 4, 1, 130
+# OS errors that mean "the output cannot be written" wherever they happen
+_OUTPUT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.ENAMETOOLONG, errno.EFBIG}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser():
+    """The argparse parser with every ``cmd_*`` verb registered."""
+    import argparse
+    import importlib
+    import pkgutil
+
+    from .. import __version__
+
     parser = argparse.ArgumentParser(
         prog="theory-kit",
         description="Theory of multi-head attention in the single-location model "
-                    "(arXiv 2603.03993): errors, ODEs, simulations, figures.")
+                    "(arXiv 2603.03993): errors, ODEs, simulations, figures.",
+        epilog="Exit status: 0 ok, 2 bad input, 3 output cannot be written, 4 resources "
+               "exceeded, 1 internal error, 130 interrupted.")
     parser.add_argument("--version", action="version", version=f"theory-kit {__version__}")
+    parser.add_argument("--debug", action="store_true",
+                        help="show the Python traceback of any error (also anywhere after the verb)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="VERB")
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
         if info.name.startswith("cmd_"):
@@ -29,20 +51,118 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``theory-kit`` console script."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+def _say(command: str, message: str) -> None:
+    print(f"theory-kit {command}: error: {' '.join(str(message).split())}", file=sys.stderr)
+
+
+def _under(filename: object, out: object) -> bool:
+    """Whether an OS error's file is the output (or inside or next to it)."""
+    if not filename or not out:
+        return False
     try:
-        return int(args.func(args) or 0)
-    except (ValidationError, FileNotFoundError, IsADirectoryError, PermissionError) as exc:
-        # one line: wrapped messages (e.g. SymPy parse errors) are joined
-        print(f"theory-kit {args.command}: error: {' '.join(str(exc).split())}", file=sys.stderr)
-        return 2
+        f, o = Path(str(filename)).absolute(), Path(str(out)).absolute()
+    except (OSError, ValueError):
+        return False
+    return f == o or o in f.parents or f.parent == o.parent and f.name.startswith(f".{o.name}")
+
+
+def _silence_stdout() -> None:
+    """After a broken pipe, point stdout at /dev/null so the final flush cannot fail."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def classify(exc: BaseException, out: object = None) -> tuple[int, str | None]:
+    """(exit status, message or None for silence) of an exception escaping a verb."""
+    from ..model import OutputError, ResourceError, ValidationError
+
+    if isinstance(exc, ValidationError):
+        return EXIT_INPUT, str(exc)
+    if isinstance(exc, OutputError):
+        return EXIT_OUTPUT, str(exc)
+    if isinstance(exc, BrokenPipeError):
+        return EXIT_OUTPUT, None
+    if isinstance(exc, ResourceError):
+        return EXIT_RESOURCES, str(exc)
+    if isinstance(exc, MemoryError):
+        return EXIT_RESOURCES, ("out of memory; reduce the sizes (samples, D, L, H, F) or the "
+                                "number of jobs")
+    if isinstance(exc, OSError) and exc.errno is None:
+        # raised by the toolkit with its own message (e.g. "data: no such file: ...")
+        return (EXIT_INPUT if isinstance(exc, (FileNotFoundError, IsADirectoryError,
+                                               PermissionError)) else EXIT_OUTPUT), str(exc)
+    if isinstance(exc, OSError):
+        what = exc.strerror or str(exc)
+        name = f"{exc.filename}: " if exc.filename else ""
+        if exc.errno in _OUTPUT_ERRNOS or _under(exc.filename, out):
+            return EXIT_OUTPUT, f"out: cannot write {name}{what}"
+        if isinstance(exc, (FileNotFoundError, IsADirectoryError, NotADirectoryError,
+                            PermissionError)):
+            return EXIT_INPUT, f"file: cannot read {name}{what}"
+        return EXIT_OUTPUT, f"I/O error: {name}{what}"
+    if isinstance(exc, UnicodeDecodeError):
+        return EXIT_INPUT, f"file: an input file is not UTF-8 text ({exc.reason})"
+    return EXIT_INTERNAL, (f"internal error: {type(exc).__name__}: {exc}"[:400]
+                           + "; rerun with --debug for the traceback")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``theory-kit`` console script; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv or os.environ.get("THEORY_KIT_DEBUG") == "1"
+    argv = [a for a in argv if a != "--debug"]
+    command = argv[0] if argv and not argv[0].startswith("-") else "error"
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        command = args.command
+        return _run(args, debug)
     except KeyboardInterrupt:
-        print(f"theory-kit {args.command}: interrupted; finished work is saved, "
+        print(f"theory-kit {command}: interrupted; finished work is saved, "
               "run the same command again to resume", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPT
+    except SystemExit:
+        raise  # argparse: --help, --version, usage errors (exit 2 with its own line)
+    except BaseException as exc:  # noqa: BLE001 — the one top-level guard
+        status, message = classify(exc, out=None)
+        if debug:
+            import traceback
+            traceback.print_exc()
+        if isinstance(exc, BrokenPipeError):
+            _silence_stdout()
+        if message is not None:
+            _say(command, message)
+        return status
+
+
+def _run(args, debug: bool) -> int:
+    """Run the verb under the output lock, mapping its failures (see :func:`classify`)."""
+    from ..results import OutputLock
+
+    out = getattr(args, "out", None)
+    try:
+        if out is None:
+            status = int(args.func(args) or 0)
+        else:
+            with OutputLock(out):
+                status = int(args.func(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, inside the guard
+        return status
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:  # noqa: BLE001
+        status, message = classify(exc, out=out)
+        if debug:
+            import traceback
+            traceback.print_exc()
+        if isinstance(exc, BrokenPipeError):
+            _silence_stdout()
+        if message is not None:
+            _say(args.command, message)
+        return status
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -86,8 +86,9 @@ def build_state(args: argparse.Namespace, act: Activation, task: Task) -> State:
 
 
 def print_json(obj: dict) -> None:
-    from ..results import to_jsonable
-    print(json.dumps(to_jsonable(obj)))
+    """Strict JSON on stdout (NaN/inf become null, listed under ``non_finite``)."""
+    from ..results import dumps_strict
+    print(dumps_strict(obj))
 
 
 def add_executor_args(parser: argparse.ArgumentParser, default_jobs: int = 1,
