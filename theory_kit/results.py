@@ -19,6 +19,7 @@ import stat
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -228,20 +229,20 @@ def read_npz(path: str | os.PathLike) -> tuple[dict, dict[str, np.ndarray]]:
 
 
 def warn(message: str) -> None:
-    """One warning line on stderr (the CLI's style; no source line, unlike ``warnings``)."""
-    print(f"theory-kit: warning: {' '.join(message.split())}", file=sys.stderr)
+    """A ``UserWarning`` (the CLI prints warnings as one ``theory-kit: warning:`` line)."""
+    warnings.warn(" ".join(message.split()), UserWarning, stacklevel=3)
 
 
 def set_aside(path: Path, why: str) -> Path | None:
-    """Rename a foreign or corrupt file to ``<name>.bad-<time>`` and warn; the caller
+    """Rename a foreign or corrupt file to ``<name>.bad-<time>-<pid>`` and warn; the caller
     starts clean.  Returns the new name (None if it could not be moved)."""
     target = path.with_name(f"{path.name}.bad-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}")
     try:
         os.replace(path, target)
     except OSError:
-        warn(f"{path} is {why} and could not be moved aside; ignoring it")
+        warn(f"{path} is {why} and could not be set aside; ignoring it")
         return None
-    warn(f"{path} is {why}; moved it to {target.name} and starting clean")
+    warn(f"{path} is {why}; set aside as {target.name}, starting clean")
     return target
 
 

@@ -572,8 +572,8 @@ def _resumed_run(cfg: SimConfig, kernels: Any, checkpoint: Checkpoint | None) ->
         return run
     try:
         saved = checkpoint.load(cfg.params())
-        if saved is None:
-            raise CorruptCheckpoint("made with other parameters")
+        if saved is None:  # foreign or corrupt: results.Checkpoint has set it aside already
+            return run
         run.restore(saved)
     except (CorruptCheckpoint, ValueError, KeyError, TypeError, IndexError, AttributeError,
             RecursionError, UnicodeDecodeError) as exc:

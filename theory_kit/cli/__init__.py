@@ -19,6 +19,7 @@ from __future__ import annotations
 import errno
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Sequence
 
@@ -115,6 +116,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     debug = "--debug" in argv or os.environ.get("THEORY_KIT_DEBUG") == "1"
     argv = [a for a in argv if a != "--debug"]
     command = argv[0] if argv and not argv[0].startswith("-") else "error"
+    with warnings.catch_warnings():
+        warnings.showwarning = _one_line_warning
+        return _main(argv, command, debug)
+
+
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Warnings as one stderr line, without the source line Python adds."""
+    print(f"theory-kit: warning: {' '.join(str(message).split())}", file=sys.stderr)
+
+
+def _main(argv: list[str], command: str, debug: bool) -> int:
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
