@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import os
 import time
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -52,7 +51,7 @@ from .error import squared_residual
 from .initial import InitialCondition, keys_from_state
 from .model import Task, ValidationError, as_finite_array, check_int, check_state_for_task, fail
 from .progress import progress_bar
-from .results import Checkpoint, read_json, to_jsonable, write_json
+from .results import Checkpoint, read_json, set_aside, to_jsonable, write_json
 from .sgd_step import (FAULT_NONE, FAULT_NONFINITE, FAULT_NORMALISER, VJP_SIG, WEIGHTS_SIG,
                        coefficients_stack, psd_factor, reduced_block)
 
@@ -556,11 +555,7 @@ def _chunks(start: int, stop: int, size: int) -> list[tuple[int, int]]:
 
 def _set_aside(checkpoint: Checkpoint, reason: str) -> None:
     """Rename an unusable checkpoint out of the way (kept for inspection), with one warning."""
-    path = checkpoint.path
-    bad = path.with_name(f"{path.name}.bad-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}")
-    os.replace(path, bad)
-    warnings.warn(f"simulate: checkpoint {path} set aside as {bad.name} ({reason}); "
-                  "starting clean", stacklevel=3)
+    set_aside(checkpoint.path, f"not a usable simulate checkpoint ({reason})")
 
 
 def _resumed_run(cfg: SimConfig, kernels: Any, checkpoint: Checkpoint | None) -> _Run:

@@ -139,15 +139,20 @@ def _main(argv: list[str], command: str, debug: bool) -> int:
     except SystemExit:
         raise  # argparse: --help, --version, usage errors (exit 2 with its own line)
     except BaseException as exc:  # noqa: BLE001 — the one top-level guard
-        status, message = classify(exc, out=None)
-        if debug:
-            import traceback
-            traceback.print_exc()
-        if isinstance(exc, BrokenPipeError):
-            _silence_stdout()
-        if message is not None:
-            _say(command, message)
-        return status
+        return _report(exc, command, None, debug)
+
+
+def _report(exc: BaseException, command: str, out: object, debug: bool) -> int:
+    """Print the one line for ``exc`` (and the traceback with --debug); its exit status."""
+    status, message = classify(exc, out=out)
+    if debug:
+        import traceback
+        traceback.print_exc()
+    if isinstance(exc, BrokenPipeError):
+        _silence_stdout()
+    if message is not None:
+        _say(command, message)
+    return status
 
 
 def _run(args, debug: bool) -> int:
@@ -166,15 +171,7 @@ def _run(args, debug: bool) -> int:
     except (KeyboardInterrupt, SystemExit):
         raise
     except BaseException as exc:  # noqa: BLE001
-        status, message = classify(exc, out=out)
-        if debug:
-            import traceback
-            traceback.print_exc()
-        if isinstance(exc, BrokenPipeError):
-            _silence_stdout()
-        if message is not None:
-            _say(args.command, message)
-        return status
+        return _report(exc, args.command, out, debug)
 
 
 if __name__ == "__main__":  # pragma: no cover
