@@ -28,6 +28,11 @@ Methods (both vectorised over runs, same law at every D):
       M ← (1+ρ) M + β p,   P ← (1+ρ) P + β q,   O ← P Pᵀ + (β A)(β A)ᵀ,
 
   which includes the γ² term |Σ_l β_{hl} x_l|².  The cost per step does not depend on D.
+  The steps run compiled (:mod:`theory_kit.sgd_step`) over blocks of steps and all runs,
+  on random numbers drawn for the block in NumPy beforehand.
+
+The step coefficients of both methods come from the generated per-sample kernels of the
+activation (:func:`codegen.sample_kernels`), the same code for presets and a user's φ.
 
 Recorded at each requested time: M, Q, a, b, the population error E = Δ + E|δ_ε − w|²
 estimated by Monte Carlo from the exact law of the scores given (M, Q, a, b) (``error``, with
