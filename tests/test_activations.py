@@ -120,3 +120,33 @@ def test_user_phi_exp_equals_softmax():
     assert np.allclose(user.weights(S, *args)[1], ref.weights(S, *args)[1])
     assert user.fingerprint() == custom_activation("exp(s)").fingerprint()
     assert user.phi.has(S_SYMBOL)
+
+
+@pytest.mark.parametrize("phi,stable", [
+    ("log(1+exp(s))", "Softplus(s)"), ("log(exp(2*s)+1) + s", "s + Softplus(2*s)"),
+    ("1/(1+exp(-s))", "Sigmoid(s)"), ("exp(s)/(1+exp(s))", "Sigmoid(s)"),
+    ("exp(s)", "exp(s)"), ("s**2 + 1", "s**2 + 1")])
+def test_user_phi_rewritten_to_stable_form(phi, stable):
+    assert str(custom_activation(phi, norm="joint").phi) == stable
+
+
+def test_written_out_softplus_is_overflow_safe_everywhere():
+    """log(1+exp(s)) at scores ±1e3: the raw form overflows (inf/inf = nan); the rewritten one
+    gives the softplus preset's numbers through the hand kernel and the compiled kernels."""
+    from theory_kit import codegen
+    user = custom_activation("log(1+exp(s))", norm="per-head", kappa=0.5)
+    named = custom_activation("softplus(s)", norm="per-head", kappa=0.5)
+    assert user.fingerprint() == named.fingerprint()
+    S = np.array([[[1e3, -1e3, 0.5], [-1e3, 2e2, 3.0]]])
+    a, b, qd = np.array([0.7, 0.4]), np.zeros(2), np.ones(2)
+    with np.errstate(all="ignore"):
+        raw = np.log(1 + np.exp(S))
+        assert not np.all(np.isfinite(raw / raw.sum(-1, keepdims=True)))
+    for backend in codegen.BACKENDS:
+        W, D, D2, w = codegen.sample_kernels(user, backend).weights(S, b, qd, a)
+        ref = named.kernel(S, a, b, qd)
+        assert np.all(np.isfinite(W)) and np.all(np.isfinite(D)) and np.all(np.isfinite(D2))
+        np.testing.assert_allclose(w, ref.w, rtol=1e-12)
+        np.testing.assert_allclose(W[0, 0], [1e3 / (1e3 + 0.5 + np.log1p(np.exp(0.5))), 0.0,
+                                             np.log1p(np.exp(0.5)) / (1e3 + 0.5 + np.log1p(np.exp(0.5)))],
+                                   rtol=1e-12)

@@ -1,5 +1,7 @@
 """Generated integrands against the hand-structured reference, Stein against conditional mean,
 overflow safety, and the file cache."""
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -51,7 +53,8 @@ def test_user_exp_equals_softmax():
 def test_softplus_written_out_derives_and_generates():
     act = custom_activation("log(1+exp(s))", norm="joint", kappa=0.0)
     source = codegen.module_source(act)
-    assert "def first_order" in source and "numpy.log" in source
+    assert "def first_order" in source and "Softplus" in source   # rewritten to the stable form
+    assert "_softplus" in codegen.module_source(act, "numba")
     args = _random_state(np.random.default_rng(3))
     got = codegen.drift_integrand(act)(*args)
     ref = reference_drift_integrands(act, *args)
@@ -64,9 +67,10 @@ def test_log_domain_keeps_huge_scores_finite(name):
     S, zeta, theta, M, Q, a, b = _random_state(np.random.default_rng(4), scale=1e3)
     S = np.clip(S, -1e3, 1e3)
     for projection in codegen.PROJECTIONS:
-        out = codegen.drift_integrand(act, projection)(S, zeta, theta, M, Q, a, b)
-        for field in FIELDS:
-            assert np.all(np.isfinite(getattr(out, field))), (projection, field)
+        for backend in codegen.BACKENDS:
+            out = codegen.drift_integrand(act, projection, backend)(S, zeta, theta, M, Q, a, b)
+            for field in FIELDS:
+                assert np.all(np.isfinite(getattr(out, field))), (projection, field, backend)
 
 
 def _stein_case(name):
@@ -266,3 +270,78 @@ def test_backend_from_environment_and_fallback(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_numba)
     with pytest.warns(RuntimeWarning, match="falling back to the NumPy backend"):
         assert codegen.resolve_backend() == "numpy"
+
+
+# ----------------------------------------------------------------------------- oracle table
+def _table_state(rng, act, H, L, F=2, n=24):
+    """Random state with trained a and b (moved off the preset values)."""
+    S, zeta, theta, M, Q, _, _ = _random_state(rng, H=H, L=L, F=F, n=n)
+    a = act.a_default(H, L) * rng.uniform(0.5, 1.5, H)
+    b = act.b_default(H, L) + 0.3 * rng.standard_normal(H)
+    return S, zeta, theta, M, Q, a, b
+
+
+def oracle_mismatch(act, backend, H, L, seed=0):
+    """Largest |generated − oracle| / (1 + |oracle|) over all drift fields and over the
+    sample kernels (w and the VJP with v = e) at a random state."""
+    args = _table_state(np.random.default_rng(seed), act, H, L)
+    S, zeta, theta, M, Q, a, b = args
+    got = codegen.drift_integrand(act, "conditional", backend)(*args, 0.25)
+    ref = reference_drift_integrands(act, *args, delta=0.25)
+    worst = max(np.max(np.abs(getattr(got, f) - getattr(ref, f)) / (1 + np.abs(getattr(ref, f))))
+                for f in FIELDS)
+    kern, hand = codegen.sample_kernels(act, backend), act.kernel(S, a, b, np.diag(Q))
+    W, D, D2, w = kern.weights(S, b, np.diag(Q), a)
+    e = -hand.w
+    e[:, 0] += 1
+    Jv = kern.vjp(W, D, D2, a, e)[0]
+    for x, y in ((w, hand.w), (Jv, hand.jvp_tokens(e))):
+        worst = max(worst, np.max(np.abs(x - y) / (1 + np.abs(y))))
+    return worst
+
+
+TABLE = [("softmax", 1, 2), ("softmax1", 2, 12), ("bsoftmax", 8, 3), ("sigmoid", 3, 7),
+         ("softplus", 5, 4), ("relu", 4, 2), ("linear", 2, 5), ("erf", 6, 3)]
+USER_PHIS = {"per-head": ("softplus(s)**2", 0.3), "joint": ("exp(-s**2/2)+1", 0.0),
+             "elementwise": ("tanh(s)", 0.0)}
+
+
+@pytest.mark.parametrize("backend", codegen.BACKENDS)
+@pytest.mark.parametrize("name,H,L", TABLE)
+def test_generated_agree_with_oracle_table(name, H, L, backend, activation_by_name):
+    assert oracle_mismatch(activation_by_name(name), backend, H, L) < 1e-12
+
+
+@pytest.mark.parametrize("backend", codegen.BACKENDS)
+@pytest.mark.parametrize("norm", list(USER_PHIS))
+def test_user_phi_of_each_normalisation_agrees_with_oracle(norm, backend):
+    phi, kappa = USER_PHIS[norm]
+    act = custom_activation(phi, norm=norm, kappa=kappa, offset="bayes" if norm == "joint" else "none")
+    assert oracle_mismatch(act, backend, 3, 4, seed=1) < 1e-12
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", codegen.BACKENDS)
+@pytest.mark.parametrize("name", NAMES)
+def test_generated_agree_with_oracle_all_sizes(name, backend, activation_by_name):
+    act = activation_by_name(name)
+    for H in range(1, 9):
+        for L in (2, 3, 5, 8, 12):
+            assert oracle_mismatch(act, backend, H, L, seed=H * 13 + L) < 1e-12, (H, L)
+
+
+@pytest.mark.parametrize("backend", codegen.BACKENDS)
+def test_wrong_generated_derivative_fails_the_oracle_check(backend, tmp_path, monkeypatch):
+    """A copy of the generator whose J·e uses φ'' where the derivation has φ' (a wrong
+    derivative) produces kernels that the oracle comparison rejects."""
+    from theory_kit import derive as dv
+    act = custom_activation("softplus(s)", norm="per-head", kappa=0.5)
+    right = dv.derive_structured(act.norm, act.offset)
+    wrong = dataclasses.replace(right, Je=right.Je.subs(dv.D_, dv.D2_))
+    monkeypatch.setattr(dv, "derive_structured", lambda norm, offset: wrong)
+    monkeypatch.setenv("THEORY_KIT_CACHE", str(tmp_path))
+    codegen.clear_memory_cache()
+    try:
+        assert oracle_mismatch(act, backend, 2, 3) > 1e-3
+    finally:
+        codegen.clear_memory_cache()   # never leave the wrong module in memory

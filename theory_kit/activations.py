@@ -126,6 +126,20 @@ def _checked_phi(expr: sp.Expr, text: str) -> sp.Expr:
     return expr
 
 
+_W = sp.Wild("x")
+
+
+def stable_form(expr: sp.Expr) -> sp.Expr:
+    """φ with overflow-prone sub-expressions rewritten to their stable named functions:
+    log(1 + e^x) → Softplus(x) (evaluated as max(x, 0) + log1p(e^{−|x|})) and
+    1/(1 + e^{−x}), e^x/(1 + e^x) → Sigmoid(x).  The same function of s, so the derivation
+    is unchanged; only its evaluation at large |s| stops overflowing to inf or nan."""
+    out = expr.replace(sp.log(1 + sp.exp(_W)), lambda x: Softplus(x))
+    # e^x/(1+e^x) first: otherwise its factor 1/(1+e^x) would become e^x·Sigmoid(−x) (inf·0)
+    out = out.replace(sp.exp(_W) / (1 + sp.exp(_W)), lambda x: Sigmoid(x))
+    return out.replace(1 / (1 + sp.exp(-_W)), lambda x: Sigmoid(x))
+
+
 def _drop_distributions(expr: sp.Expr) -> sp.Expr:
     """Point masses (DiracDelta) vanish almost everywhere; evaluate φ″ without them."""
     return expr.replace(sp.DiracDelta, lambda *args: sp.Integer(0))
@@ -170,7 +184,7 @@ class Activation:
             fail("kappa", "must be a finite number >= 0", self.kappa)
         if self.norm == "elementwise" and self.kappa != 0:
             fail("kappa", "must be 0 for an elementwise activation (N = 1)", self.kappa)
-        object.__setattr__(self, "phi", parse_phi(self.phi))
+        object.__setattr__(self, "phi", stable_form(parse_phi(self.phi)))
 
     # -- conventions ------------------------------------------------------------
     def a_default(self, H: int, L: int) -> np.ndarray:

@@ -362,8 +362,9 @@ def module_source(act: Activation, backend: str = "numpy") -> str:
 
 
 def clear_memory_cache() -> None:
-    """Forget loaded modules (the cache files stay)."""
+    """Forget loaded modules and kernel objects (the cache files stay)."""
     _MODULES.clear()
+    _KERNELS.clear()
 
 
 # ----------------------------------------------------------------------------- backends

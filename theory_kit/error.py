@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import special
 
+from . import codegen
 from .activations import Activation
 from .expect import montecarlo as mc
 from .expect import precise
@@ -55,8 +56,10 @@ def squared_residual(w: np.ndarray) -> np.ndarray:
 
 def population_error_mc(task: Task, act: Activation, state: State, n: int = 200_000,
                         seed: int = 0) -> ErrorResult:
-    """Monte Carlo estimate of E with its standard error (θ stratified, see ``expect.montecarlo``)."""
+    """Monte Carlo estimate of E with its standard error (θ stratified, see ``expect.montecarlo``);
+    the token weights come from the generated kernels (``codegen.sample_kernels``)."""
     rng = np.random.default_rng(seed)
+    kernels = codegen.sample_kernels(act)
     total, sq = 0.0, 0.0
     chunk = max(1, min(n, 2_000_000 // max(1, state.H * task.L * 8)))
     done = 0
@@ -65,7 +68,7 @@ def population_error_mc(task: Task, act: Activation, state: State, n: int = 200_
         m = min(chunk, n - done)
         smp = mc.draw_samples(task.prior, state.H, task.L, m, rng)
         S, _ = mc.scores(smp, state.M, state.Q)
-        _, w = act.weights(S, state.a, state.b, np.diag(state.Q))
+        w = kernels.weights(S, state.b, np.diag(state.Q), state.a)[3]
         mean, se = mc.weighted_mean(smp, squared_residual(w))
         means.append((m, float(mean)))
         errs.append((m, float(se)))

@@ -1,13 +1,7 @@
-"""Per-sample integrands of the order-parameter drifts (THEORY §5), from the activation kernel.
+"""Containers and projections of the per-sample drift integrands (THEORY §5).
 
-With e = δ_ε − w, g_{hl} = J_{hl}·e, ρ_h = ∂w/∂Q_{hh}·e and, by the conditional mean,
-P_{fl} = E[u_f·x_l | s] = (Mᵀ Q⁺ ζ_l)_f + 1[l = ε] θ_f, the drifts are expectations of
-
-    dM_{hf}      = Σ_l g_{hl} P_{fl} + 2 ρ_h m_{hf}                          (× γ)
-    dQ^lin_{hh'} = Σ_l g_{hl} s_{h'l} + 2 ρ_h Q_{hh'} + (h ↔ h')              (× γ)
-    dQ^noise_{hh'} = (|e|² + Δ) Σ_l J_{hl}·J_{h'l} + 2 Σ_l g_{hl} g_{h'l}     (× γ²)
-    da_h = ∂w/∂a_h·e (× γ_a),   db_h = Σ_l g_{hl} (× γ_b).
-
+The drifts are expectations of the per-sample integrands dM, dQ^lin, dQ^noise, da, db
+(formulas: ``codegen.drift_integrand`` and THEORY §5).
 The integrands themselves are generated from the SymPy derivation (``derive`` → ``codegen``);
 this module holds their container and the conditional-mean projection.  The hand-structured
 NumPy version lives in ``tests/oracle.py`` as the independent oracle they are tested against.
