@@ -148,6 +148,61 @@ def _report(fault, step, kind):
         fault[0], fault[1] = step, kind
 
 
+@njit(cache=True)
+def _one_step(weights1, vjp1, Kr, Or, ar, br, T, c, y, eps, rates, bayes, F, S, W, D, D2,
+              beta, w, qdiag, rho, da, db, X, Onew, P):
+    """One reduced step of one run, in place on Kr (H, FH), Or (H, H), ar, br (H,), with the
+    token coordinates T (L, FH + k).  Returns (fault kind, |δ_ε − w|²)."""
+    H, FH = Kr.shape
+    L, NT = T.shape
+    for h in range(H):
+        q = 0.0
+        for k in range(FH):
+            q += Kr[h, k] * Kr[h, k]
+        qdiag[h] = q
+        for l in range(L):
+            s = 0.0
+            for k in range(FH):
+                s += Kr[h, k] * T[l, k]
+            S[h, l] = s
+    res, ok = _coefficients(weights1, vjp1, S, ar, br, qdiag, c, y, rates, bayes,
+                            W, D, D2, w, beta, rho, da, db)
+    if not ok:
+        return FAULT_NORMALISER, 0.0
+    e2 = 0.0
+    for l in range(L):
+        e = (1.0 if l == eps else 0.0) - w[l]
+        e2 += e * e
+    # X = β [p | q | A] + [(1+ρ) K | 0]
+    for h in range(H):
+        for k in range(NT):
+            x = 0.0
+            for l in range(L):
+                x += beta[h, l] * T[l, k]
+            X[h, k] = x
+        for k in range(FH):
+            X[h, k] += (1.0 + rho[h]) * Kr[h, k]
+    for h in range(H):
+        for g in range(h + 1):
+            o = 0.0
+            for k in range(F, NT):
+                o += X[h, k] * X[g, k]
+            Onew[h, g] = o
+            Onew[g, h] = o
+    finite = factor_into(Onew, P) and np.isfinite(res)
+    for h in range(H):
+        for k in range(F):
+            Kr[h, k] = X[h, k]
+        for k in range(FH - F):
+            Kr[h, F + k] = P[h, k]
+        for g in range(H):
+            Or[h, g] = Onew[h, g]
+        ar[h] += da[h]
+        br[h] += db[h]
+        finite = finite and np.isfinite(ar[h]) and np.isfinite(br[h])
+    return (FAULT_NONE if finite else FAULT_NONFINITE), e2
+
+
 @njit(types.void(WEIGHTS_FN, VJP_FN, F8_3, F8_3, F8_2, F8_2, F8_4, F8_3, F8_2, I8_2, F8_1,
                  types.boolean, types.int64, types.float64, F8_1, I8_1), cache=True)
 def reduced_block(weights1, vjp1, K, O, a, b, tokens, c, y, eps, rates, bayes, F, delta,
@@ -159,68 +214,29 @@ def reduced_block(weights1, vjp1, K, O, a, b, tokens, c, y, eps, rates, bayes, F
     location eps[i, r].  rates = (γ, γ_a, γ_b)/D (zero when untrained).  Adds
     Σ_i Δ + |δ_ε − w|² to sq_sum (R,).  A run that fails stops there; fault (2,) gets the
     earliest failing step index and its kind (FAULT_NONFINITE: keys, a, b or the residual not
-    finite; FAULT_NORMALISER: κ + Σφ ≤ 0); fault[1] stays FAULT_NONE when all went well."""
+    finite; FAULT_NORMALISER: κ + Σφ ≤ 0); fault[1] stays FAULT_NONE when all went well.
+
+    Steps outer, runs inner: the block's random numbers are then read in memory order."""
     m, R, L, NT = tokens.shape
-    H, FH = K.shape[1], K.shape[2]
-    Ho = FH - F
+    H = K.shape[1]
     S, W, D, D2 = np.empty((H, L)), np.empty((H, L)), np.empty((H, L)), np.empty((H, L))
     beta = np.empty((H, L))
     w, qdiag = np.empty(L), np.empty(H)
     rho, da, db = np.empty(H), np.empty(H), np.empty(H)
     X, Onew, P = np.empty((H, NT)), np.empty((H, H)), np.empty((H, H))
+    sq = np.zeros(R)
+    alive = np.ones(R, dtype=np.bool_)
+    for i in range(m):
+        for r in range(R):
+            if not alive[r]:
+                continue
+            kind, e2 = _one_step(weights1, vjp1, K[r], O[r], a[r], b[r], tokens[i, r], c[i, r],
+                                 y[i, r], eps[i, r], rates, bayes, F, S, W, D, D2, beta, w,
+                                 qdiag, rho, da, db, X, Onew, P)
+            if kind != FAULT_NONE:
+                alive[r] = False
+                _report(fault, i, kind)
+            else:
+                sq[r] += delta + e2
     for r in range(R):
-        Kr, ar, br = K[r], a[r], b[r]
-        sq = 0.0
-        for i in range(m):
-            T = tokens[i, r]
-            for h in range(H):
-                q = 0.0
-                for k in range(FH):
-                    q += Kr[h, k] * Kr[h, k]
-                qdiag[h] = q
-                for l in range(L):
-                    s = 0.0
-                    for k in range(FH):
-                        s += Kr[h, k] * T[l, k]
-                    S[h, l] = s
-            res, ok = _coefficients(weights1, vjp1, S, ar, br, qdiag, c[i, r], y[i, r],
-                                    rates, bayes, W, D, D2, w, beta, rho, da, db)
-            if not ok:
-                _report(fault, i, FAULT_NORMALISER)
-                break
-            e2 = 0.0
-            for l in range(L):
-                e = (1.0 if l == eps[i, r] else 0.0) - w[l]
-                e2 += e * e
-            sq += delta + e2
-            # X = β [p | q | A] + [(1+ρ) K | 0]
-            for h in range(H):
-                for k in range(NT):
-                    x = 0.0
-                    for l in range(L):
-                        x += beta[h, l] * T[l, k]
-                    X[h, k] = x
-                for k in range(FH):
-                    X[h, k] += (1.0 + rho[h]) * Kr[h, k]
-            for h in range(H):
-                for g in range(h + 1):
-                    o = 0.0
-                    for k in range(F, NT):
-                        o += X[h, k] * X[g, k]
-                    Onew[h, g] = o
-                    Onew[g, h] = o
-            finite = factor_into(Onew, P) and np.isfinite(res)
-            for h in range(H):
-                for k in range(F):
-                    Kr[h, k] = X[h, k]
-                for k in range(Ho):
-                    Kr[h, F + k] = P[h, k]
-                for g in range(H):
-                    O[r, h, g] = Onew[h, g]
-                ar[h] += da[h]
-                br[h] += db[h]
-                finite = finite and np.isfinite(ar[h]) and np.isfinite(br[h])
-            if not finite:
-                _report(fault, i, FAULT_NONFINITE)
-                break
-        sq_sum[r] += sq
+        sq_sum[r] += sq[r]
