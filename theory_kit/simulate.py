@@ -472,7 +472,7 @@ class _Run:
         self.scalars = Scalars.initial(cfg)
         self.step_count = 0
         self.sq_count = 0
-        self.records: list[dict] = []
+        self.records: list[dict[str, np.ndarray]] = []
 
     def snapshot(self) -> dict:
         sc = self.scalars
@@ -498,7 +498,19 @@ class _Run:
         self.scalars.b = _checked_array(saved, "b", (R, H))
         self.scalars.sq_sum = _checked_array(saved, "sq_sum", (R,))
         self.rng.bit_generator.state = saved["rng"]
-        self.step_count, self.sq_count, self.records = step, count, records
+        self.step_count, self.sq_count = step, count
+        self.records = [self._checked_record(rec) for rec in records]
+
+    def _checked_record(self, rec: dict) -> dict[str, np.ndarray]:
+        """A saved record as arrays of this run's shapes (CorruptCheckpoint if not)."""
+        R, H, F = self.cfg.runs, self.cfg.H, self.cfg.task.F
+        shapes = {"M": (R, H, F), "Q": (R, H, H), "a": (R, H), "b": (R, H), "error": (R,)}
+        out = {k: _checked_array(rec, k, shape) for k, shape in shapes.items()}
+        # NaN (null in the file) where no step preceded the record
+        running = np.array([np.nan if v is None else v for v in rec["error_running"]], float)
+        if running.shape != (R,):
+            raise CorruptCheckpoint(f"'error_running' has shape {running.shape}, expected {(R,)}")
+        return {**out, "error_running": running}
 
     def record(self) -> None:
         M, Q = self.state.order_parameters()
@@ -509,9 +521,9 @@ class _Run:
         idx, sc = len(self.records), self.scalars
         running = sc.sq_sum / self.sq_count if self.sq_count else np.full(self.cfg.runs, np.nan)
         error = estimate_error(self.cfg, self.kernels, M, Q, sc.a, sc.b, idx)
-        self.records.append({"M": M.tolist(), "Q": Q.tolist(), "a": sc.a.tolist(),
-                             "b": sc.b.tolist(), "error": error.tolist(),
-                             "error_running": running.tolist()})
+        # arrays, not lists: a checkpoint then serialises each in one call
+        self.records.append({"M": M, "Q": Q, "a": sc.a.copy(), "b": sc.b.copy(), "error": error,
+                             "error_running": running})
         sc.sq_sum, self.sq_count = np.zeros(self.cfg.runs), 0
 
     def advance(self, n_steps: int, after_block: Callable[[int], None] | None = None) -> None:
