@@ -1,19 +1,26 @@
-"""Benchmark: one full theory curve against brute-force SGD at D = 10^4, as a time ratio.
+"""Benchmark: the Fig. 1 theory curve — deterministic drifts with adaptive steps — as time ratios.
 
-Setting (paper Fig. 1): softmax, H = 2, L = 10, flipping ν = (2, 2), γ = 1, η = 1, T = 100,
-initial overlaps drawn at D = 10^4 (seed 0).
+Setting (paper Fig. 1, ``figures/fig1.py``): softmax, H = 2, L = 10, flipping ν = (2, 2), γ = 1,
+η = 1, T = 250, initial overlaps drawn at D = 10^4 (seed 0), 126 recorded times.
 
-* theory: ``integrate_ode`` (RK4) with a fixed sample set: scrambled Sobol points (default) or
-  i.i.d. Monte Carlo draws.  Its sampling error in m is estimated from the spread of the whole
-  curve over ``--seeds`` independent sample sets / scrambles (the standard deviation over seeds,
-  max over t, h, f); the goal is < 1e-3.
-* baseline: brute-force online SGD (``simulate``, method ``brute``) at D = 10^4 in the same
-  process.  A full run is 10^6 steps, so by default it is timed on ``--sgd-T`` units of time
-  and extrapolated linearly to T (the cost per step is constant); ``--sgd-T 100`` times it in
-  full.  The printout says which.
+Parts (``--parts``, all by default), every ratio against a baseline timed in the same run:
 
-Run:  python benchmarks/bench_ode.py [--samples 4096] [--seeds 3] [--dt 1.0] [--sgd-T 0.5]
-      [--engine sobol|mc]
+* ``steps``: right-hand-side evaluations of fixed-dt RK4 (dt = 1, Fig. 1's step, and 0.5)
+  against the adaptive pairs (rk45 at rtol 1e-6, 1e-7; dop853 at 1e-8) over the whole plateau,
+  on the same smooth right-hand side (a fixed set of Sobol points, so every integrator sees
+  the same function), each with its deviation in (m, Q) from a dop853 reference at rtol 1e-11.
+* ``curve``: the curve with the deterministic engine (``--engine``, default ``laplace``) and
+  rk45; its deviation from the same curve at tolerances tightened tenfold (goal < 1e-6 in m and
+  Q); its time against one brute-force SGD run at D = 10^4 over the same T (``simulate``,
+  method ``brute``, timed on ``--sgd-T`` time units and extrapolated linearly: the cost per step
+  is constant; goal ≥ 1000×).
+* ``sample``: the same curve with the best sample engine (Sobol points paired with their head
+  permutations, RK4 dt = 1 as in Fig. 1) at two sizes; its error is measured against the
+  deterministic curve, its convergence rate fitted from the two sizes, and the time it would
+  take to reach the deterministic curve's accuracy extrapolated (cost ∝ points).
+
+Run:  python benchmarks/bench_ode.py [--parts steps,curve,sample] [--engine laplace]
+      [--sgd-T 0.5] [--T 250]
 """
 from __future__ import annotations
 
@@ -23,85 +30,122 @@ import time
 
 import numpy as np
 
-from theory_kit.activations import get_activation
-from theory_kit.expect.drift import MonteCarloDrift, QuadratureDrift
-from theory_kit.model import Task, make_prior
-from theory_kit.ode import initial_condition, integrate_ode
+from theory_kit.expect.engines import build_engine
+from theory_kit.figures.panels import Setting
+from theory_kit.ode import Trajectory, integrate_ode
 from theory_kit.simulate import SimConfig, simulate
 
-T, D, H, L, GAMMA = 100.0, 10_000, 2, 10, 1.0
+D = 10_000
+SETTING = Setting("softmax", 10, 2, "flipping", (2.0, 2.0), gamma=1.0, T=250.0, D_init=D)
+ACCURACY_GOAL = 1e-6
 
 
-def theory_curves(samples: int, seeds: int, dt: float, engine: str
-                  ) -> tuple[float, np.ndarray, np.ndarray, np.ndarray]:
-    """Seconds per curve (mean), t, M (seeds × times × H × F) and errors (seeds × times).
+def curve(engine: object, T: float, method: str, **kw: object) -> tuple[float, Trajectory]:
+    """Seconds and trajectory of one Fig. 1 curve."""
+    s = SETTING
+    start = time.perf_counter()
+    traj = integrate_ode(s.task(), s.act(), s.initial(), s.gamma, T,
+                         times=np.linspace(0.0, T, 126), method=method, engine=engine,
+                         progress=False, **kw)
+    return time.perf_counter() - start, traj
 
-    ``engine``: ``mc`` (i.i.d. draws) or ``sobol`` (scrambled Sobol points, one scramble per
-    seed), both with ``samples`` noise points paired with the two atoms."""
-    task = Task(L, make_prior("flipping", nu=[2.0, 2.0]))
-    act = get_activation("softmax")
-    ic = initial_condition(act, task, H=H, D=D, eta=1.0, seed=0)
-    times = np.linspace(0.0, T, 21)
-    Ms, errs, secs = [], [], []
-    for seed in range(seeds):
-        start = time.perf_counter()
-        drift = (MonteCarloDrift(samples, seed=seed) if engine == "mc" else
-                 QuadratureDrift(qmc_points=samples, seed=seed))
-        traj = integrate_ode(task, act, ic, GAMMA, T, times=times, dt=dt, engine=drift,
-                             progress=False)
-        secs.append(time.perf_counter() - start)
-        Ms.append(traj.M)
-        errs.append(traj.error)
-    return float(np.mean(secs)), times, np.array(Ms), np.array(errs)
+
+def deviation(a: Trajectory, b: Trajectory) -> tuple[float, float]:
+    """Largest |Δm| and |ΔQ| over the recorded times."""
+    return float(np.abs(a.M - b.M).max()), float(np.abs(a.Q - b.Q).max())
 
 
 def sgd_seconds(sgd_T: float) -> float:
-    """Wall time of brute-force SGD at D = 10^4 up to sgd_T (one run)."""
-    task = Task(L, make_prior("flipping", nu=[2.0, 2.0]))
-    cfg = SimConfig(task, get_activation("softmax"), H, D, times=(0.0, sgd_T), gamma=GAMMA,
-                    eta=1.0, seed=0, method="brute", error_samples=16)
+    """Wall time of one brute-force SGD run at D = 10^4 up to sgd_T."""
+    s = SETTING
+    cfg = SimConfig(s.task(), s.act(), s.H, D, times=(0.0, sgd_T), gamma=s.gamma, eta=1.0,
+                    seed=0, method="brute", error_samples=16)
     start = time.perf_counter()
     simulate(cfg)
     return time.perf_counter() - start
 
 
+def part_steps(T: float) -> None:
+    engine = build_engine("sobol", samples=1024, seed=0)
+    _, ref = curve(engine, T, "dop853", rtol=1e-11, atol=1e-14)
+    print(f"[steps] same RHS (1024 Sobol points), T = {T:g}; deviation from dop853 rtol 1e-11 "
+          f"({ref.stats['rhs_evaluations']} RHS calls)")
+    rows = [("rk4", {"dt": 2.0}), ("rk4", {"dt": 1.0}), ("rk4", {"dt": 0.5}),
+            ("rk4", {"dt": 0.25}), ("rk45", {"rtol": 1e-6, "atol": 1e-9}),
+            ("rk45", {"rtol": 1e-7, "atol": 1e-10}), ("dop853", {"rtol": 1e-8, "atol": 1e-11}),
+            ("dop853", {"rtol": 1e-9, "atol": 1e-12}), ("dop853", {"rtol": 1e-10, "atol": 1e-13})]
+    print("  (stepping calls exclude the calls made only to record E at the 126 output times, "
+          "which the adaptive paths pay off the step grid)")
+    for method, kw in rows:
+        secs, traj = curve(engine, T, method, **kw)
+        n = traj.stats["rhs_evaluations"] - traj.stats["record_evaluations"]
+        dm, dq = deviation(traj, ref)
+        label = ", ".join(f"{k} {v:g}" for k, v in kw.items() if k != "atol")
+        print(f"  {method:6s} {label:11s} stepping RHS calls {n:5d} (+{traj.stats['record_evaluations']:3d} "
+              f"to record)  steps {traj.stats['steps']:4d}  |dm| {dm:.1e}  |dQ| {dq:.1e}  "
+              f"{secs:6.1f} s")
+
+
+def part_curve(T: float, engine_name: str, sgd_T: float) -> tuple[Trajectory, float, float]:
+    """The deterministic curve, its seconds, and its accuracy (tightening shift or largest
+    drift error estimate, whichever is larger)."""
+    s = SETTING
+    engine = build_engine(engine_name, s.task(), s.act(), s.H)
+    secs, traj = curve(engine, T, "rk45", rtol=1e-7, atol=1e-10)
+    tight_secs, tight = curve(engine, T, "rk45", rtol=1e-8, atol=1e-11)
+    dm, dq = deviation(traj, tight)
+    n = traj.stats["rhs_evaluations"]
+    print(f"[curve] {engine_name} engine, rk45 rtol 1e-7 atol 1e-10, T = {T:g}: {secs:.1f} s, "
+          f"{n} RHS calls ({secs / n:.2f} s each), largest drift error estimate along the "
+          f"curve {np.max(traj.drift_err):.1e}")
+    ok = "met" if max(dm, dq) < ACCURACY_GOAL else "NOT met"
+    print(f"  tolerances tightened tenfold ({tight.stats['rhs_evaluations']} RHS calls, "
+          f"{tight_secs:.1f} s): |dm| {dm:.1e}, |dQ| {dq:.1e} (goal < 1e-6: {ok})")
+    measured = sgd_seconds(sgd_T)
+    sgd_full = measured * T / sgd_T
+    how = "measured in full" if sgd_T >= T else (
+        f"extrapolated from {sgd_T:g} time units = {int(sgd_T * D)} steps, {measured:.1f} s")
+    ratio = sgd_full / secs
+    print(f"  brute-force SGD, D = {D}, one run to T = {T:g}: {sgd_full:.0f} s ({how})")
+    print(f"  ratio SGD / theory = {ratio:.1f} (goal >= 1000: {'met' if ratio >= 1000 else 'NOT met'})")
+    print(f"  m(T) = {np.round(traj.M[-1], 6).tolist()}, E(T) = {traj.error[-1]:.8f}")
+    return traj, secs, max(dm, dq, float(np.max(traj.drift_err)))
+
+
+def part_sample(T: float, reference: Trajectory, secs_det: float, accuracy: float) -> None:
+    errs, times = {}, {}
+    for n in (1024, 4096):
+        engine = build_engine("sobol", samples=n, seed=0, head_symmetric=True)
+        times[n], traj = curve(engine, T, "rk4", dt=1.0)
+        errs[n] = max(deviation(traj, reference))
+        print(f"[sample] Sobol x head permutations, {n} points, rk4 dt 1: {times[n]:.1f} s, "
+              f"error against the deterministic curve max(|dm|, |dQ|) {errs[n]:.1e}")
+    rate = np.log(errs[1024] / errs[4096]) / np.log(4.0)
+    target = max(accuracy, 1e-12)
+    n_needed = 4096 * (errs[4096] / target) ** (1.0 / max(rate, 1e-3))
+    secs = times[4096] * n_needed / 4096
+    print(f"  fitted rate error ~ n^-{rate:.2f}; to reach {target:.1e} it needs ~{n_needed:.1e} "
+          f"points, ~{secs:.1e} s per curve ({secs / 3600:.1e} h)")
+    print(f"  ratio sample / deterministic at equal accuracy = {secs / secs_det:.1e}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--samples", type=int, default=4096)
-    parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--dt", type=float, default=1.0)
+    parser.add_argument("--parts", default="steps,curve,sample")
+    parser.add_argument("--engine", default="laplace", help="the deterministic engine")
+    parser.add_argument("--T", type=float, default=SETTING.T)
     parser.add_argument("--sgd-T", type=float, default=0.5)
-    parser.add_argument("--engine", choices=("mc", "sobol"), default="sobol")
     args = parser.parse_args()
     os.environ.setdefault("THEORY_KIT_NO_PROGRESS", "1")
-
-    per_curve, times, Ms, errs = theory_curves(args.samples, args.seeds, args.dt, args.engine)
-    spread_t = Ms.std(axis=0, ddof=1).max(axis=(1, 2)) if args.seeds > 1 else np.nan * times
-    spread_m = float(np.max(spread_t))
-    spread_e = float(errs.std(axis=0, ddof=1).max()) if args.seeds > 1 else float("nan")
-    measured = sgd_seconds(args.sgd_T)
-    sgd_full = measured * T / args.sgd_T
-    how = "measured in full" if args.sgd_T >= T else (
-        f"extrapolated from {args.sgd_T:g} time units ({int(args.sgd_T * D)} steps, "
-        f"{measured:.1f} s)")
-    print(f"theory curve (RK4 dt={args.dt:g}, {args.engine}, {args.samples} points x 2 atoms, "
-          f"T={T:g}): "
-          f"{per_curve:.1f} s per curve (mean over {args.seeds} seeds)")
-    print(f"MC error of the curve (std over seeds, max over t,h,f): m {spread_m:.2e} "
-          f"(goal < 1e-3: {'met' if spread_m < 1e-3 else 'NOT met'}), E {spread_e:.2e}")
-    if spread_m >= 1e-3:
-        need = args.samples * (spread_m / 1e-3) ** 2
-        print(f"  at the Monte Carlo rate 1/sqrt(n), the goal needs ~{need:.1e} points "
-              f"(~{per_curve * need / args.samples / 3600:.1f} h per curve at this speed)")
-    per_feature = Ms.std(axis=0, ddof=1).max(axis=(0, 1)) if args.seeds > 1 else []
-    print("  largest spread per feature: " + ", ".join(
-        f"m_(:,{f + 1}) {v:.1e}" for f, v in enumerate(per_feature)))
-    print("  spread in m by time: " + ", ".join(
-        f"t={t:g}: {s:.1e}" for t, s in zip(times, spread_t) if t in (10, 30, 50, 100)))
-    print(f"brute-force SGD, D={D}, one run to T={T:g}: {sgd_full:.1f} s ({how})")
-    print(f"ratio SGD / theory = {sgd_full / per_curve:.2f}")
-    print(f"final: m(T) = {np.round(Ms[:, -1].mean(axis=0), 4).tolist()}, "
-          f"E(T) = {errs[:, -1].mean():.5f}")
+    parts = set(args.parts.split(","))
+    print(f"bench_ode {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+          f"{os.cpu_count()} cores; Fig. 1 setting: {SETTING.label()}")
+    if "steps" in parts:
+        part_steps(args.T)
+    if "curve" in parts:
+        reference, secs, accuracy = part_curve(args.T, args.engine, args.sgd_T)
+        if "sample" in parts:  # its error is measured against the deterministic curve
+            part_sample(args.T, reference, secs, accuracy)
 
 
 if __name__ == "__main__":

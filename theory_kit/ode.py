@@ -71,7 +71,8 @@ class Trajectory:
     """Order parameters at the requested times: t (n,), M (n,H,F), Q (n,H,H), a, b (n,H),
     the population error (n,) and its standard error, the largest error estimate of the
     right-hand side at each time ``drift_err`` (n,), every input in ``params`` and the
-    integrator's counts in ``stats`` (``rhs_evaluations``: engine evaluations, ``steps``)."""
+    integrator's counts in ``stats`` (``rhs_evaluations``: engine evaluations in all,
+    ``record_evaluations``: those made only to record E at a requested time, ``steps``)."""
 
     t: np.ndarray
     M: np.ndarray
@@ -342,7 +343,7 @@ class _Run:
         self.checkpoint, self.params = checkpoint, params
         self.every, self.progress = every, progress
         self.started = False
-        self.stats = {"rhs_evaluations": 0, "steps": 0}
+        self.stats = {"rhs_evaluations": 0, "record_evaluations": 0, "steps": 0}
         self.last_save = time.monotonic()
 
     def restore(self, saved: dict) -> None:
@@ -376,7 +377,11 @@ class _Run:
                 + self.system.evaluations - self._evaluations_at_start}
 
     def record(self, t: float, y: np.ndarray) -> None:
+        before = self.system.evaluations
         self.rec.record(self.system, t, y)
+        # a recorded state off the step grid (dense output) costs one evaluation of its own
+        self.stats["record_evaluations"] = (self.stats.get("record_evaluations", 0)
+                                            + self.system.evaluations - before)
 
     def go(self) -> Trajectory:
         self._evaluations_at_start = self.system.evaluations
