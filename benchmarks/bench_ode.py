@@ -10,7 +10,7 @@ Parts (``--parts``, all by default), every ratio against a baseline timed in the
   on the same smooth right-hand side (a fixed set of Sobol points, so every integrator sees
   the same function), each with its deviation in (m, Q) from a dop853 reference at rtol 1e-11.
 * ``curve``: the curve with the deterministic engine (``--engine``, default ``laplace``) and
-  rk45; its deviation from the same curve at tolerances tightened tenfold (goal < 1e-6 in m and
+  dop853 at rtol 1e-8, atol 1e-11; its deviation from the same curve at tolerances tightened tenfold (goal < 1e-6 in m and
   Q); its time against one brute-force SGD run at D = 10^4 over the same T (``simulate``,
   method ``brute``, timed on ``--sgd-T`` time units and extrapolated linearly: the cost per step
   is constant; goal ≥ 1000×).
@@ -20,7 +20,7 @@ Parts (``--parts``, all by default), every ratio against a baseline timed in the
   take to reach the deterministic curve's accuracy extrapolated (cost ∝ points).
 
 Run:  python benchmarks/bench_ode.py [--parts steps,curve,sample] [--engine laplace]
-      [--sgd-T 0.5] [--T 250]
+      [--sgd-T 0.5] [--T 250] [--save DIR]
 """
 from __future__ import annotations
 
@@ -38,10 +38,12 @@ from theory_kit.simulate import SimConfig, simulate
 D = 10_000
 SETTING = Setting("softmax", 10, 2, "flipping", (2.0, 2.0), gamma=1.0, T=250.0, D_init=D)
 ACCURACY_GOAL = 1e-6
+METHOD, RTOL, ATOL = "dop853", 1e-8, 1e-11  # the deterministic curve's integrator
 
 
 def curve(engine: object, T: float, method: str, **kw: object) -> tuple[float, Trajectory]:
-    """Seconds and trajectory of one Fig. 1 curve."""
+    """Seconds and trajectory of one Fig. 1 curve (``out=`` keeps it, and resumes a killed
+    run; the seconds are then those of this process only)."""
     s = SETTING
     start = time.perf_counter()
     traj = integrate_ode(s.task(), s.act(), s.initial(), s.gamma, T,
@@ -74,28 +76,32 @@ def part_steps(T: float) -> None:
             ("rk4", {"dt": 0.25}), ("rk45", {"rtol": 1e-6, "atol": 1e-9}),
             ("rk45", {"rtol": 1e-7, "atol": 1e-10}), ("dop853", {"rtol": 1e-8, "atol": 1e-11}),
             ("dop853", {"rtol": 1e-9, "atol": 1e-12}), ("dop853", {"rtol": 1e-10, "atol": 1e-13})]
-    print("  (stepping calls exclude the calls made only to record E at the 126 output times, "
-          "which the adaptive paths pay off the step grid)")
+    print("  (RK4 records at its step ends, which the next step reuses; the adaptive pairs "
+          "record off their step grid and pay one extra call per output time)")
     for method, kw in rows:
         secs, traj = curve(engine, T, method, **kw)
-        n = traj.stats["rhs_evaluations"] - traj.stats["record_evaluations"]
+        total, extra = traj.stats["rhs_evaluations"], traj.stats["record_evaluations"]
         dm, dq = deviation(traj, ref)
         label = ", ".join(f"{k} {v:g}" for k, v in kw.items() if k != "atol")
-        print(f"  {method:6s} {label:11s} stepping RHS calls {n:5d} (+{traj.stats['record_evaluations']:3d} "
-              f"to record)  steps {traj.stats['steps']:4d}  |dm| {dm:.1e}  |dQ| {dq:.1e}  "
-              f"{secs:6.1f} s")
+        print(f"  {method:6s} {label:11s} RHS calls {total:5d} (stepping {total - extra:4d} + "
+              f"recording {extra:3d})  steps {traj.stats['steps']:4d}  |dm| {dm:.1e}  "
+              f"|dQ| {dq:.1e}  {secs:6.1f} s")
 
 
-def part_curve(T: float, engine_name: str, sgd_T: float) -> tuple[Trajectory, float, float]:
+def part_curve(T: float, engine_name: str, sgd_T: float, save: str | None
+               ) -> tuple[Trajectory, float, float]:
     """The deterministic curve, its seconds, and its accuracy (tightening shift or largest
     drift error estimate, whichever is larger)."""
     s = SETTING
     engine = build_engine(engine_name, s.task(), s.act(), s.H)
-    secs, traj = curve(engine, T, "rk45", rtol=1e-7, atol=1e-10)
-    tight_secs, tight = curve(engine, T, "rk45", rtol=1e-8, atol=1e-11)
+    rtol, atol = RTOL, ATOL
+    out = (lambda tag: None) if save is None else (lambda tag: f"{save}/fig1_{engine_name}_{tag}.json")
+    secs, traj = curve(engine, T, METHOD, rtol=rtol, atol=atol, out=out("curve"))
+    tight_secs, tight = curve(engine, T, METHOD, rtol=rtol / 10, atol=atol / 10,
+                              out=out("tight"))
     dm, dq = deviation(traj, tight)
     n = traj.stats["rhs_evaluations"]
-    print(f"[curve] {engine_name} engine, rk45 rtol 1e-7 atol 1e-10, T = {T:g}: {secs:.1f} s, "
+    print(f"[curve] {engine_name} engine, {METHOD} rtol {rtol:g} atol {atol:g}, T = {T:g}: {secs:.1f} s, "
           f"{n} RHS calls ({secs / n:.2f} s each), largest drift error estimate along the "
           f"curve {np.max(traj.drift_err):.1e}")
     ok = "met" if max(dm, dq) < ACCURACY_GOAL else "NOT met"
@@ -135,6 +141,7 @@ def main() -> None:
     parser.add_argument("--engine", default="laplace", help="the deterministic engine")
     parser.add_argument("--T", type=float, default=SETTING.T)
     parser.add_argument("--sgd-T", type=float, default=0.5)
+    parser.add_argument("--save", help="folder keeping the deterministic curves (resumable)")
     args = parser.parse_args()
     os.environ.setdefault("THEORY_KIT_NO_PROGRESS", "1")
     parts = set(args.parts.split(","))
@@ -143,7 +150,7 @@ def main() -> None:
     if "steps" in parts:
         part_steps(args.T)
     if "curve" in parts:
-        reference, secs, accuracy = part_curve(args.T, args.engine, args.sgd_T)
+        reference, secs, accuracy = part_curve(args.T, args.engine, args.sgd_T, args.save)
         if "sample" in parts:  # its error is measured against the deterministic curve
             part_sample(args.T, reference, secs, accuracy)
 

@@ -72,7 +72,8 @@ class Trajectory:
     the population error (n,) and its standard error, the largest error estimate of the
     right-hand side at each time ``drift_err`` (n,), every input in ``params`` and the
     integrator's counts in ``stats`` (``rhs_evaluations``: engine evaluations in all,
-    ``record_evaluations``: those made only to record E at a requested time, ``steps``)."""
+    ``record_evaluations``: those made only to record E at requested times off the step
+    grid, ``steps``)."""
 
     t: np.ndarray
     M: np.ndarray
@@ -332,6 +333,9 @@ def integrate_ode(task: Task, act: Activation, ic: InitialCondition, gamma: floa
 class _Run:
     """What both integrators share: the state, the records, checkpoints, the progress bar.
 
+    ``off_grid_records``: whether recorded states lie off the step grid (dense output), so that
+    recording E there costs evaluations of its own (counted in ``record_evaluations``).
+
     Subclasses implement ``advance`` (run to the end, recording on the way) and say which
     position they save (``position``/``set_position``)."""
 
@@ -379,9 +383,8 @@ class _Run:
     def record(self, t: float, y: np.ndarray) -> None:
         before = self.system.evaluations
         self.rec.record(self.system, t, y)
-        # a recorded state off the step grid (dense output) costs one evaluation of its own
-        self.stats["record_evaluations"] = (self.stats.get("record_evaluations", 0)
-                                            + self.system.evaluations - before)
+        if self.off_grid_records:  # (RK4 records at step ends: the next step reuses them)
+            self.stats["record_evaluations"] += self.system.evaluations - before
 
     def go(self) -> Trajectory:
         self._evaluations_at_start = self.system.evaluations
@@ -417,6 +420,7 @@ class _FixedRun(_Run):
     """RK4: interval i of the grid (from grid[i] to grid[i+1]) in n_i equal steps ≤ dt."""
 
     interval, step = 0, 0
+    off_grid_records = False
 
     def position(self) -> dict:
         return {"interval": self.interval, "step": self.step}
@@ -460,6 +464,7 @@ class _AdaptiveRun(_Run):
     """An embedded RK pair stepped over [0, T]; records read off each step's dense output."""
 
     t, h, next_out = 0.0, None, 0
+    off_grid_records = True
 
     def position(self) -> dict:
         return {"t": self.t, "h": self.h, "next": self.next_out}
