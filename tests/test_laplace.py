@@ -6,12 +6,12 @@ import itertools
 
 import numpy as np
 import pytest
+from oracle import reference_drift_integrands
 
 from theory_kit.activations import custom_activation, get_activation
 from theory_kit.error import population_error
 from theory_kit.expect.drift import MonteCarloDrift
 from theory_kit.expect.laplace import LaplaceDrift, applicability
-from theory_kit.integrands import reference_drift_integrands
 from theory_kit.model import State, Task, ValidationError, make_prior
 
 FIELDS = ("dM", "dQ_lin", "dQ_noise", "da", "db")
@@ -65,6 +65,7 @@ def test_agrees_with_monte_carlo(name, prior, H, L):
     ("softmax1", "gaussian", 2, 3),
     ("bsoftmax", "gaussian", 2, 6), ("softplus", "gaussian", 2, 8), ("sigmoid", "flipping", 2, 4),
     ("erf", "gaussian", 1, 9), ("softplus-joint", "flipping", 2, 5), ("linear", "gaussian", 2, 2),
+    ("bsoftmax", "gaussian", 3, 4), ("softplus-joint", "flipping", 3, 3),
 ])
 def test_agrees_with_monte_carlo_table(name, prior, H, L):
     _check_mc(name, prior, H, L, 200_000)
@@ -223,8 +224,11 @@ def test_applicability_and_bad_input():
     assert applicability(task, get_activation("softmax"), 2)[0]
     ok, why = applicability(task, get_activation("softmax"), 3)
     assert not ok and "H <= 2" in why
+    assert applicability(task, get_activation("bsoftmax"), 3)[0]
+    assert not applicability(task, get_activation("bsoftmax"), 4)[0]
     assert not applicability(task, custom_activation("Max(0, s) + 0.1", norm="per-head"), 2)[0]
     with pytest.raises(ValidationError, match="engine"):
-        LaplaceDrift().evaluate(task, get_activation("softmax"), M3, Q3, np.ones(3), np.zeros(3))
+        LaplaceDrift().evaluate(task, get_activation("softmax"), M3[:, :2], Q3, np.ones(3),
+                                np.zeros(3))
     with pytest.raises(ValidationError, match="level"):
         LaplaceDrift(level=0)
