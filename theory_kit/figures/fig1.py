@@ -11,12 +11,17 @@ spuriously), γ = 1 (larger γ slows the
 escape from the unspecialised phase, because the γ² noise inflates the orthogonal part) and a
 horizon long enough for the flipping direction to specialise; the ODE and every SGD run start
 from the same initial overlaps drawn at D.  Simulation: exact reduced SGD (THEORY §7).
+Theory band (orange, m_h2 panel): the SGD τ_2 predicted by ``theory_kit.escape`` from the same
+overlaps at the same D (linearised escape + SGD noise), mean ± std next to the ODE's τ_2.
 """
 from __future__ import annotations
 
 from matplotlib.figure import Figure
 
-from .panels import OverlayPlan, PlannedFigure, Setting, overlay_draw
+from pathlib import Path
+
+from .escape_pieces import EscapePiece, draw_band_in_time
+from .panels import OverlayPlan, PlannedFigure, Setting, overlay_draw, run_pieces
 
 NUMBER = 1
 CAPTION = ("ODE (lines) against SGD (dots, mean ± std over runs): softmax, L = 10, H = 2, F = 2, "
@@ -28,9 +33,33 @@ QUICK = OverlayPlan((Setting("softmax", 10, 2, "flipping", (2.0, 2.0), gamma=1.0
                              D_init=300),), D=300, runs=8, n_samples=1024, dt=1.0,
                     n_times_ode=61, n_times_sim=25, engine="sobol-sym")
 FIGURE = PlannedFigure(FULL, QUICK)
-plan, estimate_seconds, compute = FIGURE.plan, FIGURE.estimate_seconds, FIGURE.compute
+plan = FIGURE.plan
+M_F2_PANEL = 2   # the panels are error, m_h1, m_h2, orthogonal part
+
+
+def theory_piece(quick: bool) -> EscapePiece:
+    """The predicted SGD law of τ_2 at the plan's D from the same initial overlaps
+    (``theory_kit.escape``, given overlaps: only the SGD noise is random)."""
+    p = plan(quick)
+    return EscapePiece(p.settings[0], (p.D,), points=256 if quick else p.n_samples, given=True)
+
+
+def estimate_seconds(quick: bool) -> float:
+    return FIGURE.estimate_seconds(quick) + theory_piece(quick).seconds()
+
+
+def compute(quick: bool, workdir: Path, jobs: int = 1, executor: object | None = None) -> dict:
+    data = FIGURE.compute(quick, workdir, jobs, executor)
+    theory = run_pieces([theory_piece(quick)], workdir, 1, desc="escape theory",
+                        executor=executor)[0]
+    return {**data, "theory": theory}
 
 
 def draw(data: dict) -> Figure:
     activation = data["rows"][0]["setting"]["activation"]
-    return overlay_draw(data, f"Fig. 1: {activation}, L = 10, H = 2, flipping ν = (2, 2)")
+    fig = overlay_draw(data, f"Fig. 1: {activation}, L = 10, H = 2, flipping ν = (2, 2)")
+    if data.get("theory") is not None:
+        ax = fig.axes[M_F2_PANEL]
+        draw_band_in_time(ax, data["theory"])
+        ax.legend(fontsize=6.5, loc="upper left", framealpha=0.6)
+    return fig

@@ -13,6 +13,9 @@ itself need not fall.  D starts at 250: below that a run can start with spread �
 (probability 2Φ(−δ√D), 4.6 % at D = 100), which puts τ_2 = 0 and hides the law above.
 Runs that have not crossed by T stay in the data as τ_2 = inf; statistics use the runs
 that crossed and the figure reports the crossed fraction.
+Theory (orange): the law of τ_2 predicted by ``theory_kit.escape`` at each D (linearised escape
+from the head-symmetric plateau, initial-overlap and SGD fluctuations; 2000 samples of the
+linear process per D, drift on 8192 Sobol points paired with the head swap).
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FormatStrFormatter, FuncFormatter, NullLocator
 
 from .. import analysis
+from .escape_pieces import EscapePiece, draw_band_over_d, predicted
 from .panels import Setting, SimPiece, pieces_seconds, run_pieces
 from .style import label_axes, new_figure
 
@@ -35,6 +39,7 @@ BOOTSTRAP = 2000            # resamples of the runs for the standard errors of V
 SETTING = Setting("softmax", 5, 2, "flipping", (2.0, 2.0), gamma=1.0, eta=1.0)
 FULL = {"D": (250, 500, 1000, 2000, 4000), "runs": 100, "T": 400.0}
 QUICK = {"D": (250, 1000), "runs": 24, "T": 300.0}
+THEORY_POINTS = {"full": 8192, "quick": 1024}   # Sobol points of the escape theory's drift
 CAPTION = ("Concentration of the specialisation time τ_2 (δ = 0.2) of SGD against D: softmax, "
            "L = 5, H = 2, F = 2, flipping ν = (2, 2), γ = 1, η = 1, each run from its own "
            "initial keys drawn at D; full: D = 250..4000, 100 runs per D, T = 400. "
@@ -55,8 +60,16 @@ def pieces(quick: bool) -> list[SimPiece]:
             for D in sorted(p["D"], reverse=True)]
 
 
+def theory_piece(quick: bool) -> EscapePiece:
+    """The predicted law of τ_2 at the same D (``theory_kit.escape``: linearised escape from
+    the head-symmetric plateau plus the initial-overlap and SGD fluctuations)."""
+    p = plan(quick)
+    return EscapePiece(SETTING.with_(T=p["T"]), tuple(sorted(p["D"])),
+                       points=THEORY_POINTS["quick" if quick else "full"])
+
+
 def estimate_seconds(quick: bool) -> float:
-    return pieces_seconds(pieces(quick))
+    return pieces_seconds(pieces(quick)) + theory_piece(quick).seconds()
 
 
 def relative_spread(taus: np.ndarray) -> float:
@@ -105,7 +118,9 @@ def summary(D: np.ndarray, taus: list[np.ndarray], t0: float) -> dict:
 
 def compute(quick: bool, workdir: Path, jobs: int = 1, executor: object | None = None) -> dict:
     work = pieces(quick)
-    results = run_pieces(work, workdir, jobs, desc="SGD runs per D", executor=executor)
+    results = run_pieces(work + [theory_piece(quick)], workdir, jobs,
+                         desc="SGD runs per D + theory", executor=executor)
+    theory = results.pop()
     order = np.argsort([p.D for p in work])
     D = np.array([work[i].D for i in order])
     taus = [analysis.specialisation_times(results[i]["t"], results[i]["M"], DELTA)[:, 1]
@@ -116,7 +131,7 @@ def compute(quick: bool, workdir: Path, jobs: int = 1, executor: object | None =
                        "initial": "own draw per run at D, k_h ~ N(0, eta^2 I/D)",
                        "sim_seeds": [work[i].sim_seed for i in order],
                        "bootstrap_resamples": BOOTSTRAP, "statistics": "over runs that crossed"},
-            "tau": taus, **summary(D, taus, 0.0)}
+            "tau": taus, **summary(D, taus, 0.0), "theory": theory}
 
 
 def _log_fit(D: np.ndarray, mean: np.ndarray, std: np.ndarray, runs: int) -> np.ndarray:
@@ -162,6 +177,8 @@ def _draw_runs(ax: Axes, data: dict) -> None:
     grid = np.geomspace(D[0], D[-1], 50)
     ax.plot(grid, a + b * np.log(grid), "--", color="C0", lw=1,
             label=rf"fit ${a:.0f} + {b:.0f}\,\ln D$")
+    if data.get("theory") is not None:
+        draw_band_over_d(ax, data["theory"])
     _log_d_axis(ax, D)
     ax.set_ylim(0, 1.45 * params["T"])   # room for the legend above the runs
     label_axes(ax, r"$D$", r"$\tau_2$", f"{params['runs']} runs per D, T = {params['T']:g}",
@@ -180,6 +197,10 @@ def draw(data: dict) -> Figure:
 
     ax_var.errorbar(D, var, yerr=var_se, fmt="s-", color="C1", capsize=3,
                     label=r"Var $\tau_2$ (± bootstrap s.e.)")
+    theory = data.get("theory")
+    if theory is not None:
+        ax_var.plot(D, predicted(theory, "std") ** 2, "-.", color="0.2", lw=1.2,
+                    label=r"theory Var $\tau_2$")
     ax_var.set_yscale("log")
     _log_d_axis(ax_var, D)
     label_axes(ax_var, r"$D$", r"Var $\tau_2$", rf"$\delta$ = {params['delta']}")
@@ -190,6 +211,9 @@ def draw(data: dict) -> Figure:
                     label=r"Var $\tau_2$ / $\langle\tau_2\rangle^2$")
     ax_rel.plot(D, np.asarray(data["rel_quantile"], float), "D:", color="C4", ms=4,
                 label=r"$(q_{90} - q_{10})$ / median")
+    if theory is not None:
+        ax_rel.plot(D, predicted(theory, "std") / predicted(theory), "-.", color="0.2", lw=1.2,
+                    label="theory std/mean")
     _plain_log_y(ax_rel)
     _log_d_axis(ax_rel, D)
     label_axes(ax_rel, r"$D$", "relative spread of $\\tau_2$", "crossed by T: " +
