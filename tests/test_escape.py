@@ -108,10 +108,10 @@ def test_noise_covariance_matches_one_reduced_simulation_step(name):
     state = State(M, M @ M.T + np.array([[1.0, 0.3], [0.3, 0.8]]), act.a_default(2, 5),
                   act.b_default(2, 5))
     coords = escape.Coordinates(2, 2)
-    Sigma, se, mean = escape.noise_covariance(tk, act, coords, state, (1.0, 0.0, 0.0), 100_000,
+    Sigma, se, mean = escape.noise_covariance(tk, act, coords, state, (1.0, 0.0, 0.0), 60_000,
                                               seed=1)
     D = 10_000
-    steps = np.concatenate([one_reduced_step(act, tk, state, D, 50_000, seed=s)
+    steps = np.concatenate([one_reduced_step(act, tk, state, D, 30_000, seed=s)
                             for s in range(1)]) * D
     emp = np.cov(steps, rowvar=False)
     # standard error of an empirical covariance entry: sqrt((E[z_i² z_j²] − C_ij²)/n)
@@ -123,11 +123,11 @@ def test_noise_covariance_matches_one_reduced_simulation_step(name):
     assert np.all(np.abs(Sigma - emp) < tol), np.max(np.abs(Sigma - emp) / tol)
     assert np.min(np.linalg.eigvalsh(Sigma)) > 0
     # the increments' mean is the ODE drift (independent Monte Carlo engine)
-    system, _ = build_system(tk, act, 2, MonteCarloDrift(100_000, seed=3), 1.0, None, None,
+    system, _ = build_system(tk, act, 2, MonteCarloDrift(60_000, seed=3), 1.0, None, None,
                              None, None, False, False)
     drift = escape.Drift(system, state.a, state.b)(coords.vector(state.M, state.Q, state.a,
                                                                    state.b))
-    mean_se = np.sqrt(np.diag(Sigma) / 100_000)
+    mean_se = np.sqrt(np.diag(Sigma) / 60_000)
     assert np.all(np.abs(mean - drift) < 5 * mean_se + 2e-3), (mean, drift)
 
 
