@@ -305,6 +305,32 @@ def test_fig7_digit_task_reaches_the_workers_once(tmp_path, monkeypatch, client)
     assert out[0] == out[1] and len(json.loads(out[0])["tau"]) == 6
 
 
+@pytest.mark.slow
+def test_compare_theory_identical_serial_and_dask(tmp_path, client):
+    """compare's ODE seeds and reduced simulation as one sweep: the same report in this
+    process and on the LocalCluster, and a rerun loads every piece from its work folder."""
+    from theory_kit.activations import get_activation
+    from theory_kit.comparison import CompareSettings, compare_log
+    from theory_kit.model import Task, make_prior
+    from theory_kit.userdata import log_from_fields
+    K = np.random.default_rng(0).standard_normal((3, 2, 50)) / 7
+    log = log_from_fields({"K": K, "U": np.eye(50)[:, :2], "steps": np.array([0, 50, 100])})
+    task, act = Task(4, make_prior("flipping", nu=[2, 2])), get_activation("softmax")
+    settings = CompareSettings(gamma=1.0, D=50, runs=4, samples=500, dt=0.25, error_samples=256)
+    reports = [compare_log(log, task, act, settings, workdir=tmp_path / name, progress=False,
+                           **kwargs)
+               for name, kwargs in (("serial", {}), ("dask", {"executor": client}))]
+    text = [json.dumps(to_jsonable(r), sort_keys=True) for r in reports]
+    assert text[0] == text[1]
+    files = sorted(p.name for p in (tmp_path / "dask").iterdir())
+    assert files == ["ode_seed0.json", "ode_seed1.json", "simulation.json"]
+    stamps = [(tmp_path / "dask" / f).stat().st_mtime_ns for f in files]
+    again = compare_log(log, task, act, settings, workdir=tmp_path / "dask", progress=False,
+                        executor=client)
+    assert json.dumps(to_jsonable(again), sort_keys=True) == text[0]
+    assert [(tmp_path / "dask" / f).stat().st_mtime_ns for f in files] == stamps
+
+
 EINF = ["einf", "--activation", "bsoftmax", "--H", "2", "--L", "5", "--nu", "2,2",
         "--runs", "4", "--gradient-flow", "--samples", "100", "--tol", "1e-2", "--T-max", "10",
         "--chunk", "5", "--error-method", "mc", "--error-samples", "5000", "--no-global-min",
