@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -580,9 +581,19 @@ class EinfResult:
 
 def _one_run(job: tuple) -> EinfRun:
     task, act_params, ic, settings, out, progress = job
+    if out is not None and not _writable_folder(Path(out).parent):
+        out = None   # a remote worker without the caller's disk: no checkpoints inside the run
     # rebuilt here: an activation's cached NumPy callables do not pickle to worker processes
     return run_to_convergence(task, activation_from_params(act_params), ic, settings, out=out,
                               progress=progress)
+
+
+def _writable_folder(folder: Path) -> bool:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return False
+    return os.access(folder, os.W_OK)
 
 
 @dataclass(frozen=True)

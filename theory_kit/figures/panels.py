@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import tempfile
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -251,9 +252,11 @@ def scratch_folder(workdir: Path) -> Path:
     worker without the caller's disk: then a piece only resumes from its start)."""
     try:
         workdir.mkdir(parents=True, exist_ok=True)
-        return workdir
+        if os.access(workdir, os.W_OK):
+            return workdir
     except OSError:
-        return Path(tempfile.mkdtemp(prefix="theory_kit-piece-"))
+        pass
+    return Path(tempfile.mkdtemp(prefix="theory_kit-piece-"))
 
 
 def run_pieces(pieces: Sequence[OdePiece | SimPiece], workdir: Path, jobs: int = 1,
