@@ -160,13 +160,22 @@ def test_shared_inputs_reach_each_worker_once(backend, client):
 
 
 # ----------------------------------------------------------------------------- faults
+PIECE_SECONDS = 1.5
+
+
 def _kill_first_running(marks: Path, store: ex.FolderStore, killed: list, stop: threading.Event):
-    """Once a piece is saved, SIGKILL the worker of a piece that is running (started, not
-    saved)."""
+    """Once a piece is saved, SIGKILL the worker of a piece that is surely running: started
+    less than a third of its duration ago (the pieces sleep, so even a loaded machine ends
+    them on time), and not saved."""
     deadline = time.monotonic() + TIMEOUT
     while not stop.is_set() and time.monotonic() < deadline:
         done = {int(p.stem) for p in Path(store.folder).glob("*.json")}
-        running = {k: pids[-1] for k, pids in starts(marks).items() if k not in done}
+        now = time.monotonic_ns()
+        running = {}
+        for f in marks.iterdir():
+            key, pid, started = map(int, f.name.split("."))
+            if key not in done and now - started < PIECE_SECONDS / 3 * 1e9:
+                running[key] = pid
         if done and running:
             key, pid = min(running.items())
             killed.append((key, pid, sorted(done)))
@@ -180,7 +189,7 @@ def test_worker_killed_mid_piece(tmp_path, backend, client):
     marks, store = tmp_path / "marks", ex.FolderStore(tmp_path / "store")
     marks.mkdir()
     n = 6
-    items = [(s, str(marks), 0.6) for s in range(n)]
+    items = [(s, str(marks), PIECE_SECONDS) for s in range(n)]
     killed: list = []
     stop = threading.Event()
     watcher = threading.Thread(target=_kill_first_running, args=(marks, store, killed, stop))
