@@ -4,8 +4,9 @@ import pytest
 
 from theory_kit.activations import get_activation
 from theory_kit.expect import precise
+from theory_kit.expect import quadrature as quad
 from theory_kit.expect.quadrature import quad_moments, whiten
-from theory_kit.model import State, Task, make_prior
+from theory_kit.model import State, Task, ValidationError, make_prior
 
 M2 = np.array([[1.0, 0.8], [0.9, -0.7]])
 Q2 = np.array([[2.0, 0.3], [0.3, 1.8]])
@@ -129,3 +130,79 @@ def test_rqmc_fallback_agrees_with_monte_carlo():
     assert r.rule == "rqmc"
     m = population_error_mc(task, act, st, n=40_000)
     assert abs(r.value - m.value) < 4 * np.hypot(m.abs_err, r.abs_err)
+
+
+# ----------------------------------------------------------------------------- issue #16
+def _state(act, M, Q, b=None):
+    H = len(M)
+    return State(np.array(M, float), np.array(Q, float), act.a_default(H, 2),
+                 act.b_default(H, 2) if b is None else np.array(b, float))
+
+
+def test_softmax_ignores_large_biases_by_quad():
+    """b has no effect on per-head softmax: E with b = (1000, −1000) is E with b = 0
+    (closed form), and agrees with MC.  The cross term used one u grid for all heads and
+    gave 0.2932 ± 1.7e-13 here (truth 0.54316)."""
+    from theory_kit.error import population_error
+    task = Task(2, make_prior("flipping", nu=[2, 2]))
+    act = get_activation("softmax")
+    M, Q = [[0.1, 0], [0, 0.1]], [[1, 0], [0, 1]]
+    far = population_error(task, act, _state(act, M, Q, [1000, -1000]), method="quad")
+    ref = population_error(task, act, _state(act, M, Q, [0, 0]), method="quad")
+    assert abs(far.value - ref.value) < 1e-10 and far.abs_err < 1e-8
+    mc = population_error(task, act, _state(act, M, Q, [1000, -1000]), method="mc", n=100_000)
+    assert abs(far.value - mc.value) < 4 * mc.abs_err
+
+
+@pytest.mark.parametrize("name", ["softmax", "bsoftmax"])
+def test_wide_score_range_is_right_or_says_so(name, monkeypatch):
+    """Q = 400 spreads log φ over > 300: with the old u range (span 200) the result was off
+    by 4e-4 with abs_err 2e-15; the mass check E[Σ W] = 1 must now report it, and the
+    wider default range must get the MC value."""
+    from theory_kit.error import population_error
+    task = Task(3, make_prior("flipping", nu=[3]))
+    act = get_activation(name)
+    st = State(np.array([[15.0]]), np.array([[400.0]]), act.a_default(1, 3), act.b_default(1, 3))
+    mc = population_error(task, act, st, method="mc", n=200_000, seed=1)
+    good = population_error(task, act, st, method="quad")
+    assert abs(good.value - mc.value) < 4 * mc.abs_err
+    monkeypatch.setattr(quad, "MAX_PSI_SPAN", 200.0)
+    cut = population_error(task, act, st, method="quad")
+    assert abs(cut.value - good.value) <= cut.abs_err and cut.abs_err > 1e-3
+
+
+@pytest.mark.parametrize("kwargs,param", [({"method": "quad", "resolution": 1e-6}, "resolution"),
+                                          ({"method": "quad", "resolution": 0.0}, "resolution"),
+                                          ({"method": "quad", "resolution": float("nan")}, "resolution"),
+                                          ({"method": "quad", "resolution": 1e3}, "resolution"),
+                                          ({"method": "quad", "resolution": "1"}, "resolution"),
+                                          ({"method": "mc", "n": -5}, "n"),
+                                          ({"method": "mc", "n": 0}, "n"),
+                                          ({"method": "mc", "n": 1}, "n"),
+                                          ({"method": "mc", "n": 2.5}, "n"),
+                                          ({"method": "mc", "n": 10 ** 12}, "n"),
+                                          ({"method": "mc", "seed": -1}, "seed"),
+                                          ({"method": "mc", "seed": 1.5}, "seed")])
+def test_python_api_validates_like_the_cli(kwargs, param):
+    """resolution=1e-6 returned 0.99999 ± 2.6e-14 and n=-5 returned 0 ± 0."""
+    from theory_kit.error import bayes_error, population_error
+    task = Task(2, make_prior("flipping", nu=[2, 2]))
+    act = get_activation("softmax")
+    st = _state(act, [[0.1, 0], [0, 0.1]], [[1, 0], [0, 1]])
+    with pytest.raises(ValidationError, match=f"^{param}: "):
+        population_error(task, act, st, **kwargs)
+    with pytest.raises(ValidationError, match=f"^{param}: "):
+        bayes_error(task, **kwargs)
+
+
+@pytest.mark.slow
+def test_bsoftmax_huge_scores_by_quad_agree_with_mc():
+    """Bayes offsets −Q_hh/2 = −500 and score spread ±270: quad gave 0.965 ± 4e-5 (and 1.0 ±
+    0.0 for Q = 10⁴ I) against MC 0.379 ± 0.0015."""
+    from theory_kit.error import population_error
+    task = Task(2, make_prior("flipping", nu=[2, 2]))
+    act = get_activation("bsoftmax")
+    st = _state(act, [[30, 0], [0, 30]], [[1000, 0], [0, 1000]])
+    mc = population_error(task, act, st, method="mc", n=200_000)
+    q = population_error(task, act, st, method="quad")
+    assert abs(q.value - mc.value) < 4 * np.hypot(mc.abs_err, q.abs_err)

@@ -23,11 +23,12 @@ from .activations import Activation
 from .expect import montecarlo as mc
 from .expect import precise
 from .expect import quadrature as quad
-from .model import GaussianPrior, Prior, State, Task, check_state_for_task, fail
+from .model import GaussianPrior, Prior, State, Task, check_int, check_state_for_task, fail
 
 METHODS = ("auto", "quad", "mc", "mpmath")
 AUTO_QUAD_TOL = 1e-8
 MPMATH_ABS_ERR = 1e-15
+MIN_SAMPLES, MAX_SAMPLES = 2, 10 ** 10
 
 
 @dataclass(frozen=True)
@@ -54,10 +55,30 @@ def squared_residual(w: np.ndarray) -> np.ndarray:
     return (1.0 - w[:, 0]) ** 2 + np.sum(w[:, 1:] ** 2, axis=1)
 
 
+def check_samples(n: object, param: str = "n") -> int:
+    """A Monte Carlo sample count: an integer in [MIN_SAMPLES, MAX_SAMPLES] (the standard
+    error needs a few samples; beyond 10¹⁰ a run takes days)."""
+    if isinstance(n, float) and n.is_integer():
+        n = int(n)
+    check_int(n, param, MIN_SAMPLES)
+    if n > MAX_SAMPLES:
+        fail(param, f"must be an integer in [{MIN_SAMPLES}, {MAX_SAMPLES:.0e}]", n)
+    return int(n)
+
+
+def check_seed(seed: object) -> int:
+    """A NumPy seed: an integer >= 0."""
+    return check_int(seed, "seed", 0)
+
+
 def population_error_mc(task: Task, act: Activation, state: State, n: int = 200_000,
                         seed: int = 0) -> ErrorResult:
     """Monte Carlo estimate of E with its standard error (θ stratified, see ``expect.montecarlo``);
-    the token weights come from the generated kernels (``codegen.sample_kernels``)."""
+    the token weights come from the generated kernels (``codegen.sample_kernels``).
+
+    n: samples (integer >= 2), seed: integer >= 0."""
+    n, seed = check_samples(n), check_seed(seed)
+    check_state_for_task(state, task)
     rng = np.random.default_rng(seed)
     kernels = codegen.sample_kernels(act)
     total, sq = 0.0, 0.0
@@ -82,6 +103,8 @@ def population_error_quad(task: Task, act: Activation, state: State,
                           resolution: float = 1.0) -> ErrorResult:
     """E by deterministic quadrature (``expect.quadrature``); abs_err from two resolutions
     (or the RQMC spread when the joint column is too high-dimensional for tensor grids)."""
+    resolution = quad.check_resolution(resolution)
+    check_state_for_task(state, task)
     r = quad.quad_moments(task, act, state, resolution)
     return ErrorResult(r.value, r.abs_err, "quad", {"rule": r.rule, "resolution": resolution})
 
@@ -141,6 +164,7 @@ def log_bayes_factor(prior: Prior, P: np.ndarray) -> np.ndarray:
 def bayes_error_mc(task: Task, n: int = 200_000, seed: int = 0) -> ErrorResult:
     """Monte Carlo E_Bayes = Δ + 1 − E[Σ_l p_l²]: projections p = Uᵀx are scores with M = I,
     Q = I, so the shared samplers (θ stratified) apply."""
+    n, seed = check_samples(n), check_seed(seed)
     rng = np.random.default_rng(seed)
     F = task.F
     smp = mc.draw_samples(task.prior, F, task.L, n, rng)
@@ -153,6 +177,7 @@ def bayes_error_mc(task: Task, n: int = 200_000, seed: int = 0) -> ErrorResult:
 
 def bayes_error_quad(task: Task, resolution: float = 1.0) -> ErrorResult:
     """E_Bayes by quadrature; abs_err includes the tower-property gap |E[p_ε] − E[Σ p²]|."""
+    resolution = quad.check_resolution(resolution)
     r = quad.quad_bayes(task, resolution)
     return ErrorResult(r.value, r.abs_err, "quad",
                        {"rule": r.rule, "tower_gap": abs(r.w0 - r.w2), "resolution": resolution})

@@ -64,6 +64,8 @@ GL_PANELS, GL_ORDER = 16, 10
 MAX_GRID = 4e7          # tensor-grid budget (nodes × u points) before switching to RQMC
 RQMC_POINTS_LOG2, RQMC_REPLICATES = 12, 8
 COARSE = 0.75           # the second resolution used for the error estimate
+MAX_PSI_SPAN = 1000.0   # widest ψ range the u grid covers (beyond: the mass check reports it)
+RESOLUTION_RANGE = (0.5, 8.0)  # coarser rules are not in the asymptotic regime; finer cost r^d
 EIG_TOL = 1e-12
 
 
@@ -179,9 +181,13 @@ class UGrid:
 
 
 def u_grid(psi_min: float, psi_max: float, kappa: float, level: float,
-           low_margin: float = U_LOW_MARGIN, step: float = H_U) -> UGrid:
-    """u on [−ψ_max − low_margin, −ψ_min + 4.5] with step ``step``/level (default 32, 0.25)."""
-    psi_min = max(psi_min, psi_max - 200.0)  # φ → 0 polynomially: beyond this all tokens ≈ 0
+           low_margin: float = U_LOW_MARGIN, step: float = H_U,
+           max_span: float = 200.0) -> UGrid:
+    """u on [−ψ_max − low_margin, −ψ_min + 4.5] with step ``step``/level (default 32, 0.25).
+
+    ψ_min is raised to ψ_max − ``max_span`` (φ → 0 polynomially: beyond it all tokens ≈ 0);
+    :class:`QuadEngine` passes a wider span and checks the total mass instead."""
+    psi_min = max(psi_min, psi_max - max_span)
     h = step / level
     lo, hi = -psi_max - low_margin, -psi_min + U_HIGH_MARGIN
     u = lo + h * np.arange(int(np.ceil((hi - lo) / h)) + 1)
@@ -214,10 +220,11 @@ def gaussian_nodes(A: np.ndarray, level: float, cost_per_node: float,
 
 
 def column_functions(psi: np.ndarray, w: np.ndarray, a: np.ndarray,
-                     ug: UGrid) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(B, A, C)(u) of the module docstring for one column, from ψ = log φ at the nodes
-    (G × heads) with node weights w (G,) and output weights a (heads,)."""
-    out = np.zeros((3, len(ug.u)))
+                     ug: UGrid) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(B, A, C, A₁)(u) of the module docstring for one column, from ψ = log φ at the nodes
+    (G × heads) with node weights w (G,) and output weights a (heads,); A₁ is A with all
+    a_h = 1, which gives the total mass E[Σ_{hl} W_hl] (= 1 when κ = 0) as a check."""
+    out = np.zeros((4, len(ug.u)))
     chunk = max(1, int(2e6 // max(1, psi.size)))
     for i in range(0, len(ug.u), chunk):
         x = ug.u[i:i + chunk, None, None] + psi[None]               # (U, G, h)
@@ -229,16 +236,19 @@ def column_functions(psi: np.ndarray, w: np.ndarray, a: np.ndarray,
         out[0, i:i + chunk] = (root * root) @ w
         out[1, i:i + chunk] = (lin * root) @ w
         out[2, i:i + chunk] = (lin * lin) @ w
-    return out[0], out[1], out[2]
+        out[3, i:i + chunk] = (half.sum(axis=-1) * root) @ w
+    return out[0], out[1], out[2], out[3]
 
 
-def combine(L: int, ug: UGrid, sig: tuple, noise: tuple) -> tuple[float, float]:
-    """(E[w_0], E[Σ_l w_l²]) from the column functions (B, A, C) of signal and noise."""
-    B_s, A_s, C_s = sig
-    B_n, _, C_n = noise
+def combine(L: int, ug: UGrid, sig: tuple, noise: tuple) -> tuple[float, float, float]:
+    """(E[w_0], E[Σ_l w_l²], E[Σ_{hl} W_hl]) from the column functions (B, A, C, A₁) of
+    signal and noise (the last is 1 − E[κ/N]: exactly 1 when κ = 0)."""
+    B_s, A_s, C_s, M_s = sig
+    B_n, _, C_n, M_n = noise
     w0 = np.sum(ug.w * A_s * B_n ** (L - 1))
     w2 = np.sum(ug.w * (C_s * B_n ** (L - 1) + (L - 1) * C_n * B_s * B_n ** (L - 2)))
-    return float(w0), float(w2)
+    mass = np.sum(ug.w * (M_s * B_n ** (L - 1) + (L - 1) * M_n * B_s * B_n ** (L - 2)))
+    return float(w0), float(w2), float(mass)
 
 
 # ----------------------------------------------------------------------------- engine
@@ -254,6 +264,8 @@ class QuadEngine:
         self.noise = Column(1.0, np.zeros(state.H), state.Q)
         self.replicate = replicate
         self.used_rqmc = False
+        # the largest |E[Σ W] − 1| seen (κ = 0): a failed u or z range shows here
+        self.mass_defect = 0.0
 
     # -- assembly -----------------------------------------------------------------
     def error(self) -> float:
@@ -287,7 +299,7 @@ class QuadEngine:
         return lo, hi
 
     def _ugrid(self, heads: list[int]) -> UGrid:
-        return u_grid(*self._psi_range(heads), self.act.kappa, self.level)
+        return u_grid(*self._psi_range(heads), self.act.kappa, self.level, max_span=MAX_PSI_SPAN)
 
     # -- joint: one t, H-dim Gaussian column ---------------------------------------
     def _column_nodes(self, col: Column, heads: list[int], n_u: int) -> tuple[np.ndarray, np.ndarray]:
@@ -307,13 +319,20 @@ class QuadEngine:
         ug = self._ugrid(heads)
         s_n, w_n = self._column_nodes(self.noise, heads, len(ug.u))
         noise = self._column_functions(s_n, w_n, heads, ug, a)
-        w0 = w2 = 0.0
+        w0 = w2 = mass = 0.0
         for col in self.signals:
             s_s, w_s = self._column_nodes(col, heads, len(ug.u))
-            a0, a2 = combine(self.task.L, ug, self._column_functions(s_s, w_s, heads, ug, a), noise)
+            a0, a2, m = combine(self.task.L, ug, self._column_functions(s_s, w_s, heads, ug, a),
+                                noise)
             w0 += col.weight * a0
             w2 += col.weight * a2
+            mass += col.weight * m
+        self._check_mass(mass)
         return w0, w2
+
+    def _check_mass(self, mass: float) -> None:
+        if self.act.kappa == 0:
+            self.mass_defect = max(self.mass_defect, abs(mass - 1.0))
 
     def _joint(self) -> tuple[float, float]:
         return self._joint_like(list(range(self.state.H)), self.a)
@@ -328,18 +347,21 @@ class QuadEngine:
             w0 += a[h] * e0
             w2 += a[h] ** 2 * e2
         if H > 1:
-            ug = self._ugrid(list(range(H)))
+            # one u grid per head: the heads' ψ ranges may be far apart (large b_h)
+            grids = [self._ugrid([h]) for h in range(H)]
             for h in range(H):
                 for g in range(h + 1, H):
-                    w2 += 2 * a[h] * a[g] * self._cross(h, g, ug)
+                    w2 += 2 * a[h] * a[g] * self._cross(h, g, grids[h], grids[g])
         return w0, w2
 
-    def _pair_tables(self, col: Column, h: int, g: int,
-                     ug: UGrid) -> tuple[np.ndarray, np.ndarray]:
-        """(B2, D)(u, u') for heads (h, g) on one column, by nested conditioning."""
+    def _pair_tables(self, col: Column, h: int, g: int, ug_h: UGrid,
+                     ug_g: UGrid) -> tuple[np.ndarray, np.ndarray]:
+        """(B2, D)(u, u') for heads (h, g) on one column, by nested conditioning; u on
+        head h's grid, u' on head g's."""
         q = col.cov[np.ix_([h, g], [h, g])]
         swap = q[1, 1] > q[0, 0]
         first, second = (g, h) if swap else (h, g)
+        u1, u2 = (ug_g.u, ug_h.u) if swap else (ug_h.u, ug_g.u)
         q11, q12, q22 = col.cov[first, first], col.cov[first, second], col.cov[second, second]
         s1 = np.sqrt(max(q11, 0.0))
         beta = q12 / s1 if s1 > 0 else 0.0
@@ -351,22 +373,22 @@ class QuadEngine:
         psi1 = log_phi(self.act, col.mean[first] + s1 * z1 + self.c[first])         # (n1,)
         psi2 = log_phi(self.act, col.mean[second] + beta * z1[:, None] + sc * z2[None, :]
                        + self.c[second])                                           # (n1, n2)
-        x1 = ug.u[:, None] + psi1[None]
-        x2 = ug.u[:, None, None] + psi2[None]
+        x1 = u1[:, None] + psi1[None]
+        x2 = u2[:, None, None] + psi2[None]
         GB = exp_minus_exp(x2, 0) @ w2                                            # (U', n1)
         GD = exp_minus_exp(x2, 1) @ w2
         B2 = (exp_minus_exp(x1, 0) * w1) @ GB.T
         D = (exp_minus_exp(x1, 1) * w1) @ GD.T
         return (B2.T, D.T) if swap else (B2, D)
 
-    def _cross(self, h: int, g: int, ug: UGrid) -> float:
+    def _cross(self, h: int, g: int, ug_h: UGrid, ug_g: UGrid) -> float:
         """E[Σ_l W_hl W_gl] for per-head normalisation (two t variables)."""
         L = self.task.L
-        Bn, Dn = self._pair_tables(self.noise, h, g, ug)
-        W = np.outer(ug.w, ug.w)
+        Bn, Dn = self._pair_tables(self.noise, h, g, ug_h, ug_g)
+        W = np.outer(ug_h.w, ug_g.w)
         total = 0.0
         for col in self.signals:
-            Bs, Ds = self._pair_tables(col, h, g, ug)
+            Bs, Ds = self._pair_tables(col, h, g, ug_h, ug_g)
             val = Ds * Bn ** (L - 1) + (L - 1) * Dn * Bs * Bn ** (L - 2)
             total += col.weight * float(np.sum(W * val))
         return total
@@ -436,24 +458,49 @@ def quad_moments(task: Task, act: Activation, state: State,
     """E, with abs_err from two resolutions (tensor rules) or the RQMC replicate spread.
 
     ``w0`` = E[w_ε] and ``w2`` = E[Σ_l w_l²] at the finer resolution (or RQMC mean)."""
-    if resolution <= 0 or not np.isfinite(resolution):
-        raise ValidationError(f"resolution: must be a finite number > 0 (got {resolution!r})")
+    resolution = check_resolution(resolution)
     fine = QuadEngine(task, act, state, resolution)
     f0, f2 = fine.moments()
     if fine.used_rqmc:
-        reps = [(f0, f2)] + [QuadEngine(task, act, state, resolution, replicate=i).moments()
-                             for i in range(1, RQMC_REPLICATES)]
-        arr = np.array(reps)
+        engines = [QuadEngine(task, act, state, resolution, replicate=i)
+                   for i in range(1, RQMC_REPLICATES)]
+        arr = np.array([(f0, f2)] + [e.moments() for e in engines])
         vals = task.delta + 1 - 2 * arr[:, 0] + arr[:, 1]
         err = float(vals.std(ddof=1) / np.sqrt(len(vals)))
+        defect = max([fine.mass_defect] + [e.mass_defect for e in engines])
         m0, m2 = arr.mean(axis=0)
-        return QuadResult(float(vals.mean()), err, "rqmc", float(m0), float(m2))
-    c0, c2 = QuadEngine(task, act, state, COARSE * resolution).moments()
+        return QuadResult(float(vals.mean()), honest_error(err, defect), "rqmc", float(m0),
+                          float(m2))
+    coarse_engine = QuadEngine(task, act, state, COARSE * resolution)
+    c0, c2 = coarse_engine.moments()
     value = task.delta + 1 - 2 * f0 + f2
     coarse = task.delta + 1 - 2 * c0 + c2
     err = max(abs(value - coarse), 4 * np.finfo(float).eps * max(1.0, abs(value)))
+    err = honest_error(err, max(fine.mass_defect, coarse_engine.mass_defect))
     return QuadResult(value, err, "trapezoid" if act.norm != "elementwise" else "gauss-legendre",
                       f0, f2)
+
+
+def check_resolution(resolution: object) -> float:
+    """The quadrature resolution r: a number in :data:`RESOLUTION_RANGE` (a coarser rule is
+    outside the asymptotic regime where two resolutions bound the error; a finer one costs
+    r^d without a gain in float64)."""
+    lo, hi = RESOLUTION_RANGE
+    if isinstance(resolution, bool) or not isinstance(resolution, (int, float, np.floating,
+                                                                    np.integer)):
+        raise ValidationError(f"resolution: must be a number in [{lo:g}, {hi:g}] "
+                              f"(got {resolution!r})")
+    r = float(resolution)
+    if not (lo <= r <= hi):
+        raise ValidationError(f"resolution: must be a number in [{lo:g}, {hi:g}] (got {r!r})")
+    return r
+
+
+def honest_error(err: float, mass_defect: float) -> float:
+    """abs_err no smaller than the failure of the built-in check E[Σ_{hl} W_hl] = 1 (κ = 0):
+    weights that do not sum to one mean the u or z range missed part of the integral, and
+    E = 1 − 2 E[w_0] + E[Σ w²] is then off by up to a few times that defect."""
+    return max(err, 4.0 * mass_defect)
 
 
 # ----------------------------------------------------------------------------- Bayes error
@@ -490,7 +537,8 @@ def _bayes_gaussian_moments(task: Task, level: float,
         rqmc |= used
         psi = np.sum(beta * (y * sigma / eff) ** 2, axis=1)[:, None]
         funcs.append(column_functions(psi, w, np.ones(1), ug))
-    return combine(task.L, ug, funcs[0], funcs[1]), rqmc
+    w0, w2, _ = combine(task.L, ug, funcs[0], funcs[1])
+    return (w0, w2), rqmc
 
 
 def bayes_moments(task: Task, level: float = 1.0,
