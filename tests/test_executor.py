@@ -268,6 +268,39 @@ def test_ctrl_c_then_rerun_runs_only_the_missing_pieces(tmp_path):
     assert set(rerun) == set(range(8)) - saved_keys and all(len(p) == 1 for p in rerun.values())
 
 
+def finished_runs(work: Path) -> dict[str, int]:
+    """File name -> modification time of the finished E∞ runs (not their checkpoints)."""
+    return {p.name: p.stat().st_mtime_ns for p in work.glob("run_*.json")
+            if p.name.count(".") == 1}
+
+
+@pytest.mark.slow
+def test_cli_einf_ctrl_c_then_same_command_finishes_the_rest(tmp_path):
+    """SIGINT to ``theory-kit einf --runs 6 --jobs 2 --workdir W`` after its first finished
+    run: exit 130 with the resume hint; the same command then writes only the missing runs
+    (the saved ones keep their files untouched) and prints the E∞ of all six."""
+    work = tmp_path / "runs"
+    argv = [sys.executable, "-m", "theory_kit", *EINF[:EINF.index("--runs")], "--runs", "6",
+            *EINF[EINF.index("--runs") + 2:EINF.index("--T-max")], "--T-max", "60",
+            *EINF[EINF.index("--T-max") + 2:], "--jobs", "2", "--workdir", str(work)]
+    env = {**os.environ, "THEORY_KIT_NO_PROGRESS": "1"}
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.monotonic() + 10 * TIMEOUT
+    while not finished_runs(work) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=TIMEOUT)
+    assert proc.returncode == 130 and "run the same command again to resume" in err
+    saved = finished_runs(work)
+    assert 1 <= len(saved) < 6, saved
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=10 * TIMEOUT)
+    assert done.returncode == 0, done.stderr
+    assert len(json.loads(done.stdout)["einf_runs"]) == 6
+    after = finished_runs(work)
+    assert len(after) == 6 and all(after[name] == t for name, t in saved.items())
+
+
 # ----------------------------------------------------------------------------- real sweeps
 def test_fig6_sweep_identical_on_local_processes_and_dask(tmp_path, monkeypatch, client):
     """Fig. 6's code path (SimPiece per D through run_pieces, then the statistics) with a
