@@ -34,13 +34,14 @@ from scipy.optimize import linear_sum_assignment
 from .activations import Activation, activation_from_params, get_activation
 from .error import METHODS as ERROR_METHODS
 from .error import ErrorResult, bayes_error, population_error, squared_residual
-from .expect import montecarlo as mc
 from .executor import run_sweep, runs_in_process
 from .expect.drift import ENGINES, SampleDrift
 from .expect.engines import DEFAULT_QMC_POINTS, DriftEngine, build_engine
+from .fixedpoint import (POINTS, Certificate, DriftMap, FixedPoint, SampledError,
+                         solve_drift_root, solve_gradient_flow)
 from .initial import InitialCondition
 from .model import Prior, State, Task, check_int, fail
-from .ode import METHODS as ODE_METHODS, integrate_ode
+from .ode import METHODS as ODE_METHODS, build_system, integrate_ode
 from .progress import progress_bar
 from .results import Checkpoint, read_json, to_jsonable, write_json
 
@@ -84,84 +85,6 @@ def bayes_softmax_at_atoms(prior: Prior, H: int,
     M = atoms[owner]
     state = State(M, M @ M.T, np.ones(H), np.zeros(H))
     return dataclasses.replace(base, log_pi=tuple(float(x) for x in log_pi)), state
-
-
-# ----------------------------------------------------------------------------- sampled E
-@dataclass
-class SampledError:
-    """E(K, a, b) on fixed samples (common random numbers) with its exact gradient.
-
-    Keys live in R^{F+H}: K = [M | P], Q = K Kᵀ.  A token's projections on that space are
-    G_l ~ N(0, I_{F+H}) plus θ on the first F coordinates of the signal token, so the scores
-    S_{hl} = K_h · G_l have exactly the law of THEORY §4.  With g_{hl} = J_{hl}·e and
-    ρ_h = ∂w/∂Q_hh·e,
-
-        ∂E/∂K_h = −2 E[Σ_l g_{hl} G_l] − 4 E[ρ_h] K_h,
-        ∂E/∂a_h = −2 E[∂w/∂a_h·e],   ∂E/∂b_h = −2 E[Σ_l g_{hl}].
-
-    The flat parameter vector is (K, a if trained, b if trained); untrained a, b stay at
-    ``a0``, ``b0``.  Gradient flow on K, τ = γ t, is dK/dτ = −½ ∂E/∂K."""
-
-    task: Task
-    act: Activation
-    H: int
-    a0: np.ndarray
-    b0: np.ndarray
-    train_a: bool
-    train_b: bool
-    n: int = 20_000
-    seed: int = 0
-    samples: mc.Samples = field(init=False, repr=False)
-    tokens: np.ndarray = field(init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        F, H, L = self.task.F, self.H, self.task.L
-        self.samples = mc.draw_samples(self.task.prior, F + H, L, self.n,
-                                       np.random.default_rng(self.seed))
-        self.tokens = self.samples.g.copy()
-        self.tokens[:, :F, 0] += self.samples.theta
-
-    @property
-    def dim(self) -> int:
-        return self.H * (self.task.F + self.H) + self.H * (int(self.train_a) + int(self.train_b))
-
-    def pack(self, K: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        parts = [np.ravel(K)] + ([a] if self.train_a else []) + ([b] if self.train_b else [])
-        return np.concatenate(parts)
-
-    def unpack(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        H, width = self.H, self.task.F + self.H
-        K = x[:H * width].reshape(H, width)
-        rest = x[H * width:]
-        a = rest[:H] if self.train_a else self.a0
-        b = rest[-H:] if self.train_b else self.b0
-        return K, np.asarray(a, float), np.asarray(b, float)
-
-    def pack_state(self, state: State) -> np.ndarray:
-        """A flat vector realising ``state`` (the orthogonal part factorised by eigh)."""
-        vals, vecs = np.linalg.eigh(state.orthogonal_part())
-        P = vecs * np.sqrt(np.clip(vals, 0.0, None))
-        return self.pack(np.hstack([state.M, P]), state.a, state.b)
-
-    def state(self, x: np.ndarray) -> State:
-        K, a, b = self.unpack(x)
-        return State(K[:, :self.task.F], K @ K.T, a, b)
-
-    def value_and_grad(self, x: np.ndarray) -> tuple[float, np.ndarray]:
-        """(E, ∂E/∂x) on the fixed samples."""
-        K, a, b = self.unpack(x)
-        S = np.einsum("hk,nkl->nhl", K, self.tokens)
-        kern = self.act.kernel(S, a, b, np.sum(K * K, axis=1))
-        e = -kern.w
-        e[:, 0] += 1.0
-        g = kern.jvp_tokens(e)
-        wts = self.samples.weights
-        value = self.task.delta + float(wts @ squared_residual(kern.w))
-        dK = (-2.0 * np.einsum("n,nhl,nkl->hk", wts, g, self.tokens)
-              - 4.0 * (wts @ kern.grad_qdiag(g))[:, None] * K)
-        da = -2.0 * wts @ kern.grad_a(e)
-        db = -2.0 * wts @ kern.grad_b(g)
-        return value, self.pack(dK, da, db)
 
 
 # ----------------------------------------------------------------------------- global minimum
@@ -215,8 +138,8 @@ def global_minimum(task: Task, act: Activation, H: int, n_starts: int = 12, n: i
     check_int(n_starts, "n_starts", 1)
     train_a = act.train_a if train_a is None else train_a
     train_b = act.train_b if train_b is None else train_b
-    obj = SampledError(task, act, H, act.a_default(H, task.L), act.b_default(H, task.L),
-                       train_a, train_b, n=n, seed=seed)
+    obj = SampledError.for_activation(task, act, H, n=n, seed=seed, train_a=train_a,
+                                      train_b=train_b)
     found = []
     for x0 in _starting_points(obj, n_starts, np.random.default_rng(seed + 1), extra_starts or []):
         res = optimize.minimize(obj.value_and_grad, x0, jac=True, method="L-BFGS-B",
@@ -356,7 +279,13 @@ class StopRule:
 
 @dataclass(frozen=True)
 class EinfRun:
-    """One run: its seed, final state, E there (precise engine), and how it stopped."""
+    """One run: its seed, the certified fixed point, E there (precise engine), and how it got
+    there (ODE until ``T``, then the solver; ``fixed`` is None when the solver is off).
+
+    ``converged`` is the certificate's verdict (or, without solver, the stop rule's).
+    ``sample_shift`` is the measured shift of E when the fixed point is solved again on an
+    independent sample set (NaN when not measured): the part of the error that ``abs_err`` of
+    the evaluation does not include."""
 
     seed: int
     state: State
@@ -366,20 +295,46 @@ class EinfRun:
     speeds: list[float]
     history: dict
     tail: float = float("nan")
+    fixed: FixedPoint | None = None
+    sample_shift: float = float("nan")
+
+    @property
+    def certificate(self) -> Certificate | None:
+        return None if self.fixed is None else self.fixed.certificate
+
+    @property
+    def abs_err_total(self) -> float:
+        """hypot(evaluation error, sample shift) — the error bar to use for E∞ of this run."""
+        shift = 0.0 if not np.isfinite(self.sample_shift) else self.sample_shift
+        return float(np.hypot(self.error.abs_err, shift))
 
     def to_dict(self) -> dict:
+        cert = self.certificate
+        fixed = None if self.fixed is None else {k: v for k, v in self.fixed.to_dict().items()
+                                                 if k != "state"}
         return {"seed": self.seed, "einf": self.error.value, "abs_err": self.error.abs_err,
-                "method": self.error.method, "T": self.T, "converged": self.converged,
+                "method": self.error.method, "sample_shift": self.sample_shift,
+                "abs_err_total": self.abs_err_total, "T": self.T, "T_handoff": self.T,
+                "converged": self.converged,
+                "certified": None if cert is None else cert.certified,
+                "drift_norm": None if cert is None else cert.drift_norm,
+                "min_eigenvalue": None if cert is None else cert.min_eigenvalue,
+                "kind": None if cert is None else cert.kind,
+                "solver": None if self.fixed is None else self.fixed.solver,
+                "saddles_passed": 0 if self.fixed is None else len(self.fixed.saddles),
                 "final_speed": self.speeds[-1] if self.speeds else None,
-                "tail": self.tail,
+                "tail": self.tail, "fixed_point": fixed,
                 **self.state.to_dict(), "history": self.history}
 
     @classmethod
     def from_dict(cls, d: dict) -> "EinfRun":
         err = ErrorResult(d["einf"], d["abs_err"], d["method"])
         speeds = d["history"]["speed"]
-        return cls(d["seed"], State(d["M"], d["Q"], d["a"], d["b"]), err, d["T"],
-                   d["converged"], speeds, d["history"], d.get("tail", float("nan")))
+        state = State(d["M"], d["Q"], d["a"], d["b"])
+        fixed = (None if d.get("fixed_point") is None
+                 else FixedPoint.from_dict({**d["fixed_point"], "state": state.to_dict()}))
+        return cls(d["seed"], state, err, d["T"], d["converged"], speeds, d["history"],
+                   d.get("tail", float("nan")), fixed, d.get("sample_shift", float("nan")))
 
 
 def admissible_state(M: np.ndarray, Q: np.ndarray, a: np.ndarray, b: np.ndarray,
@@ -412,7 +367,15 @@ def relative_speed(old: State, new: State, span: float) -> float:
 
 @dataclass
 class RunSettings:
-    """Everything that defines an E∞ run except the initial condition."""
+    """Everything that defines an E∞ run except the initial condition.
+
+    The ODE runs until ``rule`` says the state has left the plateau and its speed falls
+    steadily (or until ``rule.T_max``); then, with ``solve``, the fixed point is solved for
+    and certified (:mod:`theory_kit.fixedpoint`): gradient flow on a Sobol-point objective
+    of ``solver_points`` points (seed ``solver_seed``), finite γ as a root of the ODE's own
+    fixed-sample drift; ``drift_tol`` is the certificate's drift threshold; ``max_escapes``
+    saddles may be passed.  With ``shift_check`` the fixed point is solved again on an
+    independent sample set to measure the shift of E (``EinfRun.sample_shift``)."""
 
     gamma: float = 1.0
     gradient_flow: bool = False
@@ -426,9 +389,16 @@ class RunSettings:
     error_method: str = "auto"
     error_samples: int = 400_000
     drift: str = "mc"
+    solve: bool = True
+    solver_points: int = 2 ** 14
+    solver_seed: int = 0
+    solver_sampling: str = "sobol"
+    drift_tol: float = 1e-8
+    max_escapes: int = 4
+    shift_check: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("gamma", "dt", "rtol", "atol"):
+        for name in ("gamma", "dt", "rtol", "atol", "drift_tol"):
             value = getattr(self, name)
             if not (np.isfinite(value) and value > 0):
                 fail(name, "must be a finite number > 0", value)
@@ -438,8 +408,12 @@ class RunSettings:
             fail("error_method", f"must be one of {', '.join(ERROR_METHODS)}", self.error_method)
         check_int(self.n_samples, "samples", 2)
         check_int(self.error_samples, "error_samples", 2)
+        check_int(self.solver_points, "solver_points", 16)
+        check_int(self.max_escapes, "max_escapes", 0)
         if self.drift not in ENGINES:
             fail("drift", f"must be one of {', '.join(ENGINES)}", self.drift)
+        if self.solver_sampling not in POINTS:
+            fail("solver_sampling", f"must be one of {', '.join(POINTS)}", self.solver_sampling)
 
     def engine(self, task: Task | None = None, act: Activation | None = None,
                H: int | None = None) -> DriftEngine:
@@ -458,11 +432,13 @@ class RunSettings:
 def run_to_convergence(task: Task, act: Activation, ic: InitialCondition,
                        settings: RunSettings, out: str | None = None,
                        progress: bool = True) -> EinfRun:
-    """Integrate from ``ic`` until ``settings.rule`` says the state stopped, then E there.
+    """Integrate from ``ic`` until ``settings.rule`` hands over, solve and certify the fixed
+    point (``settings.solve``), then E there.
 
     The ODE (``ode.integrate_ode``; fixed Monte Carlo samples or quadrature nodes, so the
     right-hand side is smooth and its fixed points are well defined) runs chunk by chunk;
-    in the gradient-flow limit the γ² term is dropped and the clock is τ = γ t.  E at the final state comes from
+    in the gradient-flow limit the γ² term is dropped and the clock is τ = γ t.  The solver
+    (:func:`solve_fixed_point`) starts from the last state; E at its solution comes from
     :func:`precise_error` (``auto``: quadrature) with its error estimate.  With ``out``
     the finished run is written there and the progress after every chunk is checkpointed
     next to it, so an interrupted run resumes."""
@@ -475,7 +451,7 @@ def run_to_convergence(task: Task, act: Activation, ic: InitialCondition,
     hist: dict = {"t": [0.0], "error_ode": [], "speed": []}
     if saved:
         state, t, hist = State(**saved["state"]), saved["t"], saved["history"]
-    engine, rule = settings.engine(), settings.rule
+    engine, rule = settings.engine(task, act, ic.state.H), settings.rule
     bar = (progress_bar(rule.T_max, f"einf seed {ic.seed}", unit="t", initial=t)
            if progress else None)
     try:
@@ -493,13 +469,65 @@ def run_to_convergence(task: Task, act: Activation, ic: InitialCondition,
     finally:
         if bar is not None:
             bar.close()
+    fixed, shift = None, float("nan")
+    hist["ode_end"] = state.to_dict()   # where the solver took over
+    if settings.solve:
+        fixed = solve_fixed_point(task, act, state, settings, engine)
+        state = fixed.state
+        if settings.shift_check:
+            shift = sample_shift(task, act, fixed, settings)
     final = precise_error(task, act, state, settings.error_method, settings.error_samples)
-    run = EinfRun(int(ic.seed or 0), state, final, t, rule.converged(t, hist["speed"]),
-                  hist["speed"], hist, rule.tail(hist["speed"]))
+    ok = fixed.certificate.certified if fixed is not None else rule.converged(t, hist["speed"])
+    run = EinfRun(int(ic.seed or 0), state, final, t, ok, hist["speed"], hist,
+                  rule.tail(hist["speed"]), fixed, shift)
     if out is not None:
         write_json(out, {"params": params, "run": run.to_dict()})
         checkpoint.clear()
     return run
+
+
+def solver_objective(task: Task, act: Activation, H: int, settings: RunSettings,
+                     offset: int = 0) -> SampledError:
+    """The gradient-flow solver's objective (seed ``solver_seed + offset``)."""
+    return SampledError.for_activation(task, act, H, n=settings.solver_points,
+                                       seed=settings.solver_seed + offset,
+                                       points=settings.solver_sampling)
+
+
+def solve_fixed_point(task: Task, act: Activation, state: State, settings: RunSettings,
+                      engine: DriftEngine | None = None, offset: int = 0) -> FixedPoint:
+    """The certified fixed point reached from ``state``.
+
+    Gradient flow: :func:`fixedpoint.solve_gradient_flow` on :func:`solver_objective`.
+    Finite γ: :func:`fixedpoint.solve_drift_root` on the full drift of ``engine`` (the
+    ODE's; ``offset`` shifts its seed), escaping saddles by an ODE chunk."""
+    if settings.gradient_flow:
+        return solve_gradient_flow(solver_objective(task, act, state.H, settings, offset),
+                                   state, settings.drift_tol, settings.max_escapes)
+    if engine is None or offset:
+        engine = dataclasses.replace(settings, mc_seed=settings.mc_seed + offset).engine(
+            task, act, state.H)
+    system, _ = build_system(task, act, state.H, engine, settings.gamma, None, None, None,
+                             None, False, False)
+    dmap = DriftMap(system, act.a_default(state.H, task.L), act.b_default(state.H, task.L),
+                    act.train_a, act.train_b)
+    return solve_drift_root(dmap, state, lambda s: _advance(task, act, s, settings.rule.chunk,
+                                                            settings, engine)[0],
+                            settings.drift_tol, settings.max_escapes)
+
+
+def sample_shift(task: Task, act: Activation, fixed: FixedPoint, settings: RunSettings) -> float:
+    """|E(x₂) − E(x₁)|: x₁ = ``fixed``, x₂ the fixed point solved again from x₁ on an independent
+    sample set (seed offset 1), both evaluated on a third independent set of the same size
+    (common points, so the difference is resolved even where E itself is not)."""
+    try:
+        again = solve_fixed_point(task, act, fixed.state, dataclasses.replace(
+            settings, max_escapes=0), offset=1)
+    except ValueError:
+        return float("nan")
+    judge = solver_objective(task, act, fixed.state.H, settings, offset=2)
+    values = [judge.value_and_grad(judge.pack_state(s))[0] for s in (fixed.state, again.state)]
+    return float(abs(values[1] - values[0]))
 
 
 def _advance(task: Task, act: Activation, state: State, span: float, settings: RunSettings,
@@ -552,19 +580,22 @@ class EinfResult:
 
     @property
     def abs_err(self) -> float:
-        """Numerical error of the mean from the per-run estimates of E at the end points.
-
-        It is neither the spread of the runs nor the distance of an end point from the true
-        fixed point: the Monte Carlo drift moves the fixed point by O(1/√n) in the state,
-        which shifts E by O(1/n) at a minimum (≈ 6e-5 for B-softmax, H = 2, n = 4000)."""
-        return float(np.sqrt(np.sum([r.error.abs_err ** 2 for r in self.runs])) / len(self.runs))
+        """Numerical error of the mean from the per-run errors of E at the fixed points:
+        the evaluation's error combined with each run's measured sample shift
+        (``EinfRun.abs_err_total``).  It is not the spread of the runs (reported apart), nor
+        does the shift estimate include the bias of the solver's objective that is common to
+        independent sample sets (at a minimum any shift raises E, by O(1/n))."""
+        return float(np.sqrt(np.sum([r.abs_err_total ** 2 for r in self.runs])) / len(self.runs))
 
     def to_dict(self) -> dict:
         values = [r.error.value for r in self.runs]
         best = self.runs[int(np.argmin(values))]
+        group_of = {i: k for k, g in enumerate(self.groups) for i in g}
+        runs = [{**r.to_dict(), "group": group_of[i]} for i, r in enumerate(self.runs)]
         out = {"einf": self.mean, "einf_runs": values, "abs_err": self.abs_err,
                "einf_std": float(np.std(values, ddof=1)) if len(values) > 1 else 0.0,
                "converged": [r.converged for r in self.runs],
+               "certified": [r.converged for r in self.runs],
                "groups": [{"runs": g, "einf": float(np.mean([values[i] for i in g])),
                            "M": self.runs[g[0]].state.M, "Q": self.runs[g[0]].state.Q}
                           for g in self.groups],
@@ -575,7 +606,7 @@ class EinfResult:
                "bayes_abs_err": None if self.bayes is None else self.bayes.abs_err,
                "global_min": None if self.minimum is None else self.minimum.error.value,
                "global_min_abs_err": None if self.minimum is None else self.minimum.error.abs_err,
-               "runs": [r.to_dict() for r in self.runs], "params": self.params}
+               "runs": runs, "params": self.params}
         return to_jsonable(out)
 
 
@@ -668,6 +699,16 @@ def map_jobs(fn: Callable, items: list, jobs: int, desc: str = "jobs",
                      executor=executor, jobs=jobs, desc=desc, unit="run")
 
 
+def _run_status(run: dict) -> str:
+    """How a run ended, in words: certificate or stop rule."""
+    if run["certified"] is None:
+        return f"at T = {run['T']:g}" + ("" if run["converged"] else "  NOT CONVERGED")
+    verdict = "certified " + run["kind"] if run["certified"] else f"NOT CERTIFIED ({run['kind']})"
+    saddles = f", {run['saddles_passed']} saddle(s) passed" if run["saddles_passed"] else ""
+    return (f"{verdict}: drift {run['drift_norm']:.1e}, min eigenvalue "
+            f"{run['min_eigenvalue']:.2g}{saddles}; solver from T = {run['T']:g}")
+
+
 def summary(result: EinfResult) -> str:
     """A few lines for people: E∞ per run and group, the floors, γ."""
     d = result.to_dict()
@@ -675,9 +716,8 @@ def summary(result: EinfResult) -> str:
     lines = [f"E_inf = {d['einf']:.6g} +/- {d['abs_err']:.2g} (mean of {len(d['einf_runs'])} runs, "
              f"spread {d['einf_std']:.2g}; {mode})"]
     for run in d["runs"]:
-        flag = "" if run["converged"] else "  NOT CONVERGED"
-        lines.append(f"  run seed {run['seed']}: {run['einf']:.6g} +/- {run['abs_err']:.2g} "
-                     f"at T = {run['T']:g}{flag}")
+        lines.append(f"  run seed {run['seed']}: {run['einf']:.6g} +/- {run['abs_err_total']:.2g} "
+                     f"{_run_status(run)}")
     if len(d["groups"]) > 1:
         lines.append(f"  {len(d['groups'])} different end points: " + "; ".join(
             f"runs {g['runs']} -> {g['einf']:.6g}" for g in d["groups"]))

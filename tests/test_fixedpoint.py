@@ -1,0 +1,185 @@
+"""Fixed points solved and certified (theory_kit.fixedpoint, einf's solver stage).
+
+Independent references: long ODE integrations (another engine, another point set), the
+exact symmetries of the sampled objective (head exchange, sign flips), the Bayes error by
+quadrature, and finite differences."""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+from scipy import optimize
+
+from theory_kit import einf, fixedpoint as fp
+from theory_kit.activations import get_activation
+from theory_kit.error import population_error
+from theory_kit.initial import InitialCondition
+from theory_kit.model import State, Task, make_prior
+
+TASK = Task(5, make_prior("flipping", nu=[2.0, 2.0]))
+HANDOFF = einf.StopRule(tol=0.1, chunk=20.0, window=2, T_max=300.0)
+
+
+@functools.lru_cache(maxsize=None)
+def bayes(task: Task = TASK):
+    return einf.bayes_floor(task)
+
+
+def settings(**kw) -> einf.RunSettings:
+    base = dict(gradient_flow=True, n_samples=1000, rule=HANDOFF, rtol=1e-4,
+                error_method="auto", solver_points=2 ** 14)
+    return einf.RunSettings(**{**base, **kw})
+
+
+# ----------------------------------------------------------------------------- the quotient
+def test_gauge_directions_are_zero_modes_of_the_population_error():
+    """E depends on K only through K Kᵀ: moving along a gauge direction changes Q at second
+    order only, so population E (by quadrature) is flat there, while a generic direction is not."""
+    act = get_activation("softmax")
+    obj = fp.SampledError.for_activation(TASK, act, 2, n=64)
+    x = np.random.default_rng(0).standard_normal(obj.dim)
+    gauge = fp.gauge_directions(obj, x)
+    assert gauge.shape == (1, obj.dim)                      # O(2) has one generator
+    np.testing.assert_allclose(gauge @ gauge.T, np.eye(1), atol=1e-12)
+    h = 1e-4
+    E = lambda y: population_error(TASK, act, obj.state(y), method="quad").value
+    along = abs(E(x + h * gauge[0]) - E(x - h * gauge[0])) / (2 * h)
+    other = np.random.default_rng(1).standard_normal(obj.dim)
+    other -= gauge[0] * (gauge[0] @ other)
+    across = abs(E(x + h * other) - E(x - h * other)) / (2 * h)
+    assert along < 1e-6 < 1e-3 < across
+    Z = fp.quotient_basis(gauge, obj.dim)
+    assert Z.shape == (obj.dim, obj.dim - 1)
+    np.testing.assert_allclose(Z.T @ Z, np.eye(obj.dim - 1), atol=1e-12)
+    np.testing.assert_allclose(gauge @ Z, 0.0, atol=1e-12)
+
+
+def test_fd_hessian_matches_a_quadratic():
+    A = np.array([[2.0, 0.5, 0.0], [0.5, 1.0, 0.3], [0.0, 0.3, -0.7]])
+    Z = np.linalg.qr(np.random.default_rng(2).standard_normal((3, 2)))[0]
+    Hq = fp.fd_hessian(lambda y: A @ y + y ** 3 * 0, np.ones(3), Z)
+    np.testing.assert_allclose(Hq, Z.T @ A @ Z, atol=1e-8)
+
+
+# ----------------------------------------------------------------------------- saddle
+def symmetric_plateau(obj: fp.SampledError) -> np.ndarray:
+    """Both heads equal, no overlap with u2: K_h = (α, 0, β1, β2), E minimised over (α, β).
+
+    The paper's unspecialised plateau.  For the population E head exchange and the sign flip
+    of u2 make it an exact stationary point; for the sampled objective head exchange is exact
+    (shared tokens) but the u2 flip is exact only in θ (the token noise along u2 is not
+    symmetrised), so the gradient there is of the size of the sampling noise."""
+    cols = [0, 2, 3]
+
+    def full(z: np.ndarray) -> np.ndarray:
+        K = np.zeros((2, 4))
+        K[:, cols] = z
+        return obj.pack(K, obj.a0, obj.b0)
+
+    def fun(z: np.ndarray) -> tuple[float, np.ndarray]:
+        value, grad = obj.value_and_grad(full(z))
+        return value, grad[:8].reshape(2, 4)[:, cols].sum(axis=0)
+
+    res = optimize.minimize(fun, np.array([1.0, 0.5, 0.2]), jac=True, method="BFGS",
+                            options={"gtol": 1e-11})
+    return full(res.x)
+
+
+@pytest.fixture(scope="module")
+def plateau():
+    obj = fp.SampledError.for_activation(TASK, get_activation("softmax"), 2, n=2 ** 13)
+    return obj, symmetric_plateau(obj)
+
+
+def test_certificate_detects_the_symmetric_plateau_as_a_saddle(plateau):
+    obj, x = plateau
+    cert = fp.certify(obj, x)
+    assert cert.drift_norm < 0.2 * cert.drift_stderr   # stationary within sampling noise ...
+    assert cert.kind == "saddle" and cert.min_eigenvalue < -1e3 * cert.eig_tol
+    assert not cert.certified                       # ... never reported as E∞
+
+
+def test_solver_started_at_the_saddle_leaves_along_the_unstable_direction(plateau):
+    obj, x = plateau
+    saddle_value = obj.value_and_grad(x)[0]
+    sol = fp.solve_gradient_flow(obj, obj.state(x))
+    assert len(sol.saddles) >= 1 and sol.saddles[0]["min_eigenvalue"] < 0
+    assert sol.certificate.certified and sol.certificate.kind == "minimum"
+    assert sol.sampled_error < saddle_value - 1e-3
+    M = sol.state.M                                 # specialised: the heads split along u2
+    assert abs(M[0, 1] - M[1, 1]) > 0.5
+
+
+# ----------------------------------------------------------------------------- E∞ runs
+@pytest.fixture(scope="module")
+def bsoftmax_run():
+    act = get_activation("bsoftmax")
+    ic = InitialCondition.draw(act, 2, 2, 5, 10_000, 1.0, seed=0)
+    return einf.run_to_convergence(TASK, act, ic, settings(solver_points=2 ** 15),
+                                   progress=False)
+
+
+def test_solver_lies_below_the_hand_over_point_and_is_certified(bsoftmax_run):
+    run, act = bsoftmax_run, get_activation("bsoftmax")
+    assert run.converged and run.certificate.certified
+    assert run.certificate.drift_norm <= run.certificate.drift_tol <= 1e-7
+    assert run.certificate.min_eigenvalue > 0 and run.T < HANDOFF.T_max
+    assert np.isfinite(run.sample_shift) and run.sample_shift < 1e-4
+    handed_over = population_error(TASK, act, State(**run.history["ode_end"]), method="quad")
+    assert run.error.value < handed_over.value - 1e-4
+
+
+@pytest.mark.slow
+def test_solver_equals_a_much_longer_integration(bsoftmax_run):
+    """From the hand-over point, the gradient-flow ODE on another engine (quadrature
+    module's scrambled Sobol nodes, (M, Q) coordinates) integrated to τ = 3000: E at its end
+    equals the solver's E∞ within the stated error plus that engine's own point-set shift."""
+    act = get_activation("bsoftmax")
+    long = einf.RunSettings(gradient_flow=True, drift="quad", rtol=1e-7, atol=1e-10)
+    end, _ = einf._advance(TASK, act, State(**bsoftmax_run.history["ode_end"]), 3000.0, long,
+                           long.engine())
+    e_long = population_error(TASK, act, end, method="quad")
+    tol = 4 * (bsoftmax_run.abs_err_total + e_long.abs_err) + 1e-5
+    assert abs(e_long.value - bsoftmax_run.error.value) < tol
+
+
+def test_bsoftmax_with_as_many_heads_as_atoms_reaches_the_bayes_error(bsoftmax_run):
+    """F = 2 (2 atoms), H = 2: E∞ = E_Bayes within 1e-5 absolute (issue #13)."""
+    run = bsoftmax_run
+    assert run.error.value >= bayes().value - 4 * run.error.abs_err
+    assert run.error.value - bayes().value < 1e-5
+
+
+def test_bsoftmax_with_fewer_heads_than_atoms_stays_above_the_bayes_error():
+    """F = 2, H = 1: one head cannot sit at both atoms; the certified E∞ is far above
+    E_Bayes (many error bars), and no lower than the global minimum found for H = 1."""
+    act = get_activation("bsoftmax")
+    ic = InitialCondition.draw(act, 1, 2, 5, 10_000, 1.0, seed=0)
+    run = einf.run_to_convergence(TASK, act, ic, settings(), progress=False)
+    assert run.certificate.certified
+    gap = run.error.value - bayes().value
+    assert gap > 1e-2 and gap > 100 * run.abs_err_total
+
+
+def test_json_of_a_run_round_trips_with_its_certificate(bsoftmax_run, tmp_path):
+    d = bsoftmax_run.to_dict()
+    for key in ("certified", "drift_norm", "min_eigenvalue", "solver", "T_handoff"):
+        assert d[key] is not None
+    again = einf.EinfRun.from_dict(d)
+    assert again.certificate == bsoftmax_run.certificate
+
+
+def test_finite_gamma_root_is_certified_and_is_where_the_ode_goes():
+    """γ = 0.5: the root of the full drift (γ² term included) and a long integration of the
+    same fixed-sample ODE end at the same state."""
+    act = get_activation("bsoftmax")
+    s = einf.RunSettings(gamma=0.5, n_samples=500, rule=HANDOFF, rtol=1e-6, atol=1e-9,
+                         error_method="mc", error_samples=20_000, shift_check=False)
+    ic = InitialCondition.draw(act, 2, 2, 5, 10_000, 1.0, seed=0)
+    run = einf.run_to_convergence(TASK, act, ic, s, progress=False)
+    assert run.certificate.certified and run.certificate.kind == "stable"
+    assert run.certificate.drift_norm < 1e-8
+    long_state, _ = einf._advance(TASK, act, State(**run.history["ode_end"]), 3000.0, s,
+                                  s.engine())
+    assert einf.state_distance(long_state, run.state, einf._sign_patterns(TASK.prior)) < 1e-3

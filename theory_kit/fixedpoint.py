@@ -1,0 +1,540 @@
+"""Fixed points of the order-parameter dynamics, solved for and certified (THEORY §6).
+
+Waiting for the ODE to settle is hopeless near a flat minimum (speeds fall like 1/τ), so
+E∞ runs integrate only until the state has left the plateau, then *solve*:
+
+* **Gradient flow** (γ² term dropped, τ = γ t): the fixed points are the stationary points of
+  E, and the stable ones its local minima.  E is minimised locally on fixed samples
+  (:class:`SampledError`: a smooth deterministic function with its exact gradient) in the
+  parametrisation K = [M | P] ∈ R^{H×(F+H)}, Q = K Kᵀ (+ a, b when trained): L-BFGS, then
+  Newton steps with the Hessian obtained by finite differences of the exact gradient.
+* **Finite γ**: a root of the full drift (γ² term included) of the ODE's own fixed-sample
+  engine, in (M, Q, a, b) coordinates (:func:`solve_drift_root`, MINPACK ``hybr``).
+
+**Certificate** (:class:`Certificate`).  The drift norm at the solution must be below a
+stated tolerance, and the linearisation must be stable:
+
+* gradient flow: the smallest eigenvalue of the Hessian of E *on the quotient* by the gauge
+  symmetry.  E depends on K only through K Kᵀ, so it is invariant under K → [M | P R],
+  R ∈ O(H); at K the orbit's tangent space is spanned by δK = [0 | P A], A antisymmetric,
+  and those directions are exact zero modes of the Hessian.  They are projected out (an
+  orthonormal basis Z of their orthogonal complement, Hessian Zᵀ ∇²E Z).  Sign flips of
+  invariant features and head permutations are discrete and give no zero modes.
+* finite γ: in (M, Q) coordinates there is no continuous symmetry left; the eigenvalues of the
+  drift's Jacobian J must have negative real parts.  ``min_eigenvalue`` is then
+  min −Re λ(J), so that in both cases ``min_eigenvalue > 0`` means stable.
+
+A point with a clearly negative eigenvalue is a saddle: it is never reported as a
+minimum.  The solver records it and continues along the unstable direction (gradient flow:
+a step along the eigenvector to the lower side and a new minimisation; finite γ: the ODE
+integrated from the displaced point, then a new root).  An eigenvalue within the
+finite-difference tolerance of 0 is probed along its eigenvector at finite steps: if E rises
+on both sides the point is a (degenerate) minimum, otherwise it is escaped like a saddle.
+
+**What the tolerances mean.**  The sampled objective and the fixed-sample drift are
+deterministic, so the drift norm can be driven to round-off and is certified against
+``drift_tol`` (default 1e-8, relative to max(1, |x|)).  The *true* fixed point differs from
+the sampled one by O(1/√n) in the state; ``drift_stderr`` reports the Monte Carlo standard
+error of the gradient at the solution (how far from 0 the population gradient may be), and
+:func:`sample_shift` re-solves with an independent sample set to measure the shift of E.
+"""
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy import optimize, special
+from scipy.stats import qmc
+
+from .activations import Activation
+from .error import squared_residual
+from .expect import montecarlo as mc
+from .model import State, Task, check_int, fail
+
+POINTS = ("sobol", "mc")
+STABLE_KINDS = ("minimum", "degenerate minimum", "stable")
+DRIFT_TOL = 1e-8
+FD_STEP = 1e-6          # relative finite-difference step of the Hessian / Jacobian
+PROBE_STEPS = (0.3, 0.1, 0.03)   # relative steps along an unstable / flat eigenvector
+
+
+# ----------------------------------------------------------------------------- sampled E
+@dataclass
+class SampledError:
+    """E(K, a, b) on fixed samples (common random numbers) with its exact gradient.
+
+    Keys live in R^{F+H}: K = [M | P], Q = K Kᵀ.  A token's projections on that space are
+    G_l ~ N(0, I_{F+H}) plus θ on the first F coordinates of the signal token, so the scores
+    S_{hl} = K_h · G_l have exactly the law of THEORY §4.  With g_{hl} = J_{hl}·e and
+    ρ_h = ∂w/∂Q_hh·e,
+
+        ∂E/∂K_h = −2 E[Σ_l g_{hl} G_l] − 4 E[ρ_h] K_h,
+        ∂E/∂a_h = −2 E[∂w/∂a_h·e],   ∂E/∂b_h = −2 E[Σ_l g_{hl}].
+
+    The flat parameter vector is (K, a if trained, b if trained); untrained a, b stay at
+    ``a0``, ``b0``.  Gradient flow on K, τ = γ t, is dK/dτ = −½ ∂E/∂K.  The samples are
+    shared by all heads, so the function is exactly symmetric under head permutations, and
+    the θ strata make it exactly symmetric under the sign flips of the prior.
+
+    ``points``: ``sobol`` (default; scrambled Sobol points mapped to Gaussians, seeded: the
+    minimiser's distance from the population minimiser shrinks much faster than with random
+    points — measured for B-softmax, H = 2: excess E 1.9e-6 at 2^15 points against 6.3e-5
+    for Monte Carlo) or ``mc`` (independent draws)."""
+
+    task: Task
+    act: Activation
+    H: int
+    a0: np.ndarray
+    b0: np.ndarray
+    train_a: bool
+    train_b: bool
+    n: int = 20_000
+    seed: int = 0
+    points: str = "sobol"
+    samples: mc.Samples = field(init=False, repr=False)
+    tokens: np.ndarray = field(init=False, repr=False)
+    evaluations: int = field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        F, H, L = self.task.F, self.H, self.task.L
+        if self.points not in POINTS:
+            fail("points", f"must be one of {', '.join(POINTS)}", self.points)
+        self.samples = mc.draw_samples(self.task.prior, F + H, L, self.n,
+                                       np.random.default_rng(self.seed))
+        if self.points == "sobol":
+            reps = len(self.samples.weights) // self.n
+            self.samples.g[:] = np.repeat(sobol_normals(self.n, (F + H) * L, self.seed)
+                                          .reshape(self.n, F + H, L), reps, axis=0)
+        self.tokens = self.samples.g.copy()
+        self.tokens[:, :F, 0] += self.samples.theta
+
+    @classmethod
+    def for_activation(cls, task: Task, act: Activation, H: int, n: int = 20_000,
+                       seed: int = 0, train_a: bool | None = None,
+                       train_b: bool | None = None, points: str = "sobol") -> "SampledError":
+        """The objective with the activation's default a, b and training flags."""
+        return cls(task, act, H, act.a_default(H, task.L), act.b_default(H, task.L),
+                   act.train_a if train_a is None else train_a,
+                   act.train_b if train_b is None else train_b, n=n, seed=seed, points=points)
+
+    @property
+    def dim(self) -> int:
+        return self.H * (self.task.F + self.H) + self.H * (int(self.train_a) + int(self.train_b))
+
+    def pack(self, K: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        parts = [np.ravel(K)] + ([a] if self.train_a else []) + ([b] if self.train_b else [])
+        return np.concatenate(parts)
+
+    def unpack(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        H, width = self.H, self.task.F + self.H
+        K = x[:H * width].reshape(H, width)
+        rest = x[H * width:]
+        a = rest[:H] if self.train_a else self.a0
+        b = rest[-H:] if self.train_b else self.b0
+        return K, np.asarray(a, float), np.asarray(b, float)
+
+    def pack_state(self, state: State) -> np.ndarray:
+        """A flat vector realising ``state`` (the orthogonal part factorised by eigh)."""
+        vals, vecs = np.linalg.eigh(state.orthogonal_part())
+        P = vecs * np.sqrt(np.clip(vals, 0.0, None))
+        return self.pack(np.hstack([state.M, P]), state.a, state.b)
+
+    def state(self, x: np.ndarray) -> State:
+        K, a, b = self.unpack(x)
+        return State(K[:, :self.task.F], K @ K.T, a, b)
+
+    def _per_sample(self, x: np.ndarray):
+        K, a, b = self.unpack(x)
+        S = np.einsum("hk,nkl->nhl", K, self.tokens)
+        kern = self.act.kernel(S, a, b, np.sum(K * K, axis=1))
+        e = -kern.w
+        e[:, 0] += 1.0
+        return K, kern, e, kern.jvp_tokens(e)
+
+    def value_and_grad(self, x: np.ndarray) -> tuple[float, np.ndarray]:
+        """(E, ∂E/∂x) on the fixed samples."""
+        self.evaluations += 1
+        K, kern, e, g = self._per_sample(x)
+        wts = self.samples.weights
+        value = self.task.delta + float(wts @ squared_residual(kern.w))
+        dK = (-2.0 * np.einsum("n,nhl,nkl->hk", wts, g, self.tokens)
+              - 4.0 * (wts @ kern.grad_qdiag(g))[:, None] * K)
+        da = -2.0 * wts @ kern.grad_a(e)
+        db = -2.0 * wts @ kern.grad_b(g)
+        return value, self.pack(dK, da, db)
+
+    def grad_stderr(self, x: np.ndarray) -> float:
+        """Standard error of ‖∂E/∂x‖ at x as if the n points were independent:
+        √(Σ_i Var_i / n) over the noise draws (θ strata of one draw summed first) — the scale of
+        the population gradient where the sampled one vanishes (for Sobol points an upper
+        bound of the typical size)."""
+        K, kern, e, g = self._per_sample(x)
+        per = np.concatenate([
+            (-2.0 * np.einsum("nhl,nkl->nhk", g, self.tokens)
+             - 4.0 * kern.grad_qdiag(g)[:, :, None] * K[None]).reshape(len(e), -1),
+            *([-2.0 * kern.grad_a(e)] if self.train_a else []),
+            *([-2.0 * kern.grad_b(g)] if self.train_b else [])], axis=1)
+        wts = self.samples.weights
+        groups = np.zeros((self.samples.n_groups, per.shape[1]))
+        np.add.at(groups, self.samples.group, wts[:, None] * per)
+        groups *= self.samples.n_groups
+        n = len(groups)
+        return float(np.sqrt(np.sum(groups.var(axis=0, ddof=1)) / n))
+
+
+def sobol_normals(n: int, dim: int, seed: int) -> np.ndarray:
+    """n scrambled Sobol points in [0,1)^dim mapped to N(0, 1) coordinates, shape (n, dim)."""
+    sampler = qmc.Sobol(d=dim, scramble=True, seed=seed)
+    with warnings.catch_warnings():  # n not a power of 2 only loses the balance property
+        warnings.simplefilter("ignore")
+        u = sampler.random(n)
+    return special.ndtri(np.clip(u, 1e-300, 1 - 1e-16))
+
+
+# ----------------------------------------------------------------------------- the quotient
+def gauge_directions(obj: SampledError, x: np.ndarray) -> np.ndarray:
+    """Orthonormal rows spanning the tangent space of the orbit {[M | P R] : R ∈ O(H)} at x.
+
+    The generators are δK = [0 | P A_ij] with A_ij = e_i e_jᵀ − e_j e_iᵀ (i < j); rank-deficient
+    P gives fewer independent directions, kept by an SVD with a relative cut 1e-9.  Shape
+    (n_gauge, dim)."""
+    K, _, _ = obj.unpack(x)
+    F, H = obj.task.F, obj.H
+    P = K[:, F:]
+    gens = []
+    for i in range(H):
+        for j in range(i + 1, H):
+            A = np.zeros((H, H))
+            A[i, j], A[j, i] = 1.0, -1.0
+            dK = np.zeros_like(K)
+            dK[:, F:] = P @ A
+            gens.append(np.concatenate([dK.ravel(), np.zeros(obj.dim - K.size)]))
+    if not gens:
+        return np.zeros((0, obj.dim))
+    u, s, vt = np.linalg.svd(np.array(gens), full_matrices=False)
+    keep = s > 1e-9 * max(1.0, float(np.abs(P).max()))
+    return vt[keep]
+
+
+def quotient_basis(gauge: np.ndarray, dim: int) -> np.ndarray:
+    """Orthonormal columns Z (dim, dim − n_gauge) orthogonal to the gauge rows."""
+    if len(gauge) == 0:
+        return np.eye(dim)
+    q, _ = np.linalg.qr(np.hstack([gauge.T, np.eye(dim)]))
+    return q[:, len(gauge):dim]
+
+
+def fd_hessian(grad, x: np.ndarray, Z: np.ndarray, step: float = FD_STEP) -> np.ndarray:
+    """Zᵀ ∇²E Z by central differences of the exact gradient along the columns of Z,
+    symmetrised; shape (k, k), k = Z.shape[1].  Step h = step·max(1, |x|)."""
+    h = step * max(1.0, float(np.linalg.norm(x)))
+    cols = [Z.T @ (grad(x + h * z) - grad(x - h * z)) / (2 * h) for z in Z.T]
+    Hq = np.array(cols).T
+    return 0.5 * (Hq + Hq.T)
+
+
+# ----------------------------------------------------------------------------- certificate
+@dataclass(frozen=True)
+class Certificate:
+    """Why a solution is (or is not) a stable fixed point.
+
+    ``drift_norm``: ‖dx/dτ‖ = ½‖∂E/∂x‖ (gradient flow, sampled objective) or ‖dy/dt‖ (finite
+    γ, fixed-sample drift); ``drift_tol`` its threshold.  ``min_eigenvalue``: smallest
+    eigenvalue of the quotient Hessian of E (gradient flow) or min −Re λ(J) (finite γ);
+    ``eig_tol``: the finite-difference resolution below which |λ| counts as zero.
+    ``kind``: "minimum", "degenerate minimum" (a zero eigenvalue, E rising on both sides of
+    its eigenvector), "stable" (finite γ: every Re λ(J) < 0), "saddle" or "not converged".  ``zero_modes``: gauge directions projected
+    out.  ``drift_stderr``: Monte Carlo standard error of the drift at the solution (the
+    scale of the population drift there; not part of the test)."""
+
+    drift_norm: float
+    drift_tol: float
+    min_eigenvalue: float
+    eig_tol: float
+    kind: str
+    zero_modes: int
+    drift_stderr: float = float("nan")
+
+    @property
+    def certified(self) -> bool:
+        return self.drift_norm <= self.drift_tol and self.kind in STABLE_KINDS
+
+    def to_dict(self) -> dict:
+        return {"certified": self.certified, "drift_norm": self.drift_norm,
+                "drift_tol": self.drift_tol, "min_eigenvalue": self.min_eigenvalue,
+                "eig_tol": self.eig_tol, "kind": self.kind, "zero_modes": self.zero_modes,
+                "drift_stderr": self.drift_stderr}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Certificate":
+        return cls(d["drift_norm"], d["drift_tol"], d["min_eigenvalue"], d["eig_tol"],
+                   d["kind"], d["zero_modes"], d.get("drift_stderr", float("nan")))
+
+
+@dataclass(frozen=True)
+class FixedPoint:
+    """A solved fixed point: the state, its certificate, the saddles passed on the way."""
+
+    state: State
+    certificate: Certificate
+    solver: str
+    sampled_error: float
+    saddles: list[dict]
+    evaluations: int
+    seconds: float
+
+    def to_dict(self) -> dict:
+        return {"state": self.state.to_dict(), "certificate": self.certificate.to_dict(),
+                "solver": self.solver, "sampled_error": self.sampled_error,
+                "saddles": self.saddles, "evaluations": self.evaluations,
+                "seconds": self.seconds}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "FixedPoint":
+        return cls(State(**d["state"]), Certificate.from_dict(d["certificate"]), d["solver"],
+                   d["sampled_error"], d["saddles"], d["evaluations"], d["seconds"])
+
+
+def _eig_tol(eigs: np.ndarray) -> float:
+    """|λ| below this is zero at the resolution of the finite-difference Hessian."""
+    return max(1e-7, 1e-6 * float(np.max(np.abs(eigs))) if len(eigs) else 1e-7)
+
+
+def _drift_tol(x: np.ndarray, tol: float) -> float:
+    return tol * max(1.0, float(np.linalg.norm(x)))
+
+
+# ----------------------------------------------------------------------------- gradient flow
+def _minimise(obj: SampledError, x0: np.ndarray, maxiter: int) -> np.ndarray:
+    res = optimize.minimize(obj.value_and_grad, x0, jac=True, method="L-BFGS-B",
+                            options={"maxiter": maxiter, "gtol": 1e-12, "ftol": 1e-15,
+                                     "maxcor": 30})
+    return res.x
+
+
+def _newton(obj: SampledError, x: np.ndarray, Z: np.ndarray, Hq: np.ndarray,
+            tol: float, steps: int = 12) -> np.ndarray:
+    """Chord-Newton steps on the quotient, x ← x − Z Hq⁻¹ Zᵀ ∇E, kept while ‖∇E‖ falls."""
+    grad = lambda y: obj.value_and_grad(y)[1]
+    g = grad(x)
+    for _ in range(steps):
+        if np.linalg.norm(g) <= _drift_tol(x, tol):
+            break
+        trial = x - Z @ np.linalg.solve(Hq, Z.T @ g)
+        g_trial = grad(trial)
+        if np.linalg.norm(g_trial) >= np.linalg.norm(g):
+            break
+        x, g = trial, g_trial
+    return x
+
+
+def _probe(obj: SampledError, x: np.ndarray, v: np.ndarray) -> bool:
+    """Whether E rises on both sides of x along v at every probe step."""
+    e0 = obj.value_and_grad(x)[0]
+    scale = max(1.0, float(np.linalg.norm(x))) / np.sqrt(len(x))
+    for h in PROBE_STEPS:
+        for sign in (1.0, -1.0):
+            y = x + sign * h * scale * v
+            if obj.value_and_grad(y)[0] < e0 - 1e-14 * max(1.0, abs(e0)):
+                return False
+    return True
+
+
+@dataclass(frozen=True)
+class _Local:
+    """The quotient Hessian at one point and what it says."""
+
+    kind: str
+    eigs: np.ndarray
+    vecs: np.ndarray      # eigenvectors in x coordinates, columns
+    Z: np.ndarray
+    Hq: np.ndarray
+    zero_modes: int
+    eig_tol: float
+
+
+def _classify(obj: SampledError, x: np.ndarray) -> _Local:
+    """Quotient Hessian at x (gauge removed) and the kind of stationary point it indicates."""
+    grad = lambda y: obj.value_and_grad(y)[1]
+    gauge = gauge_directions(obj, x)
+    Z = quotient_basis(gauge, obj.dim)
+    Hq = fd_hessian(grad, x, Z)
+    eigs, vecs = np.linalg.eigh(Hq)
+    etol = _eig_tol(eigs)
+    kind = "minimum"
+    if eigs[0] < -etol:
+        kind = "saddle"
+    elif eigs[0] <= etol:
+        kind = "degenerate minimum" if _probe(obj, x, Z @ vecs[:, 0]) else "saddle"
+    return _Local(kind, eigs, Z @ vecs, Z, Hq, len(gauge), etol)
+
+
+def _certificate(obj: SampledError, x: np.ndarray, local: _Local, tol: float) -> Certificate:
+    g = obj.value_and_grad(x)[1]
+    return Certificate(0.5 * float(np.linalg.norm(g)), 0.5 * _drift_tol(x, tol),
+                       float(local.eigs[0]), local.eig_tol, local.kind, local.zero_modes,
+                       0.5 * obj.grad_stderr(x))
+
+
+def solve_gradient_flow(obj: SampledError, state: State, tol: float = DRIFT_TOL,
+                        max_escapes: int = 4, maxiter: int = 3000) -> FixedPoint:
+    """A certified local minimum of the sampled E reached from ``state``.
+
+    Loop: L-BFGS from x; quotient Hessian Hq = Zᵀ∇²E Z (:func:`fd_hessian`, gauge removed by
+    :func:`gauge_directions`); if its smallest eigenvalue λ < −eig_tol the point is a saddle:
+    recorded, and x moves to the lower side along the eigenvector (:func:`escape`), up to
+    ``max_escapes`` times; if |λ| ≤ eig_tol, E is probed along it (rises on both sides:
+    degenerate minimum; else escaped as a saddle); at a minimum, chord-Newton steps on the
+    quotient until ‖∇E‖ ≤ tol·max(1, |x|).  The certificate says what the last point is."""
+    start, evals0 = time.perf_counter(), obj.evaluations
+    x = obj.pack_state(state)
+    saddles: list[dict] = []
+    for attempt in range(max_escapes + 1):
+        x = _minimise(obj, x, maxiter)
+        local = _classify(obj, x)
+        if local.kind != "saddle":
+            if local.kind == "minimum":
+                x = _newton(obj, x, local.Z, local.Hq, tol)
+            break
+        saddles.append({"sampled_error": obj.value_and_grad(x)[0],
+                        "min_eigenvalue": float(local.eigs[0]),
+                        "state": obj.state(x).to_dict()})
+        if attempt < max_escapes:
+            x = escape(obj, x, local.vecs[:, 0])
+    cert = _certificate(obj, x, local, tol)
+    return FixedPoint(obj.state(x), cert, "L-BFGS + Newton on K = [M | P] (quotient Hessian)",
+                      float(obj.value_and_grad(x)[0]), saddles, obj.evaluations - evals0,
+                      time.perf_counter() - start)
+
+
+def escape(obj: SampledError, x: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """The lower of x ± h v for the largest probe step h (``PROBE_STEPS`` × the key scale)
+    that lowers E (the smallest step if none does)."""
+    e0 = obj.value_and_grad(x)[0]
+    scale = max(1.0, float(np.linalg.norm(x))) / np.sqrt(len(x))
+    for h in PROBE_STEPS:
+        cands = [x + s * h * scale * v for s in (1.0, -1.0)]
+        vals = [obj.value_and_grad(c)[0] for c in cands]
+        if min(vals) < e0:
+            return cands[int(np.argmin(vals))]
+    return x + PROBE_STEPS[-1] * scale * v
+
+
+def certify(obj: SampledError, x: np.ndarray, tol: float = DRIFT_TOL) -> Certificate:
+    """The certificate of the point x as it is (no solving): drift norm and quotient Hessian.
+
+    x, not a state: the sampled objective is a function of K (its gauge invariance is that of
+    the population E, exact only as n → ∞), so re-factorising a state moves the point."""
+    return _certificate(obj, x, _classify(obj, x), tol)
+
+
+# ----------------------------------------------------------------------------- finite γ
+@dataclass
+class DriftMap:
+    """The ODE's right-hand side as a map of the free coordinates y (finite γ).
+
+    y = (M raveled, upper triangle of Q with its diagonal, a if trained, b if trained): the
+    coordinates the drift moves (untrained a, b would be exact zero rows of the Jacobian).
+    ``system`` is an ``ode.OdeSystem`` (fixed-sample engine: a smooth deterministic map)."""
+
+    system: object
+    a0: np.ndarray
+    b0: np.ndarray
+    train_a: bool
+    train_b: bool
+
+    @property
+    def H(self) -> int:
+        return self.system.H
+
+    def pack(self, state: State) -> np.ndarray:
+        iu = np.triu_indices(self.H)
+        parts = [state.M.ravel(), state.Q[iu]]
+        parts += ([state.a] if self.train_a else []) + ([state.b] if self.train_b else [])
+        return np.concatenate(parts)
+
+    def state(self, y: np.ndarray) -> State:
+        """The state of y (raises ValidationError when Q − M Mᵀ is not PSD)."""
+        return State(*self.arrays(y))
+
+    def drift(self, y: np.ndarray) -> np.ndarray:
+        """dy/dt at y (the ODE system raises BlowUpError outside the admissible set)."""
+        out = self.system.rhs(0.0, self.system.join(*self.arrays(y)))
+        dM, dQ, da, db = self.system.split(out)
+        parts = [dM.ravel(), dQ[np.triu_indices(self.H)]]
+        parts += ([da] if self.train_a else []) + ([db] if self.train_b else [])
+        return np.concatenate(parts)
+
+    def arrays(self, y: np.ndarray) -> tuple:
+        """(M, Q, a, b) of y, unchecked."""
+        H, F = self.H, self.system.task.F
+        k = H * (H + 1) // 2
+        Q = np.zeros((H, H))
+        Q[np.triu_indices(H)] = y[H * F:H * F + k]
+        Q = Q + np.triu(Q, 1).T
+        rest = y[H * F + k:]
+        a = rest[:H] if self.train_a else self.a0
+        b = rest[-H:] if self.train_b else self.b0
+        return y[:H * F].reshape(H, F), Q, np.asarray(a, float), np.asarray(b, float)
+
+
+def fd_jacobian(fun, y: np.ndarray, step: float = FD_STEP) -> np.ndarray:
+    """∂f/∂y by central differences, shape (dim f, dim y); step h = step·max(1, |y|)."""
+    h = step * max(1.0, float(np.linalg.norm(y)))
+    cols = [(fun(y + h * e) - fun(y - h * e)) / (2 * h) for e in np.eye(len(y))]
+    return np.array(cols).T
+
+
+def _classify_root(dmap: DriftMap, y: np.ndarray) -> tuple[str, float, float, np.ndarray]:
+    """(kind, min −Re λ(J), eig_tol, the most unstable eigenvector's real part)."""
+    lam, vecs = np.linalg.eig(fd_jacobian(dmap.drift, y))
+    order = np.argsort(-lam.real)
+    lam, vecs = lam[order], vecs[:, order]
+    etol = _eig_tol(lam.real)
+    low = float(-lam[0].real)
+    kind = "stable" if low > etol else ("saddle" if low < -etol else "degenerate")
+    v = vecs[:, 0].real
+    return kind, low, etol, v / max(np.linalg.norm(v), 1e-300)
+
+
+def solve_drift_root(dmap: DriftMap, state: State, advance, tol: float = DRIFT_TOL,
+                     max_escapes: int = 2) -> FixedPoint:
+    """A stable root of the full drift (γ² term included) near ``state``.
+
+    MINPACK ``hybr`` (``scipy.optimize.root``) on the fixed-sample drift in the coordinates of
+    :class:`DriftMap`, then the Jacobian by central differences: every eigenvalue must have
+    a negative real part (``kind`` "stable").
+    At an unstable root the state is displaced along the most unstable eigenvector (both
+    signs tried, the lower sampled E kept) and ``advance(state) -> state`` (an ODE chunk)
+    carries it away before the next solve.  A root outside the admissible set (Q − M Mᵀ not
+    PSD) is reported "not converged"."""
+    start, evals0 = time.perf_counter(), dmap.system.evaluations
+    y = dmap.pack(state)
+    saddles: list[dict] = []
+    kind, low, etol = "not converged", float("nan"), float("nan")
+    for attempt in range(max_escapes + 1):
+        try:
+            res = optimize.root(dmap.drift, y, method="hybr", options={"xtol": 1e-13})
+            y_new = res.x
+            dmap.state(y_new)
+        except ValueError:          # left the admissible set (BlowUpError / ValidationError)
+            kind = "not converged"
+            break
+        y = y_new
+        kind, low, etol, v = _classify_root(dmap, y)
+        if kind != "saddle":
+            break
+        saddles.append({"min_eigenvalue": low, "state": dmap.state(y).to_dict()})
+        if attempt < max_escapes:
+            scale = max(1.0, float(np.linalg.norm(y))) / np.sqrt(len(y))
+            y = dmap.pack(advance(dmap.state(y + PROBE_STEPS[0] * scale * v)))
+    f = dmap.drift(y)
+    st = dmap.state(y)
+    kind = {"degenerate": "not converged"}.get(kind, kind)
+    err = float(dmap.system.means(0.0, dmap.system.join(*dmap.arrays(y))).error)
+    cert = Certificate(float(np.linalg.norm(f)), _drift_tol(y, tol), low, etol, kind, 0)
+    return FixedPoint(st, cert, "MINPACK hybr root of the full drift (Jacobian by central "
+                      "differences)", err, saddles, dmap.system.evaluations - evals0,
+                      time.perf_counter() - start)
