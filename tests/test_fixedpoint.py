@@ -62,6 +62,28 @@ def test_fd_hessian_matches_a_quadratic():
     np.testing.assert_allclose(Hq, Z.T @ A @ Z, atol=1e-8)
 
 
+def test_a_sampled_minimum_that_disagrees_with_the_precise_error_is_not_certified():
+    """F = 4, ν = 10, H = 8: 512 Sobol points are separable — scaling the keys up (here 3x
+    the atoms) drives the sampled E to ~1e-11 while the population E stays ~1.5e-4; the
+    consistency check refuses such a point."""
+    task = Task(5, make_prior("flipping", nu=[10.0] * 4))
+    act = get_activation("bsoftmax")
+    obj = fp.SampledError.for_activation(task, act, 8, n=512)
+    _, at = einf.bayes_softmax_at_atoms(task.prior, 8)
+    K = np.zeros((8, 12))
+    K[:, :4] = 3.0 * at.M                      # three times the atoms, no orthogonal part
+    x = obj.pack(K, obj.a0, obj.b0)
+    sampled = obj.value_and_grad(x)[0]
+    precise = population_error(task, act, obj.state(x), method="mc", n=50_000, seed=3)
+    good = fp.Certificate(1e-10, 1e-8, 0.1, 1e-7, "minimum", 0)
+    demoted = fp.check_objective(good, sampled, obj.value_stderr(x), precise.value,
+                                 precise.abs_err)
+    assert sampled < 0.5 * precise.value and demoted.kind == "objective unreliable"
+    assert not demoted.certified
+    same = fp.check_objective(good, precise.value, 0.0, precise.value, precise.abs_err)
+    assert same.certified
+
+
 # ----------------------------------------------------------------------------- saddle
 def symmetric_plateau(obj: fp.SampledError) -> np.ndarray:
     """Both heads equal, no overlap with u2: K_h = (α, 0, β1, β2), E minimised over (α, β).

@@ -38,7 +38,7 @@ from .executor import run_sweep, runs_in_process
 from .expect.drift import ENGINES, SampleDrift
 from .expect.engines import DEFAULT_QMC_POINTS, DriftEngine, build_engine
 from .fixedpoint import (POINTS, Certificate, DriftMap, FixedPoint, SampledError,
-                         solve_drift_root, solve_gradient_flow)
+                         check_objective, solve_drift_root, solve_gradient_flow)
 from .initial import InitialCondition
 from .model import Prior, State, Task, check_int, fail
 from .ode import METHODS as ODE_METHODS, build_system, integrate_ode
@@ -372,7 +372,8 @@ class RunSettings:
     The ODE runs until ``rule`` says the state has left the plateau and its speed falls
     steadily (or until ``rule.T_max``); then, with ``solve``, the fixed point is solved for
     and certified (:mod:`theory_kit.fixedpoint`): gradient flow on a Sobol-point objective
-    of ``solver_points`` points (seed ``solver_seed``), finite γ as a root of the ODE's own
+    of ``solver_points`` points (seed ``solver_seed``; token noise importance-sampled with
+    mixture weight ``solver_tilt``, see ``SampledError``), finite γ as a root of the ODE's own
     fixed-sample drift; ``drift_tol`` is the certificate's drift threshold; ``max_escapes``
     saddles may be passed.  With ``shift_check`` the fixed point is solved again on an
     independent sample set to measure the shift of E (``EinfRun.sample_shift``)."""
@@ -393,6 +394,7 @@ class RunSettings:
     solver_points: int = 2 ** 14
     solver_seed: int = 0
     solver_sampling: str = "sobol"
+    solver_tilt: float = 0.3
     drift_tol: float = 1e-8
     max_escapes: int = 4
     shift_check: bool = True
@@ -477,6 +479,12 @@ def run_to_convergence(task: Task, act: Activation, ic: InitialCondition,
         if settings.shift_check:
             shift = sample_shift(task, act, fixed, settings)
     final = precise_error(task, act, state, settings.error_method, settings.error_samples)
+    if fixed is not None and settings.gradient_flow:
+        obj = solver_objective(task, act, state.H, settings)  # the solver's, rebuilt
+        x = obj.pack_state(state)
+        cert = check_objective(fixed.certificate, fixed.sampled_error, obj.value_stderr(x),
+                               final.value, final.abs_err)
+        fixed = dataclasses.replace(fixed, certificate=cert)
     ok = fixed.certificate.certified if fixed is not None else rule.converged(t, hist["speed"])
     run = EinfRun(int(ic.seed or 0), state, final, t, ok, hist["speed"], hist,
                   rule.tail(hist["speed"]), fixed, shift)
@@ -491,7 +499,8 @@ def solver_objective(task: Task, act: Activation, H: int, settings: RunSettings,
     """The gradient-flow solver's objective (seed ``solver_seed + offset``)."""
     return SampledError.for_activation(task, act, H, n=settings.solver_points,
                                        seed=settings.solver_seed + offset,
-                                       points=settings.solver_sampling)
+                                       points=settings.solver_sampling,
+                                       tilt=settings.solver_tilt)
 
 
 def solve_fixed_point(task: Task, act: Activation, state: State, settings: RunSettings,

@@ -14,10 +14,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "einf", help="asymptotic error E-infinity (several runs), global minimum, Bayes error",
         description="Integrate the order-parameter ODE from --runs initialisations drawn at "
-                    "dimension --D until the state stops moving (speed falling over --window "
-                    "chunks of --chunk time units, geometric tail of the remaining relative distance "
-                    "< --tol; at most --T-max), evaluate E at the "
-                    "end points with the precise error engine, group runs by end point, and "
+                    "dimension --D until the state has left the plateau (speed falling over "
+                    "--window chunks of --chunk time units, geometric tail of the remaining "
+                    "relative distance < --tol; at most --T-max), then solve for the fixed "
+                    "point (gradient flow: local minimum of E on --solver-points Sobol points; "
+                    "finite gamma: root of the full drift) and certify it (drift norm < "
+                    "--drift-tol, stable Hessian/Jacobian; saddles are escaped), evaluate E "
+                    "there with the precise error engine, group runs by fixed point, and "
                     "report them with the global minimum of E and the Bayes error. With "
                     "--workdir finished runs are kept there and a stopped command resumes.")
     add_activation_args(p)
@@ -46,6 +49,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--error-method", default="auto", help="E engine: auto, quad, mc, mpmath")
     p.add_argument("--error-samples", type=int, default=400_000,
                    help="Monte Carlo draws for E when the error engine is mc (or unavailable)")
+    p.add_argument("--no-solve", action="store_true",
+                   help="skip the fixed-point solver: E at the ODE's last state, uncertified")
+    p.add_argument("--solver-points", type=int, default=2 ** 14,
+                   help="Sobol points of the gradient-flow solver's objective (>= 16)")
+    p.add_argument("--drift-tol", type=float, default=1e-8,
+                   help="certificate: drift norm below this (relative to max(1, |x|))")
+    p.add_argument("--no-shift-check", action="store_true",
+                   help="skip re-solving on an independent sample set (the sample shift of E)")
     p.add_argument("--no-global-min", action="store_true", help="skip the global minimum")
     p.add_argument("--min-starts", type=int, default=8, help="random starts of the minimiser")
     p.add_argument("--workdir", help="folder for per-run results (resume)")
@@ -64,7 +75,9 @@ def settings_from_args(args: argparse.Namespace) -> einf.RunSettings:
                             method=args.method, n_samples=check_int(args.samples, "samples", 2),
                             mc_seed=args.mc_seed, error_method=args.error_method,
                             error_samples=check_int(args.error_samples, "error-samples", 2),
-                            drift=args.engine)
+                            drift=args.engine, solve=not args.no_solve,
+                            solver_points=check_int(args.solver_points, "solver-points", 16),
+                            drift_tol=args.drift_tol, shift_check=not args.no_shift_check)
 
 
 def run_einf(args: argparse.Namespace) -> int:

@@ -5,10 +5,15 @@ every f, E∞ against the number of heads H; right: F = 2, H = 4, against the si
 ν (ν1 = ν2 = ν).  Our choices (the captions do not fix them): the gradient-flow limit
 (γ² term dropped, clock τ = γ t), because at finite γ the noise term keeps the keys off the
 minimum and E∞ depends on γ (THEORY §6); initial overlaps drawn at D = 10^4; Monte Carlo
-drift with fixed samples; each run stops by ``einf.StopRule`` or at T_max (unconverged runs
-are marked in the data and drawn hollow); E at the end points and the Bayes error by Monte
-Carlo with ``error_samples`` draws (its standard error is in the data): the quadrature engine
-takes tens of seconds per point at F = 4, H ≥ 4, too slow for 135 runs.
+drift with fixed samples until ``einf.StopRule`` hands over (the state has left the plateau
+and its speed falls) or T_max; then the fixed point is solved for and certified
+(``theory_kit.fixedpoint``: local minimum of E on ``solver_points`` importance-tilted Sobol
+points, drift norm ≤ 1e-8, quotient Hessian positive, saddles escaped, sampled E consistent
+with the precise one).  Runs that fail the certificate are drawn hollow; runs of one point
+that reached different fixed points (``einf.group_runs``) get different markers.  E at the
+fixed points and the Bayes error by Monte Carlo with ``error_samples`` draws (its standard
+error is in the data): the quadrature engine takes tens of seconds per point at F = 4,
+H ≥ 4, too slow for 135 runs.
 
 Every run is one job: jobs run in parallel processes (``jobs``) and each finished run is a
 file in ``workdir``, so a stopped computation resumes.
@@ -31,11 +36,14 @@ from .style import label_axes, new_figure, series_colors
 NUMBER = 4
 ACTIVATIONS = ("softmax", "softmax1", "bsoftmax")
 LABELS = {"softmax": "softmax", "softmax1": "softmax-1", "bsoftmax": "B-softmax"}
-CAPTION = ("E∞ of softmax, softmax-1 and B-softmax (lines: mean of the runs, dots: each run, "
-           "hollow: not converged by τ = T_max, plotted at T_max; Bayes error dashed). L = 5, "
-           "η = 1, 5 runs. Left: F = 4, flipping spike ν_f = 10, against H; right: F = 2, "
-           "H = 4, ν1 = ν2 = ν, against ν. Gradient-flow limit (our choice), initial overlaps "
-           "drawn at D = 10^4, Monte Carlo drift with fixed samples, E by Monte Carlo.")
+CAPTION = ("E∞ of softmax, softmax-1 and B-softmax (lines: mean over the runs of the best "
+           "fixed point, markers: each run — circle: best fixed point of its point, triangle/"
+           "square: other fixed points reached; hollow: not certified; Bayes error dashed). "
+           "L = 5, η = 1, 5 runs. Left: F = 4, flipping spike ν_f = 10, against H; right: "
+           "F = 2, H = 4, ν1 = ν2 = ν, against ν. Gradient-flow limit (our choice), initial "
+           "overlaps drawn at D = 10^4, ODE until hand-over, then the fixed point solved and "
+           "certified; E by Monte Carlo.")
+MARKERS = ("o", "^", "s", "D", "v")
 
 
 @dataclass(frozen=True)
@@ -50,6 +58,7 @@ class Plan:
     tol: float
     T_max: float
     chunk: float
+    solver_points: int = 2 ** 11
     L: int = 5
     eta: float = 1.0
     D: int = 10_000
@@ -62,7 +71,8 @@ class Plan:
         rule = einf.StopRule(tol=self.tol, chunk=self.chunk, window=2, T_max=self.T_max)
         return einf.RunSettings(gamma=1.0, gradient_flow=True, rule=rule, rtol=1e-4,
                                 n_samples=self.n_samples, error_method="mc",
-                                error_samples=self.error_samples)
+                                error_samples=self.error_samples,
+                                solver_points=self.solver_points, shift_check=False)
 
     def points(self) -> list[dict]:
         """One dict per (panel, x): the task parameters and H."""
@@ -76,10 +86,11 @@ class Plan:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
+# The ODE only has to leave the plateau: hand-over at a 10% geometric tail, T_max 100.
 FULL = Plan(H_values=(1, 2, 4, 8), nu_values=(0.5, 1.0, 2.0, 4.0, 8.0), runs=5, n_samples=400,
-            error_samples=40_000, tol=1e-2, T_max=300.0, chunk=20.0)
+            error_samples=40_000, tol=0.1, T_max=100.0, chunk=20.0, solver_points=2 ** 11)
 QUICK = Plan(H_values=(1, 2), nu_values=(2.0, 8.0), runs=1, n_samples=100,
-             error_samples=20_000, tol=3e-2, T_max=40.0, chunk=10.0)
+             error_samples=20_000, tol=0.1, T_max=40.0, chunk=10.0, solver_points=2 ** 10)
 
 
 def plan(quick: bool) -> Plan:
@@ -91,14 +102,17 @@ def task_of(point: dict, p: Plan) -> Task:
 
 
 def estimate_seconds(quick: bool) -> float:
-    """Rough single-core cost: drift evaluations ∝ runs · T_max · samples · atoms · H²."""
+    """Rough single-core cost: ODE drift evaluations ∝ T_max · samples · atoms · H², solver
+    evaluations (≈ 150 L-BFGS + 2·dim for the Hessian) ∝ points · atoms · H · L each."""
     p = plan(quick)
     cost = 0.0
     for pt in p.points():
-        atoms = 2 ** (pt["F"] - 1)
-        per_eval = 4e-8 * p.n_samples * atoms * pt["H"] ** 2 * p.L + 2e-3
-        cost += len(ACTIVATIONS) * p.runs * (1.6 * p.T_max * per_eval + 1e-6 * p.error_samples
-                                             * atoms * pt["H"] * p.L)
+        atoms, H = 2 ** (pt["F"] - 1), pt["H"]
+        per_eval = 4e-8 * p.n_samples * atoms * H ** 2 * p.L + 2e-3
+        solver = (150 + 2 * H * (pt["F"] + H)) * (1.5e-7 * p.solver_points * atoms * H * p.L
+                                                   + 1e-3)
+        cost += len(ACTIVATIONS) * p.runs * (1.6 * p.T_max * per_eval + solver + 1e-6
+                                             * p.error_samples * atoms * H * p.L)
     return 5.0 + cost
 
 
@@ -128,16 +142,31 @@ def compute(quick: bool, workdir: Path, jobs: int = 1, executor: object | None =
         row = {**pt, "bayes": bayes.to_dict(), "activations": {}}
         for name in ACTIVATIONS:
             mine = [r for r, k in zip(runs, keys) if k == (i, name)]
-            values = [r.error.value for r in mine]
-            groups = einf.group_runs([r.state for r in mine], [r.error for r in mine], task.prior)
-            row["activations"][name] = {
-                "einf_runs": values, "einf": float(np.mean(values)),
-                "einf_std": float(np.std(values)), "abs_err": [r.error.abs_err for r in mine],
-                "converged": [r.converged for r in mine], "T": [r.T for r in mine],
-                "groups": groups}
+            row["activations"][name] = summarise_runs(mine, task)
         rows.append(row)
     return {"rows": rows, "plan": p.params(), "settings": p.settings().params(),
             "activations": list(ACTIVATIONS)}
+
+
+def summarise_runs(runs: list[einf.EinfRun], task: Task) -> dict:
+    """E∞ of one (point, activation): every run with its certificate and fixed-point group
+    (groups sorted by E, group 0 the lowest); ``einf`` is the mean over the certified runs of
+    the lowest group reached by a certified run (all runs when none is certified)."""
+    values = [r.error.value for r in runs]
+    groups = einf.group_runs([r.state for r in runs], [r.error for r in runs], task.prior)
+    group_of = {i: k for k, g in enumerate(groups) for i in g}
+    ok = [r.converged for r in runs]
+    best = min((group_of[i] for i in range(len(runs)) if ok[i]), default=None)
+    chosen = [i for i in range(len(runs)) if best is None or (ok[i] and group_of[i] == best)]
+    certs = [r.certificate for r in runs]
+    return {"einf_runs": values, "einf": float(np.mean([values[i] for i in chosen])),
+            "einf_std": float(np.std(values)), "abs_err": [r.error.abs_err for r in runs],
+            "converged": ok, "certified": ok, "T": [r.T for r in runs], "groups": groups,
+            "group": [group_of[i] for i in range(len(runs))],
+            "kind": [None if c is None else c.kind for c in certs],
+            "drift_norm": [None if c is None else c.drift_norm for c in certs],
+            "min_eigenvalue": [None if c is None else c.min_eigenvalue for c in certs],
+            "saddles_passed": [0 if r.fixed is None else len(r.fixed.saddles) for r in runs]}
 
 
 def draw(data: dict) -> Figure:
@@ -152,9 +181,10 @@ def draw(data: dict) -> Figure:
             ax.plot(x, means, "-", color=colors[name], label=LABELS.get(name, name))
             for xi, r in zip(x, rows):
                 d = r["activations"][name]
-                for value, ok in zip(d["einf_runs"], d["converged"]):
-                    ax.plot(xi, value, "o", ms=3.5, color=colors[name],
-                            mfc=colors[name] if ok else "none")
+                groups = d.get("group", [0] * len(d["einf_runs"]))
+                for value, ok, grp in zip(d["einf_runs"], d["converged"], groups):
+                    ax.plot(xi, value, MARKERS[min(grp, len(MARKERS) - 1)], ms=3.5,
+                            color=colors[name], mfc=colors[name] if ok else "none")
         ax.plot(x, [r["bayes"]["error"] for r in rows], "k--", lw=1.2, label="Bayes")
         ax.set_yscale("log")  # the Bayes error at ν = 10, F = 4 is ~1e-4
         ax.yaxis.set_minor_formatter(NullFormatter())
@@ -172,7 +202,8 @@ def draw(data: dict) -> Figure:
                f"F = {plan_['F_right']}, H = {plan_['H_right']}, L = {plan_['L']}", legend=False)
     done = sum(sum(d["converged"]) for r in data["rows"] for d in r["activations"].values())
     total = sum(len(d["converged"]) for r in data["rows"] for d in r["activations"].values())
-    fig.suptitle(f"Fig. 4: E∞ (gradient flow); {done}/{total} runs converged, hollow = E at "
-                 f"τ = {plan_['T_max']:g} (still moving)", fontsize=9)
+    fig.suptitle(f"Fig. 4: E∞ (gradient flow, solved fixed points); {done}/{total} runs "
+                 "certified (hollow: not certified; triangles/squares: other fixed points)",
+                 fontsize=9)
     fig.tight_layout()
     return fig
