@@ -307,7 +307,7 @@ def test_fig4_compute_draw_and_resume(tmp_path, monkeypatch):
     from theory_kit.figures import fig4
     from theory_kit.results import read_json, write_json
     tiny = fig4.Plan(H_values=(2,), nu_values=(2.0,), runs=2, n_samples=50,
-                     error_samples=5000, tol=3e-2, T_max=10.0, chunk=5.0)
+                     error_samples=5000, tol=3e-2, T_max=10.0, chunk=5.0, solver_points=2 ** 8)
     monkeypatch.setattr(fig4, "QUICK", tiny)
     data = fig4.compute(True, tmp_path, jobs=1)
     assert len(data["rows"]) == 2 and len(list(tmp_path.glob("*.json"))) == 2 * 3 * 2

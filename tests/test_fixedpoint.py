@@ -62,26 +62,28 @@ def test_fd_hessian_matches_a_quadratic():
     np.testing.assert_allclose(Hq, Z.T @ A @ Z, atol=1e-8)
 
 
-def test_a_sampled_minimum_that_disagrees_with_the_precise_error_is_not_certified():
-    """F = 4, ν = 10, H = 8: 512 Sobol points are separable — scaling the keys up (here 3x
-    the atoms) drives the sampled E to ~1e-11 while the population E stays ~1.5e-4; the
-    consistency check refuses such a point."""
+def test_rare_event_objective_is_refused_and_the_tilted_one_is_not():
+    """F = 4, ν = 10, H = 8, keys at three times the atoms: E ≈ 1.5e-4 is a rare-event
+    average.  On 512 plain Sobol points (seed 1) the sample is separated, sampled E ~ 1e-9,
+    and the consistency check demotes the certificate; with the importance tilt the sampled
+    E agrees with the precise one within its error bar and the certificate stands."""
     task = Task(5, make_prior("flipping", nu=[10.0] * 4))
     act = get_activation("bsoftmax")
-    obj = fp.SampledError.for_activation(task, act, 8, n=512)
     _, at = einf.bayes_softmax_at_atoms(task.prior, 8)
     K = np.zeros((8, 12))
-    K[:, :4] = 3.0 * at.M                      # three times the atoms, no orthogonal part
-    x = obj.pack(K, obj.a0, obj.b0)
-    sampled = obj.value_and_grad(x)[0]
-    precise = population_error(task, act, obj.state(x), method="mc", n=50_000, seed=3)
+    K[:, :4] = 3.0 * at.M
     good = fp.Certificate(1e-10, 1e-8, 0.1, 1e-7, "minimum", 0)
-    demoted = fp.check_objective(good, sampled, obj.value_stderr(x), precise.value,
-                                 precise.abs_err)
-    assert sampled < 0.5 * precise.value and demoted.kind == "objective unreliable"
-    assert not demoted.certified
-    same = fp.check_objective(good, precise.value, 0.0, precise.value, precise.abs_err)
-    assert same.certified
+    out = {}
+    for tilt in (0.0, 0.3):
+        obj = fp.SampledError.for_activation(task, act, 8, n=512, seed=1, tilt=tilt)
+        x = obj.pack(K, obj.a0, obj.b0)
+        if tilt == 0.0:
+            precise = population_error(task, act, obj.state(x), method="mc", n=50_000, seed=3)
+        out[tilt] = (obj.value_and_grad(x)[0], fp.check_objective(
+            good, obj.value_and_grad(x)[0], obj.value_stderr(x), precise.value, precise.abs_err))
+    assert out[0.0][0] < 1e-3 * precise.value
+    assert out[0.0][1].kind == "objective unreliable" and not out[0.0][1].certified
+    assert abs(out[0.3][0] - precise.value) < 0.5 * precise.value and out[0.3][1].certified
 
 
 # ----------------------------------------------------------------------------- saddle
@@ -136,18 +138,27 @@ def test_solver_started_at_the_saddle_leaves_along_the_unstable_direction(platea
 # ----------------------------------------------------------------------------- E∞ runs
 @pytest.fixture(scope="module")
 def bsoftmax_run():
+    """B-softmax, H = 2 = atoms, 2^16 solver points (the precise run of the slow tests)."""
     act = get_activation("bsoftmax")
     ic = InitialCondition.draw(act, 2, 2, 5, 10_000, 1.0, seed=0)
-    return einf.run_to_convergence(TASK, act, ic, settings(solver_points=2 ** 15),
+    return einf.run_to_convergence(TASK, act, ic, settings(solver_points=2 ** 16),
                                    progress=False)
 
 
-def test_solver_lies_below_the_hand_over_point_and_is_certified(bsoftmax_run):
-    run, act = bsoftmax_run, get_activation("bsoftmax")
+@pytest.fixture(scope="module")
+def small_run():
+    """The same run with 2^12 solver points and no shift check (fast)."""
+    act = get_activation("bsoftmax")
+    ic = InitialCondition.draw(act, 2, 2, 5, 10_000, 1.0, seed=0)
+    return einf.run_to_convergence(TASK, act, ic, settings(solver_points=2 ** 12,
+                                                           shift_check=False), progress=False)
+
+
+def test_solver_lies_below_the_hand_over_point_and_is_certified(small_run):
+    run, act = small_run, get_activation("bsoftmax")
     assert run.converged and run.certificate.certified
     assert run.certificate.drift_norm <= run.certificate.drift_tol <= 1e-7
     assert run.certificate.min_eigenvalue > 0 and run.T < HANDOFF.T_max
-    assert np.isfinite(run.sample_shift) and run.sample_shift < 1e-4
     handed_over = population_error(TASK, act, State(**run.history["ode_end"]), method="quad")
     assert run.error.value < handed_over.value - 1e-4
 
@@ -166,9 +177,12 @@ def test_solver_equals_a_much_longer_integration(bsoftmax_run):
     assert abs(e_long.value - bsoftmax_run.error.value) < tol
 
 
+@pytest.mark.slow
 def test_bsoftmax_with_as_many_heads_as_atoms_reaches_the_bayes_error(bsoftmax_run):
-    """F = 2 (2 atoms), H = 2: E∞ = E_Bayes within 1e-5 absolute (issue #13)."""
+    """F = 2 (2 atoms), H = 2: E∞ = E_Bayes within 1e-5 absolute (issue #13), with a
+    measured sample shift below that."""
     run = bsoftmax_run
+    assert np.isfinite(run.sample_shift) and run.sample_shift < 1e-5
     assert run.error.value >= bayes().value - 4 * run.error.abs_err
     assert run.error.value - bayes().value < 1e-5
 
@@ -178,18 +192,18 @@ def test_bsoftmax_with_fewer_heads_than_atoms_stays_above_the_bayes_error():
     E_Bayes (many error bars), and no lower than the global minimum found for H = 1."""
     act = get_activation("bsoftmax")
     ic = InitialCondition.draw(act, 1, 2, 5, 10_000, 1.0, seed=0)
-    run = einf.run_to_convergence(TASK, act, ic, settings(), progress=False)
+    run = einf.run_to_convergence(TASK, act, ic, settings(solver_points=2 ** 12), progress=False)
     assert run.certificate.certified
     gap = run.error.value - bayes().value
     assert gap > 1e-2 and gap > 100 * run.abs_err_total
 
 
-def test_json_of_a_run_round_trips_with_its_certificate(bsoftmax_run, tmp_path):
-    d = bsoftmax_run.to_dict()
+def test_json_of_a_run_round_trips_with_its_certificate(small_run):
+    d = small_run.to_dict()
     for key in ("certified", "drift_norm", "min_eigenvalue", "solver", "T_handoff"):
         assert d[key] is not None
     again = einf.EinfRun.from_dict(d)
-    assert again.certificate == bsoftmax_run.certificate
+    assert again.certificate == small_run.certificate
 
 
 def test_finite_gamma_root_is_certified_and_is_where_the_ode_goes():
