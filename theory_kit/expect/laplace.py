@@ -463,7 +463,13 @@ class _Engine:
         self._tables: dict = {}
         self._kernels: dict = {}
         self._recording: dict | None = None
-        self.ug = self._ugrid() if self.norm != "elementwise" else None
+        # per-head activations: one u grid per head (their ψ ranges can be far apart, e.g.
+        # b = ±1000); joint ones and H = 1 share one grid (``self.ug``)
+        self.ugs, self.ug = [], None
+        if self.norm == "per-head" and self.H == 2:
+            self.ugs = [self._ugrid([h]) for h in range(self.H)]
+        elif self.norm != "elementwise":
+            self.ug = self._ugrid(list(range(self.H)))
 
     # -- nodes ----------------------------------------------------------------------
     def _nodes(self, group: ColumnGroup) -> _NodeColumn:
@@ -519,7 +525,7 @@ class _Engine:
         return piecewise_gauss_legendre_normal(cuts, GL_LEVEL * self.level)
 
     # -- u grid ----------------------------------------------------------------------
-    def _ugrid(self):
+    def _ugrid(self, heads: list[int]):
         """u grid from the ψ range of the nodes.  The lower end uses moments rather than max ψ:
         below u_lo every pattern is ≤ Σ_k e^{k u_lo} E[φ^k] (k its normaliser count), so
         u_lo = −max_k (log E[φ^k] + U_LOW)/k cuts ≤ e^{−U_LOW} (k ≤ 8 covers every field)."""
@@ -528,7 +534,7 @@ class _Engine:
             for col in cols:
                 logw = np.log(np.broadcast_to(col.w, col.shape))
                 arrays = ([self._log_total(col)] if self.norm == "joint"
-                          else [col.psi(h) for h in range(self.H)])
+                          else [col.psi(h) for h in heads])
                 for psi in arrays:
                     psi = np.broadcast_to(psi, col.shape)
                     fin = np.isfinite(psi)
@@ -559,7 +565,7 @@ class _Engine:
             return 1.0
         if act_set == ("t",):
             return self.ug.w / math.gamma(int(k.sum()))
-        ws = [self.ug.w / math.gamma(int(k[h])) for h in act_set]
+        ws = [self.ugs[h].w / math.gamma(int(k[h])) for h in act_set]
         return ws[0] if len(ws) == 1 else np.multiply.outer(ws[0], ws[1])
 
     def table(self, kind: str, m: Mono, act_set: tuple) -> np.ndarray | float:
@@ -681,7 +687,8 @@ class _Engine:
                 psi = col.psi(h)
                 psi = psi[:, 0] if h == col.first else psi
                 with np.errstate(over="ignore", invalid="ignore"):
-                    x = np.minimum(self.ug.u.reshape((-1,) + (1,) * psi.ndim) + psi[None], X_CLIP)
+                    x = np.minimum(self.ugs[h].u.reshape((-1,) + (1,) * psi.ndim) + psi[None],
+                                   X_CLIP)
                     ex = np.exp(x)
                 self._kernels[(id(col), "ex", h)] = ex
                 self._kernels[key] = np.exp(-ex)
@@ -693,6 +700,32 @@ class _Engine:
 
     def plain(self, kind: str, act_set: tuple) -> np.ndarray | float:
         return self.table(kind, (), act_set)
+
+    def mass_defect(self) -> float:
+        """max |E[κ/N] + E[Σ W] − 1| over the normalisers (an exact identity), from the same
+        tables and u grids: a check on the u range and rules that floors every abs_err."""
+        if self.norm == "elementwise":
+            return 0.0
+        L, kappa = self.task.L, self.act.kappa
+        if self.ugs:
+            checks = [((h,), self.ugs[h], [h]) for h in range(self.H)]
+        else:
+            checks = [(("t",), self.ug, list(range(self.H)) if self.norm == "joint" else [0])]
+        worst = 0.0
+        for act_set, ug, heads in checks:
+            Ts, Tn = self.plain("signal", act_set), self.plain("noise", act_set)
+            total = 0.0
+            if kappa > 0:       # κ t e^{−κt} dt/t, overflow-free; the grid step is uniform
+                h_u = float(ug.u[1] - ug.u[0]) if len(ug.u) > 1 else 1.0
+                kt = h_u * exp_minus_exp(ug.u + np.log(kappa), 1)
+                total = float(np.sum(kt * Ts * Tn ** (L - 1)))
+            for h in heads:
+                m = (f"W{h}",)
+                total += float(np.sum(ug.w * (self.table("signal", m, act_set) * Tn ** (L - 1)
+                                              + (L - 1) * self.table("noise", m, act_set)
+                                              * Ts * Tn ** (L - 2))))
+            worst = max(worst, abs(total - 1.0)) if np.isfinite(total) else np.inf
+        return worst
 
     # -- batched per-head tables ------------------------------------------------------
     def prefetch(self, pats: list["CompiledPattern"]) -> None:
@@ -788,8 +821,8 @@ class _Engine:
             outer_w = col.w1 * (col.ratio(f)[:, 0] ** bf if bf else 1.0)
             outer = self._nested_kernel(col, f, kf) * outer_w[None, :]           # (U, n1)
             stack = np.stack([self._kernels[(id(col), "inner") + ik] for _, _, ik in members])
-            J, U, n1 = stack.shape
-            vals = (outer @ stack.reshape(J * U, n1).T).reshape(U, J, U)
+            J, Ug, n1 = stack.shape
+            vals = (outer @ stack.reshape(J * Ug, n1).T).reshape(outer.shape[0], J, Ug)
             for j, (m, act_set, _) in enumerate(members):
                 v = vals[:, j, :]
                 self._tables[(id(col), m, act_set)] = v.T if f == 1 else v
@@ -802,7 +835,7 @@ class _Engine:
         fin = psi[np.isfinite(psi)]
         c = float(fin.max())
         kmax = max(k for _, k, _, _ in keys)
-        u = self.ug.u
+        u = self.ugs[g].u
         if kmax * (float(u[-1]) + c) > 300 or kmax * (c - float(fin.min())) > 600:
             for lin, k, beta, act in keys:
                 self._nested_inner(col, lin, g, k, beta, act)
@@ -958,12 +991,17 @@ class LaplaceDrift:
     def raw(self, task: Task, act: Activation, M: np.ndarray, Q: np.ndarray, a: np.ndarray,
             b: np.ndarray, level: float) -> np.ndarray:
         """The flat slot vector (``Slots``) at one resolution."""
+        return self.checked(task, act, M, Q, a, b, level)[0]
+
+    def checked(self, task: Task, act: Activation, M: np.ndarray, Q: np.ndarray,
+                a: np.ndarray, b: np.ndarray, level: float) -> tuple[np.ndarray, float]:
+        """(slot vector, mass defect) at one resolution."""
         pats = self._patterns(task, act, np.asarray(a, float))
         with single_thread_blas():
             eng = _Engine(task, act, np.asarray(M, float), np.asarray(Q, float),
                           np.asarray(a, float), np.asarray(b, float), level)
             eng.prefetch(pats)
-            return eng.evaluate(pats)
+            return eng.evaluate(pats), eng.mass_defect()
 
     def evaluate(self, task: Task, act: Activation, M: np.ndarray, Q: np.ndarray,
                  a: np.ndarray, b: np.ndarray) -> DriftMeans:
@@ -974,12 +1012,15 @@ class LaplaceDrift:
         ok, why = applicability(task, act, H)
         if not ok:
             raise ValidationError(f"engine: laplace {why}")
-        fine = self.unpack(task, act, M, Q, self.raw(task, act, M, Q, a, b, self.level))
-        coarse = self.unpack(task, act, M, Q,
-                             self.raw(task, act, M, Q, a, b, COARSE * self.level))
-        eps = 4 * np.finfo(float).eps
+        v_fine, defect = self.checked(task, act, M, Q, a, b, self.level)
+        v_coarse, _ = self.checked(task, act, M, Q, a, b, COARSE * self.level)
+        fine = self.unpack(task, act, M, Q, v_fine)
+        coarse = self.unpack(task, act, M, Q, v_coarse)
+        # the mass identity E[κ/N + Σ W] = 1 catches what refining cannot (a u range that
+        # misses a head): its defect, relative to the size of each field, floors abs_err
+        floor = max(4 * np.finfo(float).eps, defect)
         stderr = {name: np.maximum(np.abs(np.asarray(fine[name]) - np.asarray(coarse[name])),
-                                   eps * np.maximum(1.0, np.abs(np.asarray(fine[name]))))
+                                   floor * np.maximum(1.0, np.abs(np.asarray(fine[name]))))
                   for name in fine}
         return DriftMeans(fine["dM"], fine["dQ_lin"], fine["dQ_noise"], fine["da"], fine["db"],
                           float(fine["error"]), stderr)
