@@ -1018,7 +1018,7 @@ class LaplaceDrift:
         coarse = self.unpack(task, act, M, Q, v_coarse)
         # the mass identity E[κ/N + Σ W] = 1 catches what refining cannot (a u range that
         # misses a head): its defect, relative to the size of each field, floors abs_err
-        floor = max(4 * np.finfo(float).eps, defect)
+        floor = max(64 * np.finfo(float).eps, defect)    # rounding of ~10³ pattern sums
         stderr = {name: np.maximum(np.abs(np.asarray(fine[name]) - np.asarray(coarse[name])),
                                    floor * np.maximum(1.0, np.abs(np.asarray(fine[name]))))
                   for name in fine}
