@@ -390,3 +390,40 @@ def test_broken_pipe_in_process_exits_3_quietly(capsys, monkeypatch):
     status = main(["derive", "--activation", "softmax"])
     monkeypatch.undo()
     assert status == 3 and capsys.readouterr().err == ""
+
+
+# --------------------------------------------------------------------------- resource bombs
+TASK2 = ["--L", "2", "--nu", "2,2"]
+RUN = ["--activation", "softmax", *TASK2, "--H", "2", "--gamma", "1"]
+BOMBS = {
+    "error quad Q=1e6 I": ["error", "--activation", "softmax", *TASK2, "--M", "[[0.1,0],[0,0.1]]",
+                           "--Q", "[[1000000,0],[0,1000000]]", "--method", "quad"],
+    "bayes-error F=20": ["bayes-error", "--L", "2", "--nu", ",".join(["2"] * 20)],
+    "bayes-error F=20 quad": ["bayes-error", "--L", "2", "--nu", ",".join(["2"] * 20),
+                              "--method", "quad"],
+    "ode T=1e9": ["ode", *RUN, "--T", "1e9", "--D", "100", "--out", "{out}/o.json"],
+    "ode samples=1e9": ["ode", *RUN, "--T", "1", "--D", "100", "--samples", "1000000000",
+                        "--out", "{out}/o.json"],
+    "simulate D=1e9": ["simulate", *RUN, "--T", "1", "--D", "1000000000", "--out", "{out}/s.json"],
+    "simulate T=1e7": ["simulate", *RUN, "--T", "1e7", "--D", "1000", "--out", "{out}/s.json"],
+    "simulate runs=1e7": ["simulate", *RUN, "--T", "1", "--D", "1000", "--runs", "10000000",
+                          "--out", "{out}/s.json"],
+    "error mc L=1e6": ["error", "--activation", "softmax", "--L", "1000000", "--nu", "2,2",
+                       "--M", "[[0.1,0],[0,0.1]]", "--Q", "[[1,0],[0,1]]", "--method", "mc"],
+    "tiny max-memory": ["error", "--activation", "softmax", *TASK2, "--M", "[[0.1,0],[0,0.1]]",
+                        "--Q", "[[1,0],[0,1]]", "--method", "quad", "--max-memory", "1K"],
+}
+
+
+@pytest.mark.parametrize("name", list(BOMBS))
+def test_resource_bombs_exit_4_before_allocating(name, tmp_path, capsys):
+    argv = [a.replace("{out}", str(tmp_path)) for a in BOMBS[name]]
+    status, _, err = run_cli(argv, capsys)
+    assert_one_line(err, argv[0], status, 4, "resources: ")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("bad", ["abc", "-1G", "0", "1X"])
+def test_bad_max_memory_exits_2(bad, capsys):
+    status, _, err = run_cli(["derive", "--activation", "softmax", f"--max-memory={bad}"], capsys)
+    assert_one_line(err, "derive", status, 2, "max-memory: ")

@@ -23,7 +23,9 @@ from .activations import Activation
 from .expect import montecarlo as mc
 from .expect import precise
 from .expect import quadrature as quad
-from .model import GaussianPrior, Prior, State, Task, check_int, check_state_for_task, fail
+from .model import (GaussianPrior, Prior, ResourceError, State, Task, check_int,
+                    check_state_for_task, fail)
+from .resources import check_memory, check_monte_carlo
 
 METHODS = ("auto", "quad", "mc", "mpmath")
 AUTO_QUAD_TOL = 1e-8
@@ -79,6 +81,7 @@ def population_error_mc(task: Task, act: Activation, state: State, n: int = 200_
     n: samples (integer >= 2), seed: integer >= 0."""
     n, seed = check_samples(n), check_seed(seed)
     check_state_for_task(state, task)
+    check_monte_carlo(n, state.H, task.L)
     rng = np.random.default_rng(seed)
     kernels = codegen.sample_kernels(act)
     total, sq = 0.0, 0.0
@@ -120,7 +123,11 @@ def population_error_mpmath(task: Task, act: Activation, state: State,
 def _auto(quad_fn, mc_fn) -> ErrorResult:
     """auto: quadrature first; if its error estimate exceeds ``AUTO_QUAD_TOL`` (1e−8), also run
     Monte Carlo and return whichever reports the smaller abs_err."""
-    q = quad_fn()
+    try:
+        q = quad_fn()
+    except ResourceError:  # too large a grid for quadrature: Monte Carlo alone
+        m = mc_fn()
+        return ErrorResult(m.value, m.abs_err, m.method, {**m.details, "auto": True})
     if q.abs_err <= AUTO_QUAD_TOL:
         return ErrorResult(q.value, q.abs_err, "quad", {**q.details, "auto": True})
     m = mc_fn()
@@ -165,6 +172,9 @@ def bayes_error_mc(task: Task, n: int = 200_000, seed: int = 0) -> ErrorResult:
     """Monte Carlo E_Bayes = Δ + 1 − E[Σ_l p_l²]: projections p = Uᵀx are scores with M = I,
     Q = I, so the shared samplers (θ stratified) apply."""
     n, seed = check_samples(n), check_seed(seed)
+    K = len(task.prior.atoms()[1]) if task.prior.is_discrete else 1
+    check_memory(8.0 * n * K * task.L * 4, f"the Bayes error by Monte Carlo with {K} prior "
+                 f"atoms and {n} samples", "use fewer signal strengths (F) or samples")
     rng = np.random.default_rng(seed)
     F = task.F
     smp = mc.draw_samples(task.prior, F, task.L, n, rng)

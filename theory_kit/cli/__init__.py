@@ -45,6 +45,11 @@ def build_parser():
     parser.add_argument("--version", action="version", version=f"theory-kit {__version__}")
     parser.add_argument("--debug", action="store_true",
                         help="show the Python traceback of any error (also anywhere after the verb)")
+    parser.add_argument("--max-memory", metavar="SIZE",
+                        help="refuse runs estimated to need more memory (8G, 512M, 30%%; "
+                             "default 50%% of RAM; also anywhere after the verb)")
+    parser.add_argument("--yes", action="store_true",
+                        help="run requests estimated to take over an hour (also after the verb)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="VERB")
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
         if info.name.startswith("cmd_"):
@@ -115,10 +120,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or os.environ.get("THEORY_KIT_DEBUG") == "1"
     argv = [a for a in argv if a != "--debug"]
+    yes = "--yes" in argv
+    argv = [a for a in argv if a != "--yes"]
+    argv, max_memory = _take_option(argv, "--max-memory")
     command = argv[0] if argv and not argv[0].startswith("-") else "error"
+    from .. import resources
     with warnings.catch_warnings():
         warnings.showwarning = _one_line_warning
-        return _main(argv, command, debug)
+        try:
+            resources.set_memory_limit(max_memory)
+            resources.set_yes(yes)
+            return _main(argv, command, debug)
+        except Exception as exc:  # noqa: BLE001 — a bad --max-memory
+            return _report(exc, command, None, debug)
+        finally:
+            resources.set_memory_limit(None)
+            resources.set_yes(False)
+
+
+def _take_option(argv: list[str], name: str) -> tuple[list[str], str | None]:
+    """Remove ``name VALUE`` / ``name=VALUE`` from anywhere in argv; (rest, VALUE or None).
+
+    Global options (--max-memory, like --debug and --yes) may follow the verb."""
+    rest, value, i = [], None, 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == name and i + 1 < len(argv):
+            value, i = argv[i + 1], i + 2
+            continue
+        if arg.startswith(name + "="):
+            value = arg[len(name) + 1:]
+        else:
+            rest.append(arg)
+        i += 1
+    return rest, value
 
 
 def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:

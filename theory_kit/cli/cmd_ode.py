@@ -9,6 +9,7 @@ from ..activations import Activation
 from ..expect.engines import ENGINE_NAMES, DriftEngine, build_engine
 from ..model import State, Task, check_int
 from ..ode import METHODS, initial_condition, integrate_ode
+from ..resources import check_ode
 from .common import (add_activation_args, add_task_args, build_activation, build_task,
                      parse_float_list, parse_json_array)
 
@@ -100,6 +101,9 @@ def run_ode(args: argparse.Namespace) -> int:
                            b0=parse_json_array(args.b0, "b0", 1), D=args.D, eta=args.eta,
                            seed=args.seed)
     times = None if args.times is None else parse_float_list(args.times, "times")
+    strata = len(task.prior.atoms()[1]) if task.prior.is_discrete else 1
+    if np.isfinite(args.T) and args.T > 0 and np.isfinite(args.dt) and args.dt > 0:
+        check_ode(args.samples, ic.state.H, task.L, strata, args.T, args.dt)
     traj = integrate_ode(task, act, ic, args.gamma, args.T, times=times, method=args.method,
                          dt=args.dt, rtol=args.rtol, atol=args.atol,
                          engine=engine_from_args(args, task, act, ic.state), train_a=args.train_a,

@@ -8,6 +8,7 @@ import numpy as np
 from ..activations import Activation
 from ..initial import InitialCondition
 from ..model import Task, ValidationError
+from ..resources import check_simulation
 from ..ode import initial_condition as ode_initial_condition
 from ..simulate import METHODS, SimConfig, simulate_to_file, stored_result
 from .common import (add_activation_args, add_task_args, build_activation, build_task,
@@ -78,6 +79,7 @@ def run_simulate(args: argparse.Namespace) -> int:
                     method=args.method, initial=initial_condition(args, act, task),
                     train_a=args.train_a, train_b=args.train_b, gamma_a=args.gamma_a,
                     gamma_b=args.gamma_b, error_samples=args.error_samples)
+    check_simulation(cfg.D, cfg.H, task.L, cfg.runs, float(cfg.times[-1]))
     stored = stored_result(cfg, args.out)
     result = stored if stored is not None else simulate_to_file(cfg, args.out)
     done = "kept (already computed with these parameters)" if stored is not None else "wrote"

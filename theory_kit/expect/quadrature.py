@@ -52,6 +52,7 @@ from scipy import special, stats
 
 from ..activations import S_SYMBOL, Activation
 from ..model import GaussianPrior, State, Task, ValidationError
+from ..resources import check_memory
 
 Z_RANGE = 8.5           # trapezoid truncation of the standard normal, e^{−Z²/2} ≈ 2e−16
 Z_RANGE_GL = 10.0       # composite Gauss–Legendre truncation (elementwise, polynomial growth)
@@ -342,13 +343,14 @@ class QuadEngine:
         H = self.state.H
         w0 = w2 = 0.0
         a = self.a
+        # one u grid per head: the heads' ψ ranges may be far apart (large b_h)
+        grids = [self._ugrid([h]) for h in range(H)] if H > 1 else []
+        self._precheck_pairs(grids)
         for h in range(H):  # one head alone is a joint normalisation with a = 1
             e0, e2 = self._joint_like([h], np.ones(1))
             w0 += a[h] * e0
             w2 += a[h] ** 2 * e2
         if H > 1:
-            # one u grid per head: the heads' ψ ranges may be far apart (large b_h)
-            grids = [self._ugrid([h]) for h in range(H)]
             for h in range(H):
                 for g in range(h + 1, H):
                     w2 += 2 * a[h] * a[g] * self._cross(h, g, grids[h], grids[g])
@@ -358,18 +360,11 @@ class QuadEngine:
                      ug_g: UGrid) -> tuple[np.ndarray, np.ndarray]:
         """(B2, D)(u, u') for heads (h, g) on one column, by nested conditioning; u on
         head h's grid, u' on head g's."""
-        q = col.cov[np.ix_([h, g], [h, g])]
-        swap = q[1, 1] > q[0, 0]
-        first, second = (g, h) if swap else (h, g)
+        swap, first, second, s1, beta, sc = self._pair_geometry(col, h, g)
         u1, u2 = (ug_g.u, ug_h.u) if swap else (ug_h.u, ug_g.u)
-        q11, q12, q22 = col.cov[first, first], col.cov[first, second], col.cov[second, second]
-        s1 = np.sqrt(max(q11, 0.0))
-        beta = q12 / s1 if s1 > 0 else 0.0
-        sc = np.sqrt(max(q22 - beta * beta, 0.0))
-        if sc < np.sqrt(EIG_TOL) * max(1.0, np.sqrt(max(q22, 0.0))):
-            sc = 0.0
         z1, w1 = trapezoid_normal(s1, self.level)
         z2, w2 = trapezoid_normal(sc, self.level)
+        self._check_pair_memory(len(u2), len(z1), len(z2), h, g, max(s1, sc))
         psi1 = log_phi(self.act, col.mean[first] + s1 * z1 + self.c[first])         # (n1,)
         psi2 = log_phi(self.act, col.mean[second] + beta * z1[:, None] + sc * z2[None, :]
                        + self.c[second])                                           # (n1, n2)
@@ -380,6 +375,37 @@ class QuadEngine:
         B2 = (exp_minus_exp(x1, 0) * w1) @ GB.T
         D = (exp_minus_exp(x1, 1) * w1) @ GD.T
         return (B2.T, D.T) if swap else (B2, D)
+
+    @staticmethod
+    def _pair_geometry(col: Column, h: int, g: int) -> tuple[bool, int, int, float, float, float]:
+        """(swap, first, second, σ₁, β, σ_c): s_first = μ + σ₁ z₁, s_second = μ' + β z₁ + σ_c z₂,
+        the wider head first."""
+        q = col.cov[np.ix_([h, g], [h, g])]
+        swap = bool(q[1, 1] > q[0, 0])
+        first, second = (g, h) if swap else (h, g)
+        q11, q12, q22 = col.cov[first, first], col.cov[first, second], col.cov[second, second]
+        s1 = float(np.sqrt(max(q11, 0.0)))
+        beta = q12 / s1 if s1 > 0 else 0.0
+        sc = float(np.sqrt(max(q22 - beta * beta, 0.0)))
+        if sc < np.sqrt(EIG_TOL) * max(1.0, np.sqrt(max(q22, 0.0))):
+            sc = 0.0
+        return swap, first, second, s1, beta, sc
+
+    @staticmethod
+    def _check_pair_memory(n_u: int, n1: int, n2: int, h: int, g: int, spread: float) -> None:
+        # the pair tables hold U' × n1 × n2 values (three such arrays at once)
+        check_memory(24.0 * n_u * n1 * n2, f"quadrature of the head pair ({h}, {g}) with "
+                     f"score spread {spread:.3g}", "use --method mc for such large overlaps")
+
+    def _precheck_pairs(self, grids: list[UGrid]) -> None:
+        """Refuse before any work when a pair table would not fit (see _pair_tables)."""
+        for col in self.signals + [self.noise]:
+            for h in range(self.state.H):
+                for g in range(h + 1, self.state.H):
+                    swap, _, _, s1, _, sc = self._pair_geometry(col, h, g)
+                    n_u = len(grids[h if swap else g].u)
+                    n1, n2 = (len(trapezoid_normal(s, self.level)[0]) for s in (s1, sc))
+                    self._check_pair_memory(n_u, n1, n2, h, g, max(s1, sc))
 
     def _cross(self, h: int, g: int, ug_h: UGrid, ug_g: UGrid) -> float:
         """E[Σ_l W_hl W_gl] for per-head normalisation (two t variables)."""
@@ -549,6 +575,9 @@ def bayes_moments(task: Task, level: float = 1.0,
     if not task.prior.is_discrete:
         raise ValidationError(f"prior: the Bayes error needs a discrete or Gaussian prior "
                               f"(got '{task.prior.name}')")
+    K = len(task.prior.atoms()[1])
+    check_memory(8.0 * K * K * 4, f"the Bayes error by quadrature with {K} prior atoms",
+                 "use fewer signal strengths (F) or --method mc")
     act, state = bayes_setup(task)
     eng = QuadEngine(task, act, state, level, replicate)
     return eng.moments(), eng.used_rqmc
