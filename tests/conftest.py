@@ -11,7 +11,10 @@ def private_codegen_cache(request, monkeypatch):
     """Generated modules go to pytest's own cache folder (.pytest_cache), never the user's
     cache.  The cache key covers the generator source, so nothing stale is read, and the folder
     persists between runs so numba's compiled kernels (cache=True) are not rebuilt every time."""
-    monkeypatch.setenv("THEORY_KIT_CACHE", str(request.config.cache.mkdir("theory_kit")))
+    cache = getattr(request.config, "cache", None)   # absent under -p no:cacheprovider
+    root = (cache.mkdir("theory_kit") if cache is not None
+            else request.getfixturevalue("tmp_path_factory").getbasetemp() / "codegen-cache")
+    monkeypatch.setenv("THEORY_KIT_CACHE", str(root))
 
 
 @pytest.fixture
