@@ -33,6 +33,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from oracle import reference_drift_integrands  # noqa: E402
 
+from bench_codegen import best_time  # noqa: E402  (benchmarks/ is on sys.path as the script dir)
+
 from theory_kit import codegen  # noqa: E402
 from theory_kit.activations import custom_activation, get_activation  # noqa: E402
 from theory_kit.expect.drift import MonteCarloDrift  # noqa: E402
@@ -53,15 +55,6 @@ def flops_per_row(H: int, L: int, F: int) -> int:
     ζ = R g (2H²L), weights + normalisation (~6HL), e and |e|² (3L), first-order sums incl.
     Σ_l J·J (~10H²L + 8HL), J·e (4HL), assembly gζ, ½dQ, J·J noise (6H²L + 2H²F + 6HF)."""
     return 16 * H * H * L + 18 * H * L + 3 * L + 2 * H * H * F + 8 * H * F
-
-
-def best_time(fn, repeats: int) -> float:
-    best = np.inf
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 # ----------------------------------------------------------------------------- JAX variant
