@@ -556,6 +556,20 @@ def _classify_root(dmap: DriftMap, y: np.ndarray) -> tuple[str, float, float, np
     return kind, low, etol, v / max(np.linalg.norm(v), 1e-300)
 
 
+def _displace_admissible(dmap: DriftMap, y: np.ndarray, v: np.ndarray, advance
+                         ) -> np.ndarray | None:
+    """y displaced along ±v by the largest probe step that stays admissible, then carried
+    on by ``advance``; None when no step works (the saddle is then reported as it is)."""
+    scale = max(1.0, float(np.linalg.norm(y))) / np.sqrt(len(y))
+    for h in PROBE_STEPS:
+        for sign in (1.0, -1.0):
+            try:
+                return dmap.pack(advance(dmap.state(y + sign * h * scale * v)))
+            except ValueError:      # outside the admissible set, or the ODE blew up
+                continue
+    return None
+
+
 def solve_drift_root(dmap: DriftMap, state: State, advance, tol: float = DRIFT_TOL,
                      max_escapes: int = 2) -> FixedPoint:
     """A stable root of the full drift (γ² term included) near ``state``.
@@ -585,8 +599,10 @@ def solve_drift_root(dmap: DriftMap, state: State, advance, tol: float = DRIFT_T
             break
         saddles.append({"min_eigenvalue": low, "state": dmap.state(y).to_dict()})
         if attempt < max_escapes:
-            scale = max(1.0, float(np.linalg.norm(y))) / np.sqrt(len(y))
-            y = dmap.pack(advance(dmap.state(y + PROBE_STEPS[0] * scale * v)))
+            moved = _displace_admissible(dmap, y, v, advance)
+            if moved is None:
+                break
+            y = moved
     f = dmap.drift(y)
     st = dmap.state(y)
     kind = {"degenerate": "not converged"}.get(kind, kind)
