@@ -219,3 +219,26 @@ def test_finite_gamma_root_is_certified_and_is_where_the_ode_goes():
     long_state, _ = einf._advance(TASK, act, State(**run.history["ode_end"]), 3000.0, s,
                                   s.engine())
     assert einf.state_distance(long_state, run.state, einf._sign_patterns(TASK.prior)) < 1e-3
+
+
+def test_finite_gamma_escape_stays_admissible_or_gives_up():
+    """The displacement off an unstable root never hands an inadmissible state on: a step
+    that would leave Q − M Mᵀ ⪰ 0 is replaced by a smaller one or the other side, and when
+    every attempt fails (here: the ODE 'blows up') the caller gets None, not a traceback."""
+    from theory_kit.ode import build_system
+    act = get_activation("bsoftmax")
+    system, _ = build_system(TASK, act, 2, einf.RunSettings(n_samples=50).engine(), 1.0, None,
+                             None, None, None, False, False)
+    dmap = fp.DriftMap(system, np.ones(2), np.zeros(2), False, False)
+    M = np.array([[1.0, 0.5], [0.8, -0.4]])
+    y = dmap.pack(State(M, M @ M.T + 0.01 * np.eye(2), np.ones(2), np.zeros(2)))
+    v = np.zeros_like(y)
+    v[4] = -1.0                                   # Q_11 down: inadmissible at the big step
+    moved = fp._displace_admissible(dmap, y, v, lambda s: s)
+    st = dmap.state(moved)
+    assert np.linalg.eigvalsh(st.orthogonal_part()).min() >= -1e-12 and not np.allclose(moved, y)
+
+    def blow_up(state):
+        raise ValueError("blew up")
+
+    assert fp._displace_admissible(dmap, y, v, blow_up) is None
