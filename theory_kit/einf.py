@@ -543,6 +543,8 @@ def sample_shift(task: Task, act: Activation, fixed: FixedPoint, settings: RunSe
             settings, max_escapes=0), offset=1)
     except ValueError:
         return float("nan")
+    if again.certificate.kind == "not converged":   # no second fixed point: nothing measured
+        return float("nan")
     judge = solver_objective(task, act, fixed.state.H, settings, offset=2)
     values = [judge.value_and_grad(judge.pack_state(s))[0] for s in (fixed.state, again.state)]
     return float(abs(values[1] - values[0]))

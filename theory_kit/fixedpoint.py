@@ -577,10 +577,12 @@ def solve_drift_root(dmap: DriftMap, state: State, advance, tol: float = DRIFT_T
     MINPACK ``hybr`` (``scipy.optimize.root``) on the fixed-sample drift in the coordinates of
     :class:`DriftMap`, then the Jacobian by central differences: every eigenvalue must have
     a negative real part (``kind`` "stable").
-    At an unstable root the state is displaced along the most unstable eigenvector (both
-    signs tried, the lower sampled E kept) and ``advance(state) -> state`` (an ODE chunk)
-    carries it away before the next solve.  A root outside the admissible set (Q − M Mᵀ not
-    PSD) is reported "not converged"."""
+    At an unstable root the state is displaced along the most unstable eigenvector (the
+    largest probe step that stays admissible, + side first: :func:`_displace_admissible`) and
+    ``advance(state) -> state`` (an ODE chunk)
+    carries it away before the next solve.  When the solver steps outside the admissible set
+    (Q − M Mᵀ not PSD) the start is advanced by one more ODE chunk and the solve retried
+    (within the same attempt budget); failing that, "not converged"."""
     start, evals0 = time.perf_counter(), dmap.system.evaluations
     y = dmap.pack(state)
     saddles: list[dict] = []
@@ -592,7 +594,11 @@ def solve_drift_root(dmap: DriftMap, state: State, advance, tol: float = DRIFT_T
             dmap.state(y_new)
         except ValueError:          # left the admissible set (BlowUpError / ValidationError)
             kind = "not converged"
-            break
+            try:                    # closer in by one more ODE chunk, then try again
+                y = dmap.pack(advance(dmap.state(y)))
+            except ValueError:
+                break
+            continue
         y = y_new
         kind, low, etol, v = _classify_root(dmap, y)
         if kind != "saddle":
