@@ -427,3 +427,90 @@ def test_resource_bombs_exit_4_before_allocating(name, tmp_path, capsys):
 def test_bad_max_memory_exits_2(bad, capsys):
     status, _, err = run_cli(["derive", "--activation", "softmax", f"--max-memory={bad}"], capsys)
     assert_one_line(err, "derive", status, 2, "max-memory: ")
+
+
+# --------------------------------------------------------------------------- input-file faults
+import json  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+FILE_FAULTS = {
+    "empty": b"", "truncated": b'{"t": [0, 1', "non-utf8": b"\xff\xfe\x00\x01garbage",
+    "deeply nested": b"[" * 100000 + b"]" * 100000, "a list": b"[1, 2]", "a number": b"3",
+    "no keys": b'{"a": 1}', "wrong types": b'{"t": "x", "M": 3, "Q": null}',
+    "NaN": (b'{"t": [0, NaN], "M": [[[0.1,0],[0,0.1]],[[0.1,0],[0,0.1]]], '
+            b'"Q": [[[1,0],[0,1]],[[1,0],[0,1]]], "D": 100, "gamma": 1}'),
+    "ragged M": b'{"t": [0, 1], "M": [[[0.1,0]],[[0.1,0],[0,0.1]]], "Q": [[[1]]], "D": 100}',
+    "null bytes": b"\x00" * 100,
+}
+NPZ_FAULTS = {"empty": b"", "truncated zip": b"PK\x03\x04garbage", "text": b"hello",
+              "json": b'{"images": [1]}'}
+
+
+@pytest.mark.parametrize("name", list(FILE_FAULTS))
+def test_compare_data_faults_exit_2(name, tmp_path, capsys):
+    path = tmp_path / "log.json"
+    path.write_bytes(FILE_FAULTS[name])
+    argv = ["compare", "--data", str(path), "--activation", "softmax", "--L", "2", "--nu", "2,2",
+            "--no-progress", "--out", str(tmp_path / "cmp")]
+    status, _, err = run_cli(argv, capsys)
+    assert status == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "cmp").exists()
+
+
+@pytest.mark.parametrize("name", list(NPZ_FAULTS) + ["no images", "object images", "a folder"])
+def test_digit_data_faults_exit_2(name, tmp_path, capsys):
+    path = tmp_path / "digits.npz"
+    if name == "no images":
+        np.savez(path, x=np.zeros(3))
+    elif name == "object images":
+        np.savez(path, images=np.array([{"a": 1}], dtype=object))
+    elif name == "a folder":
+        path.mkdir()
+    else:
+        path.write_bytes(NPZ_FAULTS[name])
+    argv = ["figure", "5", "--quick", "--data", str(path), "--out", str(tmp_path / "fig")]
+    status, _, err = run_cli(argv, capsys)
+    assert_one_line(err, "figure", status, 2, "")
+    assert not list((tmp_path / "fig").glob("fig5*"))
+
+
+@pytest.mark.parametrize("content", [b'{"a": 1}', b'{"data": {"x": 1}}', b'{"data": []}',
+                                     b'{"figure": 3, "data": {}}', b"garbage", b"",
+                                     b"\xff\xfe", b"[]"])
+def test_redraw_of_a_foreign_json_exits_2(content, tmp_path, capsys):
+    (tmp_path / "fig2.json").write_bytes(content)
+    status, _, err = run_cli(["figure", "2", "--redraw", "--out", str(tmp_path)], capsys)
+    assert_one_line(err, "figure", status, 2, "")
+    assert not (tmp_path / "fig2.png").exists()
+
+
+# --------------------------------------------------------------------------- strict JSON
+def _strict(text: str) -> object:
+    def refuse(name):
+        raise ValueError(f"non-standard JSON constant {name}")
+    return json.loads(text, parse_constant=refuse)
+
+
+@pytest.mark.slow
+def test_every_json_a_fast_verb_writes_is_strict(tmp_path, capsys):
+    """stdout of --json verbs and the files of ode/simulate parse under a strict parser,
+    including a φ whose values overflow (exp(exp(exp(s))) used to print Infinity)."""
+    task = ["--L", "2", "--nu", "2,2"]
+    state = ["--M", "[[0.1,0],[0,0.1]]", "--Q", "[[1,0],[0,1]]"]
+    for argv in (["error", "--activation", "softmax", *task, *state, "--json"],
+                 ["error", "--phi", "exp(exp(exp(s)))", "--norm", "elementwise", *task, *state,
+                  "--method", "mc", "--json"],
+                 ["bayes-error", *task, "--method", "mc", "--json"]):
+        status, out, err = run_cli(argv, capsys)
+        if status == 0:
+            _strict(out)
+        else:
+            assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    run = ["--activation", "softmax", *task, "--H", "2", "--gamma", "1", "--T", "0.2"]
+    assert run_cli(["ode", *run, "--D", "100", "--samples", "16", "--no-progress",
+                    "--out", str(tmp_path / "o.json")], capsys)[0] == 0
+    assert run_cli(["simulate", *run, "--D", "40", "--out", str(tmp_path / "s.json")],
+                   capsys)[0] == 0
+    for path in tmp_path.rglob("*.json"):
+        _strict(path.read_text())

@@ -35,6 +35,8 @@ in-span image, and compared with random keys drawn isotropically in the same spa
 from __future__ import annotations
 
 import os
+import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -129,7 +131,7 @@ def load_npz(path: str | os.PathLike) -> DigitImages:
         fail("data", "must be an existing .npz file", str(path))
     try:
         archive = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:  # empty, truncated, text
         raise ValidationError(f"data: must be an .npz file written by numpy.savez "
                               f"(got {str(path)!r}: {exc})") from None
     if not isinstance(archive, np.lib.npyio.NpzFile):
@@ -144,6 +146,9 @@ def load_npz(path: str | os.PathLike) -> DigitImages:
         except ValueError as exc:  # object arrays need pickle, which we refuse
             raise ValidationError(f"images: must be a numeric array, not Python objects "
                                   f"({exc})") from None
+        except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as exc:  # a damaged member
+            raise ValidationError(f"data: {str(path)!r} is a damaged .npz archive "
+                                  f"({' '.join(str(exc).split())})") from None
     return images_from_array(images, labels, source=str(path))
 
 

@@ -36,6 +36,8 @@ from __future__ import annotations
 
 import csv
 import json
+import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -122,7 +124,7 @@ def _read_npz(path: Path) -> dict[str, object]:
     try:
         with np.load(path, allow_pickle=False) as data:
             fields = {k: data[k] for k in data.files}
-    except (ValueError, OSError) as exc:
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
         raise ValidationError(f"data: {path} is not a readable NPZ archive ({exc})")
     for key, val in list(fields.items()):
         if val.ndim == 0:
@@ -132,9 +134,11 @@ def _read_npz(path: Path) -> dict[str, object]:
 
 def _read_json(path: Path) -> dict[str, object]:
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValidationError(f"data: {path} is not valid JSON ({exc})")
+    except RecursionError:
+        raise ValidationError(f"data: {path} is nested too deeply to be a training log")
     if not isinstance(data, dict):
         fail("data", "a JSON log must be one object with fields t, M, Q, ...", type(data).__name__)
     if "loss" not in data and "error" in data:

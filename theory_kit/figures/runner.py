@@ -91,8 +91,17 @@ def redraw(number: int, out: str | Path = "figures") -> Path:
     if not js.exists():
         raise ValidationError(f"redraw: {js} does not exist; run `theory-kit figure {number}` "
                               "first")
-    payload = read_json(js)
-    return save_png(module.draw(payload["data"]), png)
+    payload = read_json(js, "redraw")
+    if not isinstance(payload.get("data"), dict) or payload.get("figure", number) != number:
+        raise ValidationError(f"redraw: {js} is not a figure {number} result (no 'data' object "
+                              f"of figure {number}); run `theory-kit figure {number}` first")
+    try:
+        fig = module.draw(payload["data"])
+    except (KeyError, TypeError, IndexError, ValueError, AttributeError) as exc:
+        raise ValidationError(f"redraw: {js} lacks what figure {number} draws "
+                              f"({type(exc).__name__}: {exc}); run `theory-kit figure {number}` "
+                              "again") from None
+    return save_png(fig, png)
 
 
 def data_option(module: ModuleType, data: str | None) -> dict:
