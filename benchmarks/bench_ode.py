@@ -135,9 +135,85 @@ def part_sample(T: float, reference: Trajectory, secs_det: float, accuracy: floa
     print(f"  ratio sample / deterministic at equal accuracy = {secs / secs_det:.1e}")
 
 
+def cpu(fn: object) -> tuple[float, object]:
+    """CPU seconds of this process (all threads) and the result: robust on a shared machine."""
+    start = time.process_time()
+    out = fn()  # type: ignore[operator]
+    return time.process_time() - start, out
+
+
+def part_cost(T: float, engine_name: str, sgd_T: float) -> None:
+    """The deterministic curve's cost from measured pieces, in CPU seconds (a shared machine
+    makes wall times of long runs meaningless): CPU per deterministic drift at states along
+    the plateau × the evaluations the same integrator takes on the (smooth, 1e-3-close) Sobol
+    right-hand side; brute-force SGD CPU on ``sgd_T`` time units, extrapolated; the sample
+    engine's drift error against the deterministic drift at the same states for growing n,
+    its fitted rate, and its CPU per drift at equal accuracy."""
+    s = SETTING
+    task, act = s.task(), s.act()
+    proxy = build_engine("sobol", samples=1024, seed=0)
+    _, path = curve(proxy, T, "rk4", dt=1.0)
+    _, dense = curve(proxy, T, METHOD, rtol=RTOL, atol=ATOL)
+    _, tight = curve(proxy, T, METHOD, rtol=RTOL / 10, atol=ATOL / 10)
+    n_evals = dense.stats["rhs_evaluations"]
+    det = build_engine(engine_name, task, act, s.H)
+    picks = [int(np.searchsorted(path.t, t)) for t in (0.0, 0.4 * T, 0.8 * T)]
+    first = path.state(0)
+    warm, _ = cpu(lambda: det.evaluate(task, act, first.M, first.Q, first.a, first.b))
+    print(f"[cost] first {engine_name} drift (builds its token patterns once): {warm:.2f} CPU s")
+    det_cpu, det_means = [], []
+    for i in picks:
+        st = path.state(i)
+        secs, d = cpu(lambda st=st: det.evaluate(task, act, st.M, st.Q, st.a, st.b))
+        det_cpu.append(secs)
+        det_means.append(d)
+    per_eval = float(np.mean(det_cpu))
+    eps = max(float(np.max(np.abs(v))) for d in det_means for v in d.stderr.values())
+    det_curve = per_eval * n_evals
+    dm, dq = deviation(dense, tight)
+    print(f"[cost] {engine_name}: {per_eval:.2f} CPU s per drift (states t = "
+          f"{', '.join(f'{path.t[i]:g}' for i in picks)}), largest error estimate {eps:.1e}")
+    print(f"  {METHOD} rtol {RTOL:g} atol {ATOL:g} over T = {T:g}: {n_evals} evaluations "
+          f"({dense.stats['record_evaluations']} of them to record E at 126 times; counted on "
+          f"the 1024-point Sobol RHS) -> {det_curve:.0f} CPU s per curve")
+    ok = "met" if max(dm, dq) < ACCURACY_GOAL else "NOT met"
+    print(f"  tolerances tightened tenfold (same RHS): |dm| {dm:.1e}, |dQ| {dq:.1e} "
+          f"(goal < 1e-6: {ok})")
+    sgd_cpu, _ = cpu(lambda: sgd_seconds(sgd_T))
+    sgd_full = sgd_cpu * T / sgd_T
+    ratio = sgd_full / det_curve
+    print(f"  brute-force SGD, D = {D}: {sgd_cpu:.1f} CPU s for {sgd_T:g} time units "
+          f"({int(sgd_T * D)} steps) -> {sgd_full:.0f} CPU s to T = {T:g}")
+    print(f"  ratio SGD / theory = {ratio:.0f} (goal >= 1000: {'met' if ratio >= 1000 else 'NOT met'})")
+    sizes = (1024, 4096, 16384)
+    errs, secs_n = [], []
+    for n in sizes:
+        smp = build_engine("sobol", samples=n, seed=0, head_symmetric=True)
+        worst, spent = 0.0, 0.0
+        for i, d in zip(picks, det_means):
+            st = path.state(i)
+            sec, e = cpu(lambda st=st: smp.evaluate(task, act, st.M, st.Q, st.a, st.b))
+            spent += sec / len(picks)
+            worst = max(worst, float(np.abs(e.dM - d.dM).max()),
+                        float(np.abs(e.dQ_lin + e.dQ_noise - d.dQ_lin - d.dQ_noise).max()))
+        errs.append(worst)
+        secs_n.append(spent)
+        print(f"  Sobol x head permutations, {n:5d} points: {spent:.3f} CPU s per drift, "
+              f"largest drift error against {engine_name} {worst:.1e}")
+    rate = float(-np.polyfit(np.log(sizes), np.log(errs), 1)[0])
+    target = max(eps, 1e-10)
+    n_need = sizes[-1] * (errs[-1] / target) ** (1.0 / max(rate, 1e-3))
+    smp_eval = secs_n[-1] * n_need / sizes[-1]
+    print(f"  fitted error ~ n^-{rate:.2f}: {target:.0e} needs ~{n_need:.1e} points, "
+          f"~{smp_eval:.1e} CPU s per drift; ratio sample / deterministic at equal accuracy "
+          f"~{smp_eval / per_eval:.1e} (per curve ~{smp_eval * n_evals / 3600:.1e} CPU h)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--parts", default="steps,curve,sample")
+    parser.add_argument("--parts", default="steps,cost",
+                        help="steps, cost (default), and curve, sample: the full deterministic "
+                             "curve run (long: ~10 CPU min per curve)")
     parser.add_argument("--engine", default="laplace", help="the deterministic engine")
     parser.add_argument("--T", type=float, default=SETTING.T)
     parser.add_argument("--sgd-T", type=float, default=0.5)
@@ -149,6 +225,8 @@ def main() -> None:
           f"{os.cpu_count()} cores; Fig. 1 setting: {SETTING.label()}")
     if "steps" in parts:
         part_steps(args.T)
+    if "cost" in parts:
+        part_cost(args.T, args.engine, args.sgd_T)
     if "curve" in parts:
         reference, secs, accuracy = part_curve(args.T, args.engine, args.sgd_T, args.save)
         if "sample" in parts:  # its error is measured against the deterministic curve

@@ -2,15 +2,15 @@
 
 Caption: L = 10, H = 2 heads, softmax, F = 2, flipping spike ν1 = ν2 = 2, η = 1, SGD at
 D = 10^4.  Panels: loss, m along f = 1 (constant direction), m along f = 2 (flipping-sign
-direction), orthogonal component diag(Q − MMᵀ).  Our choices: the ODE drift from the
-deterministic engine (``expect.laplace``, error < 1e-8, adaptive rk45 steps) in the full run; the
-quick run keeps scrambled Sobol points paired with their head permutations (the deterministic
-engine costs ~1 s per drift at H = 2, too slow for a one-minute figure; a fixed Monte Carlo set
-of affordable size shifts the plateau of m_{h1} by several 0.01 and splits the heads
-spuriously), γ = 1 (larger γ slows the
-escape from the unspecialised phase, because the γ² noise inflates the orthogonal part) and a
-horizon long enough for the flipping direction to specialise; the ODE and every SGD run start
-from the same initial overlaps drawn at D.  Simulation: exact reduced SGD (THEORY §7).
+direction), orthogonal component diag(Q − MMᵀ).  Our choices: the ODE drift on scrambled
+Sobol points paired with their head permutations (the deterministic engine ``laplace`` applies
+here, but at ~4 CPU s per drift along the plateau its curve costs ~23 CPU min, over the
+figure's 15-minute plan: ``engine="laplace"`` below switches it; figures/README gives the
+deterministic curve's τ₂; a fixed Monte Carlo set of affordable size shifts the plateau of
+m_{h1} by several 0.01 and splits the heads spuriously), γ = 1 (larger γ slows the escape from
+the unspecialised phase, because the γ² noise inflates the orthogonal part) and a horizon long
+enough for the flipping direction to specialise; the ODE and every SGD run start from the same
+initial overlaps drawn at D.  Simulation: exact reduced SGD (THEORY §7).
 Theory band (orange, m_h2 panel): the SGD τ_2 predicted by ``theory_kit.escape`` from the same
 overlaps at the same D (linearised escape + SGD noise), mean ± std next to the ODE's τ_2.
 """
@@ -28,7 +28,7 @@ CAPTION = ("ODE (lines) against SGD (dots, mean ± std over runs): softmax, L = 
            "flipping spike ν = (2, 2), η = 1, γ = 1; same initial overlaps for all.")
 FULL = OverlayPlan((Setting("softmax", 10, 2, "flipping", (2.0, 2.0), gamma=1.0, T=250.0,
                             D_init=10_000),), D=10_000, runs=8, n_samples=8192, dt=1.0,
-                   n_times_ode=126, n_times_sim=26, engine="laplace")
+                   n_times_ode=126, n_times_sim=26, engine="sobol-sym")
 QUICK = OverlayPlan((Setting("softmax", 10, 2, "flipping", (2.0, 2.0), gamma=1.0, T=120.0,
                              D_init=300),), D=300, runs=8, n_samples=1024, dt=1.0,
                     n_times_ode=61, n_times_sim=25, engine="sobol-sym")
