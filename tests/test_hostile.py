@@ -514,3 +514,26 @@ def test_every_json_a_fast_verb_writes_is_strict(tmp_path, capsys):
                    capsys)[0] == 0
     for path in tmp_path.rglob("*.json"):
         _strict(path.read_text())
+
+
+# --------------------------------------------------------------------------- CLI consistency
+def test_progress_counts_without_float_noise(monkeypatch):
+    monkeypatch.delenv("THEORY_KIT_NO_PROGRESS", raising=False)
+    import io
+
+    from theory_kit.progress import progress_bar
+    bar = progress_bar(30.0, "t", unit="t")
+    bar.fp = io.StringIO()
+    for _ in range(3):
+        bar.update(9.999999999999975)
+    text = str(bar)
+    bar.close()
+    assert "30/30" in text and "29.99" not in text
+
+
+@pytest.mark.parametrize("verb", ["error", "bayes-error", "derive", "ode", "simulate", "einf",
+                                  "compare", "figure"])
+def test_every_verb_help_shows_defaults(verb, capsys):
+    with pytest.raises(SystemExit):
+        main([verb, "--help"])
+    assert "(default: " in capsys.readouterr().out

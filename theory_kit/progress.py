@@ -10,5 +10,10 @@ from tqdm.auto import tqdm
 def progress_bar(total: float, desc: str, unit: str = "it", initial: float = 0) -> tqdm:
     """A tqdm bar on stderr; silenced when THEORY_KIT_NO_PROGRESS=1 (e.g. inside tests)."""
     disable = os.environ.get("THEORY_KIT_NO_PROGRESS") == "1"
+    # a float total (time t) prints rounded, never 29.999999999999925/30.0; maxinterval
+    # keeps the bar (and its rate) updating at least every 10 s during slow steps
+    fmt = None if isinstance(total, int) and isinstance(initial, int) else (
+        "{l_bar}{bar}| {n:.4g}/{total:.4g} " + unit + " [{elapsed}<{remaining}]")
     return tqdm(total=total, desc=desc, unit=unit, initial=initial, file=sys.stderr,
-                disable=disable, dynamic_ncols=True, leave=False)
+                disable=disable, dynamic_ncols=True, leave=False, bar_format=fmt,
+                maxinterval=10.0)

@@ -28,6 +28,18 @@ EXIT_INPUT, EXIT_OUTPUT, EXIT_RESOURCES, EXIT_INTERNAL, EXIT_INTERRUPT = 2, 3, 4
 _OUTPUT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.ENAMETOOLONG, errno.EFBIG}
 
 
+def _verb_parser_class():
+    import argparse
+
+    class VerbParser(argparse.ArgumentParser):
+        """A verb's parser: --help lists every option's default."""
+
+        def __init__(self, *args, **kwargs) -> None:
+            kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
+            super().__init__(*args, **kwargs)
+    return VerbParser
+
+
 def build_parser():
     """The argparse parser with every ``cmd_*`` verb registered."""
     import argparse
@@ -36,6 +48,7 @@ def build_parser():
 
     from .. import __version__
 
+    _VerbParser = _verb_parser_class()
     parser = argparse.ArgumentParser(
         prog="theory-kit",
         description="Theory of multi-head attention in the single-location model "
@@ -50,7 +63,9 @@ def build_parser():
                              "default 50%% of RAM; also anywhere after the verb)")
     parser.add_argument("--yes", action="store_true",
                         help="run requests estimated to take over an hour (also after the verb)")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="VERB")
+    # every verb's --help shows its defaults
+    sub = parser.add_subparsers(dest="command", required=True, metavar="VERB",
+                                parser_class=_VerbParser)
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
         if info.name.startswith("cmd_"):
             importlib.import_module(f"{__name__}.{info.name}").register(sub)
