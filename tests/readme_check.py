@@ -11,6 +11,8 @@ Conventions of the README that this module relies on (stated in the README itsel
   *claimed output*: it must match the command's output, where ``...`` matches anything, numbers
   must agree to the digits shown, and error estimates (after ``+/-``, ``±`` or an ``abs_err`` key)
   must agree within a factor of 10 (they depend on the machine's rounding and sampling);
+* a ```python block is run as one script with the project's Python (its ``#`` remarks are
+  not claims);
 * install and test commands (``python3 -m venv …``, ``pip install …``, ``pytest``) are what CI
   itself runs, so they are checked by CI, not here.
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import math
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -57,6 +60,22 @@ class Command:
 def _strip_remark(line: str) -> str:
     match = re.search(r"\s{2,}#\s", line)
     return line[:match.start()] if match else line
+
+
+def python_blocks(text: str) -> list[Command]:
+    """Every ```python block as one command (``python -c``)."""
+    out, lines, i = [], text.splitlines(), 0
+    while i < len(lines):
+        if lines[i].strip() == "```python":
+            start, body = i + 2, []
+            i += 1
+            while i < len(lines) and lines[i].strip() != "```":
+                body.append(lines[i])
+                i += 1
+            script = "\n".join(body)
+            out.append(Command(start, f"{shlex.quote(sys.executable)} -c {shlex.quote(script)}"))
+        i += 1
+    return out
 
 
 def parse_readme(text: str) -> list[Command]:
@@ -181,7 +200,8 @@ def check_all(workdir: Path, quick: bool = True) -> list[str]:
     """Run every checkable README command in order in a fresh copy; the list of failures."""
     cwd = fresh_copy(workdir)
     failures = []
-    for cmd in checkable(parse_readme(README.read_text())):
+    text = README.read_text()
+    for cmd in checkable(parse_readme(text)) + python_blocks(text):
         status, output = run(cmd, cwd, quick)
         if status != 0:
             failures.append(f"README line {cmd.line}: exit {status}: {cmd.text}\n{output[-2000:]}")
