@@ -16,7 +16,7 @@ writes out/example/keys.npz (K: times×H×D, U: D×F, steps, gamma, D, loss, los
 which writes the overlay figure compare.png and the report compare.json.  ``--compare-gamma``
 passes a different step size to the comparison (e.g. to see a mismatch flagged).
 
-Model (THEORY §1–2, §5): tokens x_l = z_l + 1[l = ε] U θ, values c_l ~ N(0, 1), y = c_ε;
+Model (docs/theory.md §1–2, §5): tokens x_l = z_l + 1[l = ε] U θ, values c_l ~ N(0, 1), y = c_ε;
 per-head softmax W_h = softmax(K x) with output weights a_h = 1/H, ŷ = Σ_h a_h W_h · c;
 SGD step k_h ← k_h + (γ/D)(y − ŷ) Σ_l a_h W_{hl}(c_l − W_h·c) x_l; time t = steps/D.
 """

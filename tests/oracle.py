@@ -1,6 +1,6 @@
 """Independent oracle for the generated kernels: the hand-structured NumPy drift integrands.
 
-These formulas were written by hand from THEORY §5 (not derived by SymPy, not generated), on
+These formulas were written by hand from docs/theory.md §5 (not derived by SymPy, not generated), on
 top of the hand VJP kernel ``activations.Kernel`` (``Activation.kernel``).  The production path
 runs the code generated from ``derive.py``; the tests check that it agrees with this oracle to
 round-off, and that a deliberately wrong generated derivative makes that check fail.

@@ -2,7 +2,7 @@
 
 - the structured pieces (symbolic H, L; delta contraction) equal the fully expanded
   derivation (explicit s_hl, plain sympy.diff, e = δ − w substituted) at H = 2, L = 3;
-- THEORY §5's exact per-head softmax formulas come out of the structured derivation;
+- docs/theory.md §5's exact per-head softmax formulas come out of the structured derivation;
 - rendering produces every section, and the CLI prints the same documents.
 """
 import numpy as np
@@ -45,7 +45,7 @@ def test_structured_equals_expanded(name, activation_by_name):
 
 
 def test_per_head_softmax_matches_theory_closed_forms():
-    """THEORY §5: J·e = a_h W_hl (e_l − W_h·e), J·J = a a' W W' (1 − W_hl − W_h'l + W_h·W_h')."""
+    """docs/theory.md §5: J·e = a_h W_hl (e_l − W_h·e), J·J = a a' W W' (1 − W_hl − W_h'l + W_h·W_h')."""
     st = derive.derive_structured("per-head", "none")
     W, a, e = derive.W_, derive.a_, derive.e_
     h, g, l, x = derive.h, derive.g, derive.l, derive.x

@@ -272,7 +272,7 @@ def test_drift_err_is_the_rate_times_the_engine_error():
 
 @pytest.mark.slow
 def test_ode_follows_finite_d_sgd():
-    """THEORY §5 check: the ODE (Gauss–Hermite drifts, so its own numerical error is small)
+    """docs/theory.md §5 check: the ODE (Gauss–Hermite drifts, so its own numerical error is small)
     against the mean of 36 exact reduced SGD runs at D = 2000, within 4 standard errors."""
     from theory_kit.simulate import SimConfig, simulate
     task = Task(3, make_prior("flipping", nu=[2.0, 2.0]))

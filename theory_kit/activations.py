@@ -1,4 +1,4 @@
-"""The attention-activation family (THEORY §3) and its overflow-safe NumPy weights.
+"""The attention-activation family (docs/theory.md §3) and its overflow-safe NumPy weights.
 
 Every activation is
 

@@ -1,4 +1,4 @@
-"""Specialisation diagnostics of head trajectories (THEORY §8).
+"""Specialisation diagnostics of head trajectories (docs/theory.md §8).
 
 Inputs are trajectories of the order parameters: times t (n,), M (..., n, H, F) and
 Q (..., n, H, H), where the optional leading axes index independent runs (simulations) and

@@ -600,7 +600,7 @@ class CompiledIntegrand:
 
 def drift_integrand(act: Activation, projection: str = "conditional",
                     backend: str | None = None) -> Callable[..., DriftSamples]:
-    """Per-sample drift integrands of THEORY §5 from the generated code.
+    """Per-sample drift integrands of docs/theory.md §5 from the generated code.
 
     Returns ``integrand(S, zeta, theta, M, Q, a, b, delta=0.0) -> DriftSamples``:
     dM (n,H,F), dQ_lin (n,H,H), dQ_noise (n,H,H), da (n,H), db (n,H), sq_err (n,), with

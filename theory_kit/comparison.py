@@ -3,13 +3,13 @@
 Given a validated :class:`~theory_kit.userdata.TrainingLog` recorded at dimension D with step
 size γ, the comparison
 
-1. starts the ODE of THEORY §5 from the log's first state (M, Q, a, b at t_0) and integrates it
+1. starts the ODE of docs/theory.md §5 from the log's first state (M, Q, a, b at t_0) and integrates it
    over the log's time span, once per Monte Carlo seed (``ode_seeds`` independent sample sets);
    the theory curve x_ODE(t) is their mean and its Monte Carlo error σ_MC(t) the running
    maximum over t' ≤ t of their standard error (std over seeds / √seeds): with samples held
    fixed the MC error accumulates along the trajectory, and the running maximum steadies an
    estimate made from few seeds;
-2. runs the exact reduced simulation of THEORY §7 at the log's D, ``runs`` times from the same
+2. runs the exact reduced simulation of docs/theory.md §7 at the log's D, ``runs`` times from the same
    start, and takes the run-to-run standard deviation σ_D(t) (ddof = 1): the fluctuations that
    one training run at this D is expected to show around the D → ∞ limit;
 3. for every order parameter x (each m_{hf}, each Q_{hh'} with h ≤ h', each element of the

@@ -1,4 +1,4 @@
-"""SymPy derivation of the drift integrands of THEORY §5 for any activation of the family.
+"""SymPy derivation of the drift integrands of docs/theory.md §5 for any activation of the family.
 
 The derivation is *structured*: it works for symbolic H and L with IndexedBase objects and
 Kronecker deltas, so its size does not grow with H and L.  With biased scores
@@ -224,7 +224,7 @@ class Structured:
 
 @lru_cache(maxsize=None)
 def derive_structured(norm: str, offset_kind: str) -> Structured:
-    """Derive the structured pieces (THEORY §5 steps 1–2) for a normalisation and offset kind.
+    """Derive the structured pieces (docs/theory.md §5 steps 1–2) for a normalisation and offset kind.
 
     φ stays abstract here: the concrete φ only enters W, D, D2 (see :func:`scalar_functions`)."""
     wx = token_weight(norm, offset_kind, x)

@@ -7,7 +7,7 @@ handwritten digits shipped with scikit-learn (1,797 grey images of 8 × 8, ten c
 file holding ``images`` of shape (n, h, w) or (n, d) with a real dtype (and optionally
 integer ``labels`` of shape (n,)), through the same code path.
 
-The task is the ``empirical`` prior of THEORY §1 at finite dimension D = d (the number of
+The task is the ``empirical`` prior of docs/theory.md §1 at finite dimension D = d (the number of
 pixels, 64 for the UCI digits):
 
 * preprocessing: images flattened to v_i ∈ R^d, centred (the data-set mean image is

@@ -1,4 +1,4 @@
-"""Population error E(M, Q, a, b) and the Bayes error (THEORY §4).
+"""Population error E(M, Q, a, b) and the Bayes error (docs/theory.md §4).
 
 Averaging over the values c_l gives, with e = δ_ε − w,
 

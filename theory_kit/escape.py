@@ -1,8 +1,8 @@
 """The specialisation time from theory: linearised escape from the plateau plus finite-D
-fluctuations (issue #14; THEORY §5, §7, §8).
+fluctuations (issue #14; docs/theory.md §5, §7, §8).
 
 Coordinates.  x = (M raveled, the upper triangle of Q, a if trained, b if trained) ∈ R^n;
-the drift f(x) is the ODE right-hand side of THEORY §5 (``ode.OdeSystem``).
+the drift f(x) is the ODE right-hand side of docs/theory.md §5 (``ode.OdeSystem``).
 
 Reference trajectory.  X_sym(t) solves the ODE from a head-symmetric start (M = 0, Q = η² I
 for keys drawn at random; the head average of given overlaps otherwise).  With a

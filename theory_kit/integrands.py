@@ -1,7 +1,7 @@
-"""Containers and projections of the per-sample drift integrands (THEORY §5).
+"""Containers and projections of the per-sample drift integrands (docs/theory.md §5).
 
 The drifts are expectations of the per-sample integrands dM, dQ^lin, dQ^noise, da, db
-(formulas: ``codegen.drift_integrand`` and THEORY §5).
+(formulas: ``codegen.drift_integrand`` and docs/theory.md §5).
 The integrands themselves are generated from the SymPy derivation (``derive`` → ``codegen``);
 this module holds their container and the conditional-mean projection.  The hand-structured
 NumPy version lives in ``tests/oracle.py`` as the independent oracle they are tested against.

@@ -1,4 +1,4 @@
-"""The multi-feature spiked single-location model (THEORY §1) and its order parameters.
+"""The multi-feature spiked single-location model (docs/theory.md §1) and its order parameters.
 
 Data: L tokens x_l = z_l + 1[l = ε] U θ, z_l ~ N(0, I_D), values c_l ~ N(0, 1),
 target y = c_ε + √Δ ξ.  The heads k_h enter only through the order parameters

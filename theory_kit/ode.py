@@ -1,4 +1,4 @@
-"""Integration of the order-parameter ODEs of online SGD (THEORY §5).
+"""Integration of the order-parameter ODEs of online SGD (docs/theory.md §5).
 
 With the drift expectations of the engines of ``expect`` (E[·] over θ and the scores):
 

@@ -1,4 +1,4 @@
-"""Compiled (numba) SGD step of the exact reduced simulation (THEORY §7, ``simulate``).
+"""Compiled (numba) SGD step of the exact reduced simulation (docs/theory.md §7, ``simulate``).
 
 One block of m steps for R runs, with the block's random numbers drawn beforehand in NumPy
 (so the random stream is laid out exactly as in the NumPy method).  Per run and step:

@@ -1,4 +1,4 @@
-"""Finite-D online SGD (THEORY §1, §5, §7): brute force and an exact reduced simulation.
+"""Finite-D online SGD (docs/theory.md §1, §5, §7): brute force and an exact reduced simulation.
 
 One fresh sample per step: tokens x_l = z_l + 1[l = ε] U θ, values c_l ~ N(0, 1),
 y = c_ε + √Δ ξ, prediction ŷ = Σ_l w_l(S) c_l with scores s_{hl} = k_h · x_l, and

@@ -1,7 +1,7 @@
 """Import and validate a user's own training log (overlaps or raw keys over time).
 
 A training log is what a user's PyTorch/JAX/NumPy code recorded while training the attention
-layer of THEORY §2 by online SGD at its own dimension D.  Two forms are accepted:
+layer of docs/theory.md §2 by online SGD at its own dimension D.  Two forms are accepted:
 
 1. **Overlaps over time**: ``t`` (or ``steps``), ``M`` (times×H×F), ``Q`` (times×H×H),
    optionally ``a``, ``b`` (times×H) and a measured ``loss`` (times,) with its standard error

@@ -1,4 +1,4 @@
-"""Expectations of the order-parameter drifts (THEORY §5) over (θ, scores).
+"""Expectations of the order-parameter drifts (docs/theory.md §5) over (θ, scores).
 
 Every engine reduces the drift to a weighted sum over a *sample set* — θ values and
 whitened scores g (n×H×L) with weights — mapped through the current (M, Q) as

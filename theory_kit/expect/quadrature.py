@@ -1,4 +1,4 @@
-"""Deterministic quadrature for the population error E(M, Q, a, b) (THEORY §4, §5).
+"""Deterministic quadrature for the population error E(M, Q, a, b) (docs/theory.md §4, §5).
 
 Write the error as E = Δ + 1 − 2 E[w_ε] + E[Σ_l w_l²] with the signal at token 0.  Given
 θ the score columns s_{:,l} ∈ R^H are independent Gaussians, N(Mθ, Q) for the signal token

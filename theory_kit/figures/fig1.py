@@ -10,7 +10,7 @@ deterministic curve's τ₂; a fixed Monte Carlo set of affordable size shifts t
 m_{h1} by several 0.01 and splits the heads spuriously), γ = 1 (larger γ slows the escape from
 the unspecialised phase, because the γ² noise inflates the orthogonal part) and a horizon long
 enough for the flipping direction to specialise; the ODE and every SGD run start from the same
-initial overlaps drawn at D.  Simulation: exact reduced SGD (THEORY §7).
+initial overlaps drawn at D.  Simulation: exact reduced SGD (docs/theory.md §7).
 Theory band (orange, m_h2 panel): the SGD τ_2 predicted by ``theory_kit.escape`` from the same
 overlaps at the same D (linearised escape + SGD noise), mean ± std next to the ODE's τ_2.
 """
