@@ -32,7 +32,7 @@ def task_bayes():
 
 
 def flipping_posterior(p: np.ndarray, nu: np.ndarray) -> np.ndarray:
-    """P(ε = l | X) from the closed form of THEORY §4; p of shape (n, F, L)."""
+    """P(ε = l | X) from the closed form of docs/theory.md §4; p of shape (n, F, L)."""
     log_g = np.sqrt(nu[0]) * p[:, 0] + np.sum(
         np.log(np.cosh(np.sqrt(nu[1:])[None, :, None] * p[:, 1:])), axis=1)
     log_g -= log_g.max(axis=1, keepdims=True)

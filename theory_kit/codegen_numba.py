@@ -348,7 +348,7 @@ def vjp_batch(W, D, D2, a, v, Jv, Av, Bv, Qv):
 @njit(cache=True, fastmath=False, inline='always')
 def _drift_one(S, zeta, th, M, Q, B, a, b, qdiag, delta, stein, W, D, D2, w, e, Je, JJ, Ae, Be,
                Qe, St, work1, work2, gz, out):
-    """Per-sample integrands of THEORY 5 into out (K,) (layout in the module doc)."""
+    """Per-sample integrands of docs/theory.md §5 into out (K,) (layout in the module doc)."""
     H, L = S.shape
     F = M.shape[1]
     ok = _weights_inline(S, b, qdiag, a, W, D, D2, w)

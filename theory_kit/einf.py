@@ -1,8 +1,8 @@
-"""Asymptotic error E∞, the global minimum of E, and the Bayes floor (THEORY §4, §6).
+"""Asymptotic error E∞, the global minimum of E, and the Bayes floor (docs/theory.md §4, §6).
 
 Three questions about one task and activation:
 
-* **E∞** — where training ends.  The ODE of THEORY §5 is integrated from several finite-D
+* **E∞** — where training ends.  The ODE of docs/theory.md §5 is integrated from several finite-D
   initialisations (``InitialCondition.draw`` with different seeds) until the state stops
   moving (:class:`StopRule`), and E is evaluated at the final order parameters with the
   most accurate error engine available.  Runs that end at different fixed points are

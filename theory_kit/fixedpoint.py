@@ -1,4 +1,4 @@
-"""Fixed points of the order-parameter dynamics, solved for and certified (THEORY §6).
+"""Fixed points of the order-parameter dynamics, solved for and certified (docs/theory.md §6).
 
 Waiting for the ODE to settle is hopeless near a flat minimum (speeds fall like 1/τ), so
 E∞ runs integrate only until the state has left the plateau, then *solve*:
@@ -69,7 +69,7 @@ class SampledError:
 
     Keys live in R^{F+H}: K = [M | P], Q = K Kᵀ.  A token's projections on that space are
     G_l ~ N(0, I_{F+H}) plus θ on the first F coordinates of the signal token, so the scores
-    S_{hl} = K_h · G_l have exactly the law of THEORY §4.  With g_{hl} = J_{hl}·e and
+    S_{hl} = K_h · G_l have exactly the law of docs/theory.md §4.  With g_{hl} = J_{hl}·e and
     ρ_h = ∂w/∂Q_hh·e,
 
         ∂E/∂K_h = −2 E[Σ_l g_{hl} G_l] − 4 E[ρ_h] K_h,

@@ -4,7 +4,7 @@ Caption: L = 5, η = 1, 5 independent runs.  Left: F = 4, flipping spike with ν
 every f, E∞ against the number of heads H; right: F = 2, H = 4, against the signal strength
 ν (ν1 = ν2 = ν).  Our choices (the captions do not fix them): the gradient-flow limit
 (γ² term dropped, clock τ = γ t), because at finite γ the noise term keeps the keys off the
-minimum and E∞ depends on γ (THEORY §6); initial overlaps drawn at D = 10^4; Monte Carlo
+minimum and E∞ depends on γ (docs/theory.md §6); initial overlaps drawn at D = 10^4; Monte Carlo
 drift with fixed samples until ``einf.StopRule`` hands over (the state has left the plateau
 and its speed falls) or T_max; then the fixed point is solved for and certified
 (``theory_kit.fixedpoint``: local minimum of E on ``solver_points`` importance-tilted Sobol
