@@ -15,8 +15,8 @@ from .. import __version__
 from ..model import check_state_for_task
 from ..ode import OdeSystem, build_system
 from .cmd_ode import add_engine_args, add_rate_args, engine_from_args
-from .common import (add_activation_args, add_task_args, build_activation, build_state,
-                     build_task, print_json)
+from .common import (add_activation_args, add_state_args, add_task_args, build_activation,
+                     build_state, build_task, print_json)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -28,10 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_activation_args(p)
     add_task_args(p)
-    p.add_argument("--M", required=True, help="H x F overlaps as JSON, e.g. '[[0.6,0.15],[0.5,-0.1]]'")
-    p.add_argument("--Q", required=True, help="H x H Gram matrix as JSON")
-    p.add_argument("--a", help="output weights a_h as JSON (default: the preset's)")
-    p.add_argument("--b", help="score biases b_h as JSON (default: the preset's)")
+    add_state_args(p, "[[0.6,0.15],[0.5,-0.1]]")
     add_rate_args(p)
     add_engine_args(p, default="auto")
     p.add_argument("--json", action="store_true", help="print one JSON object")

@@ -5,18 +5,15 @@ import argparse
 
 from .. import error as err
 from ..model import check_state_for_task
-from .common import (add_activation_args, add_task_args, build_activation, build_state,
-                     build_task, print_json)
+from .common import (add_activation_args, add_state_args, add_task_args, build_activation,
+                     build_state, build_task, print_json)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("error", help="population error E(M, Q, a, b) of an activation")
     add_activation_args(p)
     add_task_args(p)
-    p.add_argument("--M", required=True, help="H x F overlaps as JSON, e.g. '[[1,0.8],[0.9,-0.7]]'")
-    p.add_argument("--Q", required=True, help="H x H Gram matrix as JSON")
-    p.add_argument("--a", help="output weights a_h as JSON (default: the preset's)")
-    p.add_argument("--b", help="score biases b_h as JSON (default: the preset's)")
+    add_state_args(p, "[[1,0.8],[0.9,-0.7]]")
     p.add_argument("--method", default="auto", help="auto, quad, mc or mpmath")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run_error)

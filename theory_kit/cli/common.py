@@ -71,6 +71,14 @@ def build_activation(args: argparse.Namespace) -> Activation:
     return get_activation(args.activation)
 
 
+def add_state_args(parser: argparse.ArgumentParser, example: str) -> None:
+    """--M, --Q (required JSON arrays) and --a, --b (default: the activation's presets)."""
+    parser.add_argument("--M", required=True, help=f"H x F overlaps as JSON, e.g. '{example}'")
+    parser.add_argument("--Q", required=True, help="H x H Gram matrix as JSON")
+    parser.add_argument("--a", help="output weights a_h as JSON (default: the preset's)")
+    parser.add_argument("--b", help="score biases b_h as JSON (default: the preset's)")
+
+
 def build_state(args: argparse.Namespace, act: Activation, task: Task) -> State:
     """State from --M, --Q, --a, --b (a and b default to the activation's presets)."""
     M = parse_json_array(args.M, "M", 2)
