@@ -124,3 +124,15 @@ def test_drift_api_equals_cli(capsys):
     d = tk.drift(**kw)
     assert numbers_equal(d.data, cli_json(tk.command_line("drift", json=True, **kw), capsys))
     assert d.dM.shape == (2, 2) and d.dQ.shape == (2, 2) and "Drift(engine=" in repr(d)
+
+
+def test_derive_and_einf_api_equal_cli(capsys):
+    text = tk.derive(activation="softmax1", format="latex").text
+    assert main(["derive", "--activation", "softmax1", "--format", "latex"]) == 0
+    assert text == capsys.readouterr().out
+    kw = dict(activation="bsoftmax", H=2, L=5, nu=[2, 2], runs=1, gradient_flow=True,
+              samples=100, tol=1e-2, T_max=10, chunk=5, error_method="mc", error_samples=5000,
+              no_global_min=True)
+    res = tk.einf(**kw)
+    assert numbers_equal(res.data, cli_json(tk.command_line("einf", json=True, **kw), capsys))
+    assert isinstance(res, tk.EinfResult) and len(res.runs) == 1
