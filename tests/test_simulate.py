@@ -151,10 +151,10 @@ def test_compiled_block_equals_numpy_reference_steps(act: str) -> None:
     run = sim._Run(cfg, sim.step_kernels(activation))
     st, sc = run.state, run.scalars
     smp = sim.draw_samples(cfg.task, run.rng, 200, cfg.runs)
-    tokens = st.draw_tokens(run.rng, 200, smp)
-    ref = reference_block(activation, st.K, st.O, sc.a, sc.b, tokens, smp.c, smp.y, smp.eps,
-                          sc.rates, st.F, sc.delta)
-    assert st.steps(run.kernels, smp, tokens, sc)[1] == sim.FAULT_NONE
+    draws = st.draw_tokens(run.rng, 200, smp)
+    ref = reference_block(activation, st.K, st.O, sc.a, sc.b, draws.assembled(smp, st.F), smp.c,
+                          smp.y, smp.eps, sc.rates, st.F, sc.delta)
+    assert st.steps(run.kernels, smp, draws, sc)[1] == sim.FAULT_NONE
     for got, want in zip((st.K, st.O, sc.a, sc.b, sc.sq_sum), ref):
         np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
     assert np.abs(sc.a - sim.Scalars.initial(cfg).a).min() > 1e-3  # a really moved

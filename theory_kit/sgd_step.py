@@ -96,7 +96,7 @@ def psd_factor(O: np.ndarray) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------- coefficients
-@njit(cache=True)
+@njit(cache=True, inline='always')
 def _coefficients(weights1, vjp1, S, a, b, qdiag, c, y, rates, bayes,
                   W, D, D2, w, beta, rho, da, db):
     """One run's step coefficients (see the module docstring) into beta (H, L), rho, da, db
@@ -148,7 +148,7 @@ def _report(fault, step, kind):
         fault[0], fault[1] = step, kind
 
 
-@njit(cache=True)
+@njit(cache=True, inline='always')
 def _one_step(weights1, vjp1, Kr, Or, ar, br, T, c, y, eps, rates, bayes, F, S, W, D, D2,
               beta, w, qdiag, rho, da, db, X, Onew, P):
     """One reduced step of one run, in place on Kr (H, FH), Or (H, H), ar, br (H,), with the
@@ -203,34 +203,79 @@ def _one_step(weights1, vjp1, Kr, Or, ar, br, T, c, y, eps, rates, bayes, F, S, 
     return (FAULT_NONE if finite else FAULT_NONFINITE), e2
 
 
-@njit(types.void(WEIGHTS_FN, VJP_FN, F8_3, F8_3, F8_2, F8_2, F8_4, F8_3, F8_2, I8_2, F8_1,
-                 types.boolean, types.int64, types.float64, F8_1, I8_1), cache=True)
-def reduced_block(weights1, vjp1, K, O, a, b, tokens, c, y, eps, rates, bayes, F, delta,
-                  sq_sum, fault):
+@njit(cache=True, inline='always')
+def _tokens_into(coords, theta, eps, tri, chi, gauss, T):
+    """One run's token coordinates T (L, FH + k) = [p | q | A] of one step, from its draws:
+    coords (L, FH) = [p | q] before the signal, θ (F,) added to p at the signal token ε, and
+    the Wishart factor A (L × k) either Bartlett (chi non-empty: A_ll = √chi_l, below the
+    diagonal tri in ``np.tril_indices(L, -1)`` order, zero above; k = L) or gauss (L, k)."""
+    L, FH = coords.shape
+    for l in range(L):
+        for k in range(FH):
+            T[l, k] = coords[l, k]
+    for f in range(theta.shape[0]):
+        T[eps, f] += theta[f]
+    if chi.shape[0] > 0:
+        t = 0
+        for l in range(L):
+            for j in range(L):
+                T[l, FH + j] = 0.0
+            for j in range(l):
+                T[l, FH + j] = tri[t]
+                t += 1
+            T[l, FH + l] = np.sqrt(chi[l])
+    else:
+        for l in range(L):
+            for j in range(gauss.shape[1]):
+                T[l, FH + j] = gauss[l, j]
+
+
+@njit(types.void(F8_4, F8_3, I8_2, F8_3, F8_3, F8_4, F8_4), cache=True)
+def tokens_stack(coords, theta, eps, tri, chi, gauss, T):
+    """:func:`_tokens_into` for every step i and run r: the draws (m, R, ...) into
+    T (m, R, L, FH + k); what the block loop assembles step by step (for tests)."""
+    m, R = eps.shape
+    for i in range(m):
+        for r in range(R):
+            _tokens_into(coords[i, r], theta[i, r], eps[i, r], tri[i, r], chi[i, r],
+                         gauss[i, r], T[i, r])
+
+
+@njit(types.void(WEIGHTS_FN, VJP_FN, F8_3, F8_3, F8_2, F8_2, F8_4, F8_3, I8_2, F8_3, F8_3,
+                 F8_4, F8_3, F8_2, F8_1, types.boolean, types.float64, F8_1, I8_1), cache=True)
+def reduced_block(weights1, vjp1, K, O, a, b, coords, theta, eps, tri, chi, gauss, c, y,
+                  rates, bayes, delta, sq_sum, fault):
     """Advance R runs by m reduced SGD steps, in place.
 
     K (R, H, FH) key coordinates [M | P], O (R, H, H) = P Pᵀ, a, b (R, H); per step i and run
-    r: tokens[i, r] (L, FH + k) = [p | q | A], values c[i, r] (L,), label y[i, r], signal
-    location eps[i, r].  rates = (γ, γ_a, γ_b)/D (zero when untrained).  Adds
-    Σ_i Δ + |δ_ε − w|² to sq_sum (R,).  A run that fails stops there; fault (2,) gets the
-    earliest failing step index and its kind (FAULT_NONFINITE: keys, a, b or the residual not
-    finite; FAULT_NORMALISER: κ + Σφ ≤ 0); fault[1] stays FAULT_NONE when all went well.
+    r the draws: coords[i, r] (L, FH) = [p | q], θ[i, r] (F,), signal location eps[i, r],
+    the Wishart factor's tri[i, r] (L(L−1)/2,) and chi[i, r] (L,) (Bartlett; chi of length 0
+    otherwise) or gauss[i, r] (L, k), values c[i, r] (L,), label y[i, r]; the tokens
+    [p | q | A] are assembled by :func:`_tokens_into`.  rates = (γ, γ_a, γ_b)/D (zero when
+    untrained).  Adds Σ_i Δ + |δ_ε − w|² to sq_sum (R,).  A run that fails stops there;
+    fault (2,) gets the earliest failing step index and its kind (FAULT_NONFINITE: keys, a,
+    b or the residual not finite; FAULT_NORMALISER: κ + Σφ ≤ 0); fault[1] stays FAULT_NONE
+    when all went well.
 
     Steps outer, runs inner: the block's random numbers are then read in memory order."""
-    m, R, L, NT = tokens.shape
-    H = K.shape[1]
+    m, R, L, FH = coords.shape
+    H, F = K.shape[1], theta.shape[2]
+    NT = FH + (L if chi.shape[2] > 0 else gauss.shape[3])
     S, W, D, D2 = np.empty((H, L)), np.empty((H, L)), np.empty((H, L)), np.empty((H, L))
     beta = np.empty((H, L))
     w, qdiag = np.empty(L), np.empty(H)
     rho, da, db = np.empty(H), np.empty(H), np.empty(H)
     X, Onew, P = np.empty((H, NT)), np.empty((H, H)), np.empty((H, H))
+    T = np.empty((L, NT))
     sq = np.zeros(R)
     alive = np.ones(R, dtype=np.bool_)
     for i in range(m):
         for r in range(R):
             if not alive[r]:
                 continue
-            kind, e2 = _one_step(weights1, vjp1, K[r], O[r], a[r], b[r], tokens[i, r], c[i, r],
+            _tokens_into(coords[i, r], theta[i, r], eps[i, r], tri[i, r], chi[i, r],
+                         gauss[i, r], T)
+            kind, e2 = _one_step(weights1, vjp1, K[r], O[r], a[r], b[r], T, c[i, r],
                                  y[i, r], eps[i, r], rates, bayes, F, S, W, D, D2, beta, w,
                                  qdiag, rho, da, db, X, Onew, P)
             if kind != FAULT_NONE:

@@ -58,7 +58,8 @@ from .model import Task, ValidationError, as_finite_array, check_int, check_stat
 from .progress import progress_bar
 from .results import Checkpoint, read_json, set_aside, to_jsonable, write_json
 from .sgd_step import (FAULT_NONE, FAULT_NONFINITE, FAULT_NORMALISER, VJP_SIG, WEIGHTS_SIG,
-                       coefficients_stack, psd_factor, reduced_block)
+                       coefficients_stack, psd_factor, reduced_block,
+                       tokens_stack)
 
 METHODS = ("reduced", "brute")
 # random numbers drawn at once for a block of reduced steps (bounds memory, amortises calls)
@@ -70,19 +71,72 @@ CHECKPOINT_SCHEMA = 2
 
 
 # ----------------------------------------------------------------------------- random pieces
+@dataclass
+class WishartDraws:
+    """The random numbers of Wishart factors (leading axes ``size``), in the order drawn.
+
+    Bartlett (dof ≥ p): tri (…, p(p−1)/2) below the diagonal in ``np.tril_indices(p, -1)``
+    order and chi (…, p) ~ χ²(dof − i); gauss is then (…, p, 0).  Otherwise gauss (…, p, dof)
+    and tri, chi have length 0."""
+
+    tri: np.ndarray
+    chi: np.ndarray
+    gauss: np.ndarray
+
+
+def wishart_draws(rng: np.random.Generator, dof: int, size: tuple[int, ...],
+                  p: int) -> WishartDraws:
+    """The draws of :func:`wishart_factor`: one standard_normal call of shape size + (p(p−1)/2,)
+    then one chisquare call of shape size + (p,) (Bartlett), or one standard_normal call of
+    shape size + (p, dof).  A bulk draw of shape (k, n) equals k successive draws of n, so the
+    stream does not depend on how steps are grouped into blocks of draws beyond the calls."""
+    if dof >= p:
+        tri = rng.standard_normal(size + (p * (p - 1) // 2,))
+        chi = rng.chisquare(dof - np.arange(p), size=size + (p,))
+        return WishartDraws(tri, chi, np.empty(size + (p, 0)))
+    return WishartDraws(np.empty(size + (0,)), np.empty(size + (0,)),
+                        rng.standard_normal(size + (p, dof)))
+
+
 def wishart_factor(rng: np.random.Generator, dof: int, size: tuple[int, ...], p: int) -> np.ndarray:
     """A factor A (size × p × k) with A Aᵀ ~ Wishart_p(dof, I), independently over ``size``.
 
     dof ≥ p: Bartlett decomposition, A lower triangular with A_ii = √χ²(dof − i) (i = 0..p−1)
-    and N(0, 1) below the diagonal.  0 ≤ dof < p: A = Gᵀ with G a dof × p Gaussian matrix."""
-    if dof >= p:
-        A = np.zeros(size + (p, p))
-        rows, cols = np.tril_indices(p, -1)
-        A[..., rows, cols] = rng.standard_normal(size + (len(rows),))
-        diag = np.arange(p)
-        A[..., diag, diag] = np.sqrt(rng.chisquare(dof - diag, size=size + (p,)))
-        return A
-    return rng.standard_normal(size + (p, dof))
+    and N(0, 1) below the diagonal.  0 ≤ dof < p: A = Gᵀ with G a dof × p Gaussian matrix.
+    Assembled in NumPy from :func:`wishart_draws` (the compiled step loop assembles the same
+    factor itself, :func:`sgd_step.tokens_stack`)."""
+    draws = wishart_draws(rng, dof, size, p)
+    if dof < p:
+        return draws.gauss
+    A = np.zeros(size + (p, p))
+    rows, cols = np.tril_indices(p, -1)
+    A[..., rows, cols] = draws.tri
+    diag = np.arange(p)
+    A[..., diag, diag] = np.sqrt(draws.chi)
+    return A
+
+
+@dataclass
+class TokenDraws:
+    """The token randomness of a block of reduced steps, leading axes (steps, runs): coords
+    (…, L, F + H) = [p | q] before the signal θ is added, and the Wishart factor's draws."""
+
+    coords: np.ndarray
+    wishart: WishartDraws
+
+    def assembled(self, smp: "Samples", F: int) -> np.ndarray:
+        """The tokens [p | q | A] (…, L, F + H + k) with θ added at the signal, compiled as
+        in the step loop."""
+        wd = self.wishart
+        m, R, L, FH = self.coords.shape
+        k = L if wd.chi.shape[-1] else wd.gauss.shape[-1]
+        T = np.empty((m, R, L, FH + k))
+        tokens_stack(self.coords, _contiguous(smp.theta), smp.eps, wd.tri, wd.chi, wd.gauss, T)
+        return T
+
+
+def _contiguous(x: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(x, dtype=float)
 
 
 @dataclass
@@ -194,25 +248,27 @@ class ReducedState:
     def block_steps(self, runs: int, L: int) -> int:
         return max(1, BLOCK_FLOATS // (runs * L * (self.K.shape[-1] + L)))
 
-    def draw_tokens(self, rng: np.random.Generator, steps: int, smp: Samples) -> np.ndarray:
-        """Per step and run the token coordinates [p | q | A] (L × (F + H + k)): p on u, q on
-        e (plus θ on p at the signal token), and a factor A of the Wishart Gram matrix of the
-        tokens' remainders."""
-        R, H, FH = self.K.shape
-        L = smp.c.shape[-1]
-        coords = rng.standard_normal((steps, R, L, FH))
-        s_idx, r_idx = np.meshgrid(np.arange(steps), np.arange(R), indexing="ij")
-        coords[s_idx, r_idx, smp.eps, :self.F] += smp.theta
-        return np.concatenate([coords, wishart_factor(rng, self.dof, (steps, R), L)], axis=-1)
+    def draw_tokens(self, rng: np.random.Generator, steps: int, smp: Samples) -> TokenDraws:
+        """Per step and run the draws of the token coordinates [p | q | A] (L × (F + H + k)):
+        p on u, q on e (θ is added to p at the signal token inside the step loop), and the
+        draws of a factor A of the Wishart Gram matrix of the tokens' remainders.
 
-    def steps(self, kernels: Any, smp: Samples, tokens: np.ndarray,
+        Stream layout of a block (after :func:`draw_samples`): one standard_normal call of
+        shape (steps, R, L, F + H), then the calls of :func:`wishart_draws`."""
+        R, H, FH = self.K.shape
+        coords = rng.standard_normal((steps, R, smp.c.shape[-1], FH))
+        return TokenDraws(coords, wishart_draws(rng, self.dof, (steps, R), smp.c.shape[-1]))
+
+    def steps(self, kernels: Any, smp: Samples, tokens: TokenDraws,
               scalars: "Scalars") -> tuple[int, int]:
         """The block's steps, compiled (:func:`sgd_step.reduced_block`), in place; returns
         (step index, kind) of the earliest failure, kind FAULT_NONE if there was none."""
         fault = np.zeros(2, dtype=np.int64)
+        wd = tokens.wishart
         reduced_block(kernels.weights1, kernels.vjp1, self.K, self.O, scalars.a, scalars.b,
-                      tokens, smp.c, np.ascontiguousarray(smp.y), smp.eps, scalars.rates,
-                      scalars.bayes, self.F, scalars.delta, scalars.sq_sum, fault)
+                      tokens.coords, _contiguous(smp.theta), smp.eps, wd.tri, wd.chi, wd.gauss,
+                      smp.c, _contiguous(smp.y), scalars.rates, scalars.bayes, scalars.delta,
+                      scalars.sq_sum, fault)
         return int(fault[0]), int(fault[1])
 
     def order_parameters(self) -> tuple[np.ndarray, np.ndarray]:
