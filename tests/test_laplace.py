@@ -249,3 +249,20 @@ def test_far_apart_head_biases_give_the_shift_invariant_drift():
     for f, x in _fields(far).items():
         assert np.all(np.abs(x - ref[f]) < 1e-9), (f, x, ref[f])
     assert eng.checked(task, act, M, Q, a, np.array([1000.0, -1000.0]), 1.0)[1] < 1e-12
+
+
+@pytest.mark.parametrize("prior", ["flipping", "gaussian"])
+def test_wide_score_range_against_the_1d_pair_integral(prior):
+    """Q = 400 spreads ψ = log φ over ~340: with the u grid clipped at a ψ span of 200 (the old
+    default of ``quadrature.u_grid``) E was off by 1.6e−4 (flipping) and 1.4e−2 (Gaussian), with
+    the mass defect as abs_err.  One softmax head at L = 2 depends only on s_1 − s_0: a 1-D
+    mpmath integral (``precise.softmax_pair_error``) that uses no Laplace reduction."""
+    from theory_kit.expect import precise
+    task = Task(2, make_prior(prior, nu=[2.0, 0.5]))
+    act = get_activation("softmax")
+    M, Q = np.array([[8.0, -3.0]]), np.array([[400.0]])
+    a, b = act.a_default(1, 2), act.b_default(1, 2)
+    d = LaplaceDrift().evaluate(task, act, M, Q, a, b)
+    ref = float(precise.softmax_pair_error(task, State(M, Q, a, b), a=float(a[0])))
+    assert abs(d.error - ref) < 1e-10
+    assert max(float(np.max(v)) for v in d.stderr.values()) < 1e-8

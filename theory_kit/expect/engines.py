@@ -8,8 +8,10 @@ the record of what was chosen live here only.
   paired with every θ stratum), fixed along a trajectory or ``fresh`` at every evaluation;
   honest standard errors.
 * ``quad``: :class:`~theory_kit.expect.drift.QuadratureDrift`, tensor Gauss–Hermite when the
-  Gaussian dimension is ≤ 6, otherwise ``samples`` scrambled Sobol points (no error estimate).
-* ``sobol``: ``samples`` scrambled Sobol points at every dimension (no error estimate).
+  Gaussian dimension is ≤ 6 (error estimate: the change to coarser rules), otherwise
+  ``samples`` scrambled Sobol points (error estimate: the spread of independently scrambled
+  replicates that share the points).
+* ``sobol``: ``samples`` scrambled Sobol points at every dimension (replicate error estimate).
 * ``laplace``: the deterministic engine ``expect.laplace.LaplaceDrift`` (imported lazily), with
   an absolute error estimate per field; refused where it does not apply.
 * ``auto``: ``laplace`` where it applies and where it is faster than the sample engine at equal

@@ -58,7 +58,7 @@ from ..integrands import projection_matrix
 from ..model import GaussianPrior, Task, ValidationError
 from . import montecarlo as mc
 from .drift import DriftMeans
-from .quadrature import (COARSE, EIG_TOL, exp_minus_exp, gaussian_nodes, kinks,
+from .quadrature import (COARSE, EIG_TOL, MAX_PSI_SPAN, exp_minus_exp, gaussian_nodes, kinks,
                          piecewise_gauss_legendre_normal, trapezoid_normal, u_grid, whiten)
 
 Mono = tuple[str, ...]           # sorted atom names at one token, e.g. ("D0", "P1", "W0")
@@ -547,8 +547,12 @@ class _Engine:
         if not np.isfinite(hi):
             raise ValidationError(f"activation '{self.act.name}': phi vanishes on the whole "
                                   "score range, so the normaliser is zero")
+        # the whole ψ span (up to MAX_PSI_SPAN, as the error engine): with a wide score
+        # distribution every token of a sample can sit far below the largest ψ, so the
+        # default clip at 200 lost mass (Q = 400, L = 2: E off by 1e−2); the mass check
+        # reports anything beyond
         return u_grid(lo, min(top, hi + U_LOW), self.act.kappa, self.level, low_margin=0.0,
-                      step=U_STEP)
+                      step=U_STEP, max_span=MAX_PSI_SPAN)
 
     # -- patterns ----------------------------------------------------------------------
     def active(self, k: np.ndarray) -> tuple:
