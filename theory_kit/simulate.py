@@ -29,7 +29,13 @@ Methods (both vectorised over runs, same law at every D):
 
   which includes the γ² term |Σ_l β_{hl} x_l|².  The cost per step does not depend on D.
   The steps run compiled (:mod:`theory_kit.sgd_step`) over blocks of steps and all runs,
-  on random numbers drawn for the block in NumPy beforehand.
+  on random numbers drawn for the block in NumPy beforehand; the loop assembles each step's
+  tokens [p | q | A] from them itself.  Stream layout of a block of m steps for R runs, one
+  call each, in this order: ε (m, R) integers, θ (m·R draws of the prior), c (m, R, L), ξ
+  (m, R), [p | q] (m, R, L, F + H) standard normals, then the Wishart factor's
+  N(0, 1) (m, R, L(L−1)/2) and χ² (m, R, L) (or N(0, 1) (m, R, L, D − F − H) when
+  D − F − H < L).  Blocks start at fixed step indices (see :func:`simulate`), so a seed fixes
+  every number and a resumed run continues the same stream.
 
 The step coefficients of both methods come from the generated per-sample kernels of the
 activation (:func:`codegen.sample_kernels`), the same code for presets and a user's φ.
