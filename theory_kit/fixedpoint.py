@@ -196,10 +196,10 @@ class SampledError:
         self.evaluations += 1
         K, w, e, Jv, Av, Bv, Qv = self._per_sample(x)
         wts = self.samples.weights
-        value = self.task.delta + float(wts @ squared_residual(w))
-        dK = (-2.0 * np.tensordot(Jv * wts[:, None, None], self.tokens, axes=([0, 2], [0, 2]))
-              - 4.0 * (wts @ Qv)[:, None] * K)
-        return value, self.pack(dK, -2.0 * wts @ Av, -2.0 * wts @ Bv)
+        value = self.task.delta + float(sample_sum(wts, squared_residual(w)))
+        dK = (-2.0 * np.einsum("nhl,nkl->hk", Jv * wts[:, None, None], self.tokens)
+              - 4.0 * sample_sum(wts, Qv)[:, None] * K)
+        return value, self.pack(dK, -2.0 * sample_sum(wts, Av), -2.0 * sample_sum(wts, Bv))
 
     def value_stderr(self, x: np.ndarray) -> float:
         """Standard error of E at x as if the n noise draws were independent (θ strata of one
@@ -225,6 +225,17 @@ class SampledError:
         np.add.at(groups, self.samples.group, wts[:, None] * per)
         groups *= self.samples.n_groups
         return float(np.sqrt(np.sum(groups.var(axis=0, ddof=1)) / len(groups)))
+
+
+def sample_sum(weights: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Σ_n weights_n values_n over the leading (sample) axis, shape values.shape[1:].
+
+    By NumPy's own loops (``einsum`` without ``optimize``), never BLAS: OpenBLAS splits long
+    dot products (``weights @ values`` with 1-D values) among its threads, so the rounding
+    depended on the thread count — and Dask's workers run with OPENBLAS_NUM_THREADS=1, which
+    made E∞ through a LocalCluster differ from local processes at ~1e-8 after the solver
+    amplified the last-bit difference.  The same holds for the gradient's contraction above."""
+    return np.einsum("n,n...->...", weights, values)
 
 
 def sobol_normals(n: int, dim: int, seed: int) -> np.ndarray:
@@ -330,15 +341,19 @@ class FixedPoint:
     seconds: float
 
     def to_dict(self) -> dict:
+        """The fixed point as JSON.  The wall-clock ``seconds`` sit apart in ``timing``: they are
+        provenance, not data (everything outside ``timing`` is the same bit for bit on every
+        backend and machine)."""
         return {"state": self.state.to_dict(), "certificate": self.certificate.to_dict(),
                 "solver": self.solver, "sampled_error": self.sampled_error,
                 "saddles": self.saddles, "evaluations": self.evaluations,
-                "seconds": self.seconds}
+                "timing": {"seconds": self.seconds}}
 
     @classmethod
     def from_dict(cls, d: dict) -> "FixedPoint":
+        seconds = d["timing"]["seconds"] if "timing" in d else d["seconds"]   # older files
         return cls(State(**d["state"]), Certificate.from_dict(d["certificate"]), d["solver"],
-                   d["sampled_error"], d["saddles"], d["evaluations"], d["seconds"])
+                   d["sampled_error"], d["saddles"], d["evaluations"], seconds)
 
 
 def _eig_tol(eigs: np.ndarray) -> float:
