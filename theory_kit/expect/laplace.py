@@ -52,6 +52,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 import sympy as sp
+from scipy import special
 
 from ..activations import S_SYMBOL, Activation, lambdify_numpy
 from ..integrands import projection_matrix
@@ -78,6 +79,9 @@ JOINT3_Z = 0.64                  # joint H = 3: 3-D grid, step 0.375/σ (coarse-
 FLAT_CHUNK = 4e6                 # kernel entries (u points × nodes) per chunk of the joint rule
 X_CLIP = 6.6                     # e^{−e^{6.6}} underflows: tφ beyond this contributes nothing
 LOG_PATTERN_BOUND = 80.0         # log of a bound on a pattern's factors other than plain tokens
+STRETCH = 3.0                    # lower u tail: steps 1 + STRETCH times wider (``_stretch_low``)
+STRETCH_GAP = 6.0                # ... below u = −ψ_max − STRETCH_GAP, where tφ ≤ e^{−6}
+STRETCH_WIDTH = 1.0              # ... with a transition of this width in u
 GAUSS_TAIL = 2e-17                # P(|z| > 8.5): the score mass the trapezoid does not see
 U_TOP_CUT = 46.0                 # the cut top of the u integral is ≤ e^{−46} ≈ 1e−20 per pattern
 
@@ -558,7 +562,40 @@ class _Engine:
         # reports anything beyond
         ug = u_grid(lo, min(top, hi + U_LOW), self.act.kappa, self.level, low_margin=0.0,
                     step=U_STEP, max_span=MAX_PSI_SPAN)
-        return self._cut_top(ug, heads)
+        return self._cut_top(self._stretch_low(ug, hi), heads)
+
+    def _stretch_low(self, ug: UGrid, psi_max: float) -> UGrid:
+        """The same u range with 1 + ``STRETCH`` times wider steps in the lower tail.
+
+        The trapezoid step h is set by the strip |Im u| < π/2 where e^{−tφ} stays bounded.
+        Below u_c = −ψ_max − ``STRETCH_GAP`` every tφ ≤ e^{−6}, so there e^{−tφ} is bounded
+        in any strip and the integrand (~ e^{ku} times a convergent series in t) is analytic
+        far wider.  Substituting u = g(v) = v − A w softplus((v_c − v)/w) (A = ``STRETCH``,
+        w = ``STRETCH_WIDTH``, v_c = u_c) keeps g(v) = v in the bulk and g′ → 1 + A in the tail;
+        g is analytic in |Im v| < π w, and the trapezoid in v with the same step h covers the
+        ~32 units of tail that U_LOW asks for in a quarter of the points."""
+        v_c = -psi_max - STRETCH_GAP
+        lo, hi = float(ug.u[0]), float(ug.u[-1])
+        if lo >= v_c - STRETCH_WIDTH or len(ug.u) < 2:
+            return ug
+        A, wd = STRETCH, STRETCH_WIDTH
+
+        def g(v: np.ndarray) -> np.ndarray:
+            return v - A * wd * np.logaddexp(0.0, (v_c - v) / wd)
+
+        def dg(v: np.ndarray) -> np.ndarray:
+            return 1.0 + A * special.expit((v_c - v) / wd)
+
+        v_lo = (lo + A * v_c) / (1.0 + A)
+        for _ in range(30):                   # Newton on g(v) = lo (g is convex, increasing)
+            v_lo -= (g(np.array(v_lo)) - lo) / dg(np.array(v_lo))
+        h = float(ug.u[1] - ug.u[0])
+        v = v_lo + h * np.arange(int(np.ceil((hi - v_lo) / h)) + 1)
+        u = g(v)
+        with np.errstate(over="ignore"):
+            damp = (np.exp(-self.act.kappa * np.exp(u)) if self.act.kappa > 0
+                    else np.ones_like(u))
+        return UGrid(u, h * dg(v) * damp)
 
     def _cut_top(self, ug: UGrid, heads: list[int]) -> UGrid:
         """Drop the top of the u grid where every pattern is negligible.
@@ -754,9 +791,9 @@ class _Engine:
         for act_set, ug, heads in checks:
             Ts, Tn = self.plain("signal", act_set), self.plain("noise", act_set)
             total = 0.0
-            if kappa > 0:       # κ t e^{−κt} dt/t, overflow-free; the grid step is uniform
-                h_u = float(ug.u[1] - ug.u[0]) if len(ug.u) > 1 else 1.0
-                kt = h_u * exp_minus_exp(ug.u + np.log(kappa), 1)
+            if kappa > 0:       # κ t e^{−κt} du: the weights hold du e^{−κt} (0 where it underflows)
+                with np.errstate(over="ignore", invalid="ignore"):
+                    kt = np.where(ug.w > 0, kappa * np.exp(ug.u) * ug.w, 0.0)
                 total = float(np.sum(kt * Ts * Tn ** (L - 1)))
             for h in heads:
                 m = (f"W{h}",)
