@@ -18,9 +18,15 @@ Parts (``--parts``, all by default), every ratio against a baseline timed in the
   permutations, RK4 dt = 1 as in Fig. 1) at two sizes; its error is measured against the
   deterministic curve, its convergence rate fitted from the two sizes, and the time it would
   take to reach the deterministic curve's accuracy extrapolated (cost ∝ points).
+* ``default`` (issue #11): what the ``ode`` verb's default engine (``auto``) picks here, and
+  the curve with plain Monte Carlo (``--samples`` fixed draws, RK4 dt = 1) against one
+  brute-force SGD run, with its error of m along the curve measured against the deterministic
+  curve (goal ≥ 300× at an error below 2e-3).
 
-Run:  python benchmarks/bench_ode.py [--parts steps,curve,sample] [--engine laplace]
-      [--sgd-T 0.5] [--T 250] [--save DIR]
+All times are CPU seconds of this process (the machine is shared).
+
+Run:  python benchmarks/bench_ode.py [--parts steps,cost,curve,sample,default] [--engine laplace]
+      [--sgd-T 0.5] [--T 250] [--samples 20000] [--save DIR]
 """
 from __future__ import annotations
 
@@ -30,6 +36,7 @@ import time
 
 import numpy as np
 
+from theory_kit.analysis import specialisation_times
 from theory_kit.expect.engines import build_engine
 from theory_kit.figures.panels import Setting
 from theory_kit.ode import Trajectory, integrate_ode
@@ -42,14 +49,20 @@ METHOD, RTOL, ATOL = "dop853", 1e-8, 1e-11  # the deterministic curve's integrat
 
 
 def curve(engine: object, T: float, method: str, **kw: object) -> tuple[float, Trajectory]:
-    """Seconds and trajectory of one Fig. 1 curve (``out=`` keeps it, and resumes a killed
-    run; the seconds are then those of this process only)."""
+    """CPU seconds (this process, all threads: robust on a shared machine) and trajectory of
+    one Fig. 1 curve (``out=`` keeps it, and resumes a killed run; the seconds are then those
+    of this process only)."""
     s = SETTING
-    start = time.perf_counter()
+    start = time.process_time()
     traj = integrate_ode(s.task(), s.act(), s.initial(), s.gamma, T,
                          times=np.linspace(0.0, T, 126), method=method, engine=engine,
                          progress=False, **kw)
-    return time.perf_counter() - start, traj
+    return time.process_time() - start, traj
+
+
+def tau2(traj: Trajectory) -> float:
+    """The specialisation time along f = 2 (``analysis.specialisation_times``, δ = 0.2)."""
+    return float(np.min(specialisation_times(traj.t, traj.M)[..., 1]))
 
 
 def deviation(a: Trajectory, b: Trajectory) -> tuple[float, float]:
@@ -58,13 +71,13 @@ def deviation(a: Trajectory, b: Trajectory) -> tuple[float, float]:
 
 
 def sgd_seconds(sgd_T: float) -> float:
-    """Wall time of one brute-force SGD run at D = 10^4 up to sgd_T."""
+    """CPU seconds of one brute-force SGD run at D = 10^4 up to sgd_T."""
     s = SETTING
     cfg = SimConfig(s.task(), s.act(), s.H, D, times=(0.0, sgd_T), gamma=s.gamma, eta=1.0,
                     seed=0, method="brute", error_samples=16)
-    start = time.perf_counter()
+    start = time.process_time()
     simulate(cfg)
-    return time.perf_counter() - start
+    return time.process_time() - start
 
 
 def part_steps(T: float) -> None:
@@ -115,7 +128,31 @@ def part_curve(T: float, engine_name: str, sgd_T: float, save: str | None
     print(f"  brute-force SGD, D = {D}, one run to T = {T:g}: {sgd_full:.0f} s ({how})")
     print(f"  ratio SGD / theory = {ratio:.1f} (goal >= 1000: {'met' if ratio >= 1000 else 'NOT met'})")
     print(f"  m(T) = {np.round(traj.M[-1], 6).tolist()}, E(T) = {traj.error[-1]:.8f}")
+    print(f"  tau_2 (delta = 0.2, 126 records) = {tau2(traj):.2f}; tightened curve: "
+          f"{tau2(tight):.2f}")
     return traj, secs, max(dm, dq, float(np.max(traj.drift_err)))
+
+
+def part_default(T: float, reference: Trajectory, sgd_T: float, samples: int) -> None:
+    """Issue #11's line: the curve at the ``ode`` verb's default engine (``auto``: what it
+    picks here is printed) and at its Monte Carlo fallback (``samples`` fixed draws, RK4 dt =
+    1 as in the figures), against one brute-force SGD run; the MC error of m along the curve is
+    measured against the deterministic curve (and the engine's own largest standard error)."""
+    s = SETTING
+    auto = build_engine("auto", s.task(), s.act(), s.H, samples=samples, state=s.initial().state)
+    sel = auto.params()["selection"]
+    print(f"[default] engine auto picks {sel['engine']} here ({sel['reason']})")
+    sgd_full = sgd_seconds(sgd_T) * T / sgd_T
+    engine = build_engine("mc", samples=samples, seed=0)
+    secs, traj = curve(engine, T, "rk4", dt=1.0)
+    err_m = float(np.abs(traj.M - reference.M).max())
+    err_mid = float(np.abs(traj.M - reference.M)[traj.t <= 0.5 * T].max())
+    ratio = sgd_full / secs
+    ok = "met" if ratio >= 300 and err_m < 2e-3 else "NOT met"
+    print(f"  mc, {samples} draws, rk4 dt 1: {secs:.0f} CPU s; error of m along the curve "
+          f"(against {METHOD} + deterministic drift) max {err_m:.1e} (t <= {0.5 * T:g}: "
+          f"{err_mid:.1e}), largest MC standard error of the drift {np.max(traj.drift_err):.1e}")
+    print(f"  ratio SGD / mc curve = {ratio:.0f} (goal >= 300 at error < 2e-3: {ok})")
 
 
 def part_sample(T: float, reference: Trajectory, secs_det: float, accuracy: float) -> None:
@@ -128,7 +165,10 @@ def part_sample(T: float, reference: Trajectory, secs_det: float, accuracy: floa
               f"error against the deterministic curve max(|dm|, |dQ|) {errs[n]:.1e}")
     rate = np.log(errs[1024] / errs[4096]) / np.log(4.0)
     target = max(accuracy, 1e-12)
-    n_needed = 4096 * (errs[4096] / target) ** (1.0 / max(rate, 1e-3))
+    if rate < 0.1:
+        print(f"  no convergence between 1024 and 4096 points (rate {rate:.2f}): no extrapolation")
+        return
+    n_needed = 4096 * (errs[4096] / target) ** (1.0 / rate)
     secs = times[4096] * n_needed / 4096
     print(f"  fitted rate error ~ n^-{rate:.2f}; to reach {target:.1e} it needs ~{n_needed:.1e} "
           f"points, ~{secs:.1e} s per curve ({secs / 3600:.1e} h)")
@@ -212,12 +252,15 @@ def part_cost(T: float, engine_name: str, sgd_T: float) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parts", default="steps,cost",
-                        help="steps, cost (default), and curve, sample: the full deterministic "
-                             "curve run (long: ~10 CPU min per curve)")
+                        help="steps, cost (default), and curve, sample, default: the full "
+                             "deterministic curve, the sample engine and the ode verb's default "
+                             "engine against it (~20 CPU min together)")
     parser.add_argument("--engine", default="laplace", help="the deterministic engine")
     parser.add_argument("--T", type=float, default=SETTING.T)
     parser.add_argument("--sgd-T", type=float, default=0.5)
     parser.add_argument("--save", help="folder keeping the deterministic curves (resumable)")
+    parser.add_argument("--samples", type=int, default=20_000,
+                        help="Monte Carlo draws of the default part (the ode verb's default)")
     args = parser.parse_args()
     os.environ.setdefault("THEORY_KIT_NO_PROGRESS", "1")
     parts = set(args.parts.split(","))
@@ -231,6 +274,8 @@ def main() -> None:
         reference, secs, accuracy = part_curve(args.T, args.engine, args.sgd_T, args.save)
         if "sample" in parts:  # its error is measured against the deterministic curve
             part_sample(args.T, reference, secs, accuracy)
+        if "default" in parts:
+            part_default(args.T, reference, args.sgd_T, args.samples)
 
 
 if __name__ == "__main__":

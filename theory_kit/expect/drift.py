@@ -245,11 +245,15 @@ class QuadratureDrift(SampleDrift):
 
     Error estimates (``stderr``), both fixed along a trajectory like the nodes:
 
-    * Sobol: randomised QMC.  The ``qmc_points`` are ``replicates`` independently scrambled
-      Sobol sets of 2^m / replicates points each (seeds (seed, r)); the value is their mean X̄
-      and the error estimate the standard error of that mean,
-      sd_r(X_r) / √replicates — the replicates are i.i.d. unbiased estimates, so this is an
-      honest (random) error bar at the cost of the points alone.
+    * Sobol: the one scrambled set of 2^m ≥ ``qmc_points`` points (the same points, hence the
+      same values, as without an estimate) is evaluated as ``replicates`` consecutive blocks,
+      each a scrambled net of 2^m / replicates points and an unbiased estimate on its own.
+      The value is their mean (= the full set's) and the error estimate sd_r(X_r) / √R, the
+      standard error the mean of R independent replicates would have.  The blocks of one
+      scrambling are not independent, and the full set is better balanced than independent
+      blocks would be, so this is conservative: against the deterministic engine (softmax,
+      bsoftmax, H = 2, L = 3–4, 1024 and 8192 points, 6 seeds) the true error over this
+      estimate had an RMS of 0.25–0.5 and a largest value of 1.7.
     * Gauss–Hermite: max(|X_n − X_{n−2}|, |X_n − X_{n/2}|), the change to the rules with two
       fewer and half the nodes per dimension (an extra (1 − 2/n)^dim + 2^−dim of the cost).
       Measured against the deterministic engine (softmax, softmax1, bsoftmax, relu; H ≤ 2,
@@ -287,9 +291,9 @@ class QuadratureDrift(SampleDrift):
         return "gauss-hermite" if dim <= self.max_tensor_dim else "sobol"
 
     def n_replicates(self) -> int:
-        """Scrambled replicates actually used: at most one per 16 points (2^m in all)."""
+        """Blocks actually used: a power of two ≤ ``replicates``, at most one per 16 points."""
         total = 2 ** int(np.ceil(np.log2(self.qmc_points)))
-        return int(max(2, min(self.replicates, total // 16)))
+        return int(2 ** np.floor(np.log2(max(2, min(self.replicates, total // 16)))))
 
     def evaluate(self, task: Task, act: Activation, M: np.ndarray, Q: np.ndarray,
                  a: np.ndarray, b: np.ndarray) -> DriftMeans:
@@ -371,15 +375,13 @@ class QuadratureDrift(SampleDrift):
 
     def _sobol(self, n_gauss: int, n_theta: int, replicate: int | None
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """Scrambled Sobol points mapped to normals (equal weights): 2^m ≥ qmc_points of them,
-        or replicate r's share 2^m / replicates (its own scrambling, seed (seed, r))."""
+        """2^m ≥ qmc_points scrambled Sobol points mapped to normals (equal weights), or
+        block ``replicate`` of them (consecutive 2^m / replicates points: a net itself)."""
         m = int(np.ceil(np.log2(self.qmc_points)))  # Sobol balance needs 2^m points
-        if replicate is None:
-            seed: object = self.seed
-        else:
-            m = max(1, m - int(np.floor(np.log2(self.n_replicates()))))
-            seed = np.random.default_rng([abs(self.seed), int(replicate)])
-        u = stats.qmc.Sobol(n_gauss + n_theta, scramble=True, seed=seed).random_base2(m)
+        u = stats.qmc.Sobol(n_gauss + n_theta, scramble=True, seed=self.seed).random_base2(m)
+        if replicate is not None:
+            size = len(u) // self.n_replicates()
+            u = u[replicate * size:(replicate + 1) * size]
         z = special.ndtri(np.clip(u, 1e-15, 1 - 1e-15))
         abs_theta = np.abs(z[:, n_gauss:]) if n_theta else None
         return z[:, :n_gauss], np.full(len(z), 1.0 / len(z)), abs_theta
