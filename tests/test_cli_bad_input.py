@@ -138,8 +138,11 @@ def build_cases() -> list[tuple[str, list[str], str]]:
     add("error --a malformed", with_opt("error", "--a", "[1,"), "a")
     add("error --a length 3", with_opt("error", "--a", "[1,1,1]"), "a")
     add("error --b NaN", with_opt("error", "--b", "[NaN,0]"), "b")
-    add("error --phi and --activation", BASE["error"] + ["--phi", "s"], "activation")
-    add("error without activation", with_opt("error", "--activation", None), "activation")
+    # --activation and --phi are one required, mutually exclusive pair (argparse's messages)
+    add("error --phi and --activation", BASE["error"] + ["--phi", "s"], "argument --phi")
+    for v in ACT_VERBS + ("escape",):
+        add(f"{v} without activation", with_opt(v, "--activation", None),
+            "one of the arguments --activation --phi is required")
     add("drift --a length 3", with_opt("drift", "--a", "[1,1,1]"), "a")
     add("drift --gamma-b -1", with_eq("drift", "--gamma-b", "-1"), "gamma_b")
     add("drift --engine quad --fresh", BASE["drift"] + ["--engine", "quad", "--fresh"], "engine")
@@ -230,7 +233,7 @@ def test_bad_input_exits_2_with_one_line(argv, param, files, capsys, monkeypatch
     prefix = f"theory-kit {argv[0]}: error: "
     assert lines[-1].startswith(prefix), lines[-1]
     message = lines[-1][len(prefix):]
-    if param.startswith("argument "):  # argparse: usage lines, then its one error line
+    if param.startswith(("argument ", "one of the arguments")):  # argparse: usage, then its line
         assert lines[0].startswith("usage:") and message.startswith(param), err
     else:
         assert len(lines) == 1, err

@@ -296,14 +296,18 @@ ODE = ["ode", "--activation", "softmax", "--L", "2", "--nu", "2,2", "--H", "2", 
 
 def _out_cases(root: Path) -> dict[str, str]:
     (root / "afile").write_text("x")
-    (root / "adir").mkdir()
+    (root / "adir.json").mkdir()
     return {"under a file": str(root / "afile" / "o.json"), "empty": "",
-            "name too long": str(root / ("n" * 300 + ".json")), "a folder": str(root / "adir"),
-            "deep under a file": str(root / "afile" / "a" / "b" / "o.json")}
+            "name too long": str(root / ("n" * 300 + ".json")),
+            "a folder named .json": str(root / "adir.json"),
+            "deep under a file": str(root / "afile" / "a" / "b" / "o.json"),
+            "folder under a file": str(root / "afile" / "results"),
+            "folder name too long": str(root / ("n" * 300))}
 
 
-@pytest.mark.parametrize("case", ["under a file", "empty", "name too long", "a folder",
-                                  "deep under a file"])
+@pytest.mark.parametrize("case", ["under a file", "empty", "name too long", "a folder named .json",
+                                  "deep under a file", "folder under a file",
+                                  "folder name too long"])
 def test_unwritable_out_exits_3(case, tmp_path, capsys):
     out = _out_cases(tmp_path)[case]
     before = sorted(p.name for p in tmp_path.rglob("*"))

@@ -131,9 +131,10 @@ def _run(argv: list[str]) -> str:
         lines = [ln for ln in err.getvalue().splitlines() if "error:" in ln]
         raise ValidationError(lines[-1].split("error:", 1)[1].strip() if lines
                               else f"bad arguments: {' '.join(argv)}") from None
+    from .cli.common import run_verb
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        args.func(args)
+        run_verb(args)
     return out.getvalue()
 
 
@@ -285,17 +286,11 @@ def figure(number: int, **kwargs: Any) -> rt.FigureResult:
 
 
 def _progress_flag(verb: str, kwargs: dict) -> dict:
-    """``progress=False`` as the verb spells it (``--no-progress`` or ``--progress``)."""
-    if "progress" not in kwargs:
+    """``progress=`` for a verb with ``--progress/--no-progress``; dropped for a quick verb
+    that has no bars."""
+    if "progress" not in kwargs or "progress" in _option_map(verb):
         return kwargs
-    kwargs = dict(kwargs)
-    show = kwargs.pop("progress")
-    actions = _option_map(verb)
-    if "progress" in actions:
-        kwargs["progress"] = show
-    elif "no_progress" in actions:
-        kwargs["no_progress"] = not show
-    return kwargs
+    return {k: v for k, v in kwargs.items() if k != "progress"}
 
 
 load = rt.load

@@ -50,7 +50,7 @@ from .figures.compare import Comparison, comparison_figure
 from .initial import InitialCondition
 from .model import Task, check_int, check_state_for_task, fail
 from .ode import integrate_ode
-from .results import read_json, to_jsonable, write_json
+from .results import atomic_replace, read_json, read_piece, to_jsonable, write_json
 from .simulate import SimConfig, simulate
 from .userdata import TrainingLog
 
@@ -157,11 +157,10 @@ class KeyedFiles:
         return self.folder / f"{name}.json"
 
     def load(self, name: str) -> dict | None:
-        path = self.path(name)
-        if not path.exists():
+        saved = read_piece(self.path(name))  # a corrupt one is set aside and recomputed
+        if saved is None or saved.get("key") != to_jsonable(self.keys[name]):
             return None
-        saved = read_json(path)
-        return saved["value"] if saved.get("key") == to_jsonable(self.keys[name]) else None
+        return saved.get("value")
 
     def save(self, name: str, value: dict) -> dict:
         write_json(self.path(name), {"key": self.keys[name], "value": value})
@@ -361,17 +360,16 @@ def figure_comparison(report: dict) -> Comparison:
                       report["params"]["settings"]["runs"])
 
 
-def write_report(report: dict, out_dir: str | Path) -> tuple[Path, Path]:
-    """``compare.json`` (the report) and ``compare.png`` (the overlay) in ``out_dir``."""
-    out = Path(out_dir)
-    js = write_json(out / "compare.json", report)
+def write_report(report: dict, out: str | Path) -> tuple[Path, Path]:
+    """The report as JSON and the overlay as PNG beside it (``x.json`` → ``x.png``); a folder
+    ``out`` (no ``.json`` suffix) gets ``compare.json`` and ``compare.png``."""
+    out = Path(out)
+    js = write_json(out if out.suffix == ".json" else out / "compare.json", report)
     D = report["params"]["settings"]["D"]
     title = (f"user data (dots, bars: expected spread at D = {D}) vs ODE (lines): "
              f"{report['verdict']}")
     fig = comparison_figure(figure_comparison(report), title)
-    png = out / "compare.png"
-    tmp = png.with_name(f".{png.name}.tmp.png")
-    fig.savefig(tmp, format="png")
+    png = js.with_name(js.stem + ".png")
+    atomic_replace(png, lambda handle: fig.savefig(handle, format="png"), ".png")
     plt.close(fig)
-    tmp.replace(png)
     return js, png

@@ -31,11 +31,23 @@ _OUTPUT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.ENAMETOOLONG, e
 def _verb_parser_class():
     import argparse
 
+    class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+        """Every option's default, "(required)" on required options, and nothing for an
+        option whose absence its help explains (default None)."""
+
+        def _get_help_string(self, action: argparse.Action) -> str:
+            text = action.help or ""
+            if action.required:
+                return text + " (required)"
+            if action.default is None:
+                return text
+            return super()._get_help_string(action)
+
     class VerbParser(argparse.ArgumentParser):
-        """A verb's parser: --help lists every option's default."""
+        """A verb's parser: --help lists every option's default and marks required ones."""
 
         def __init__(self, *args, **kwargs) -> None:
-            kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
+            kwargs["formatter_class"] = HelpFormatter
             super().__init__(*args, **kwargs)
     return VerbParser
 
@@ -208,14 +220,15 @@ def _report(exc: BaseException, command: str, out: object, debug: bool) -> int:
 def _run(args, debug: bool) -> int:
     """Run the verb under the output lock, mapping its failures (see :func:`classify`)."""
     from ..results import OutputLock
+    from .common import run_verb
 
     out = getattr(args, "out", None)
     try:
         if out is None:
-            status = int(args.func(args) or 0)
+            status = run_verb(args)
         else:
             with OutputLock(out):
-                status = int(args.func(args) or 0)
+                status = run_verb(args)
         sys.stdout.flush()  # a closed pipe shows here, inside the guard
         return status
     except (KeyboardInterrupt, SystemExit):

@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 import argparse
-import os
-from pathlib import Path
 
 from ..comparison import THRESHOLD, CompareSettings, compare_log, write_report
 from ..model import ValidationError
 from ..userdata import TIME_UNITS, load_training_log
-from .common import (add_activation_args, add_executor_args, add_task_args, build_activation,
-                     build_task, sweep_executor)
+from .common import (add_activation_args, add_executor_args, add_out_arg, add_progress_arg,
+                     add_task_args, beside, build_activation, build_task, out_json,
+                     sweep_executor)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -38,15 +37,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the simulation and the ODE samples")
     p.add_argument("--threshold", type=float, default=THRESHOLD,
                    help="largest |deviation| / spread still called consistent")
-    p.add_argument("--out", default="compare", help="output folder (default ./compare)")
-    p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    add_out_arg(p, "compare.json and compare.png (finished pieces are kept in "
+                   "<file>.work/ for a resume)", default="compare")
+    add_progress_arg(p)
     add_executor_args(p, 1, "the ODE seeds and the simulation")
     p.set_defaults(func=run_compare)
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    if args.no_progress:  # the simulation's bar listens only to this switch
-        os.environ["THEORY_KIT_NO_PROGRESS"] = "1"
     task = build_task(args)
     act = build_activation(args)
     log = load_training_log(args.data, D=args.D, time_unit=args.time_unit)
@@ -61,10 +59,10 @@ def run_compare(args: argparse.Namespace) -> int:
     settings = CompareSettings(gamma=gamma, D=D, runs=args.runs, samples=args.samples,
                                ode_seeds=args.ode_seeds, dt=args.dt, seed=args.seed,
                                threshold=args.threshold)
-    out = Path(args.out)
+    out = out_json(args.out, "compare.json")
     with sweep_executor(args) as executor:
-        report = compare_log(log, task, act, settings, workdir=out / "work",
-                             progress=not args.no_progress, executor=executor, jobs=args.jobs)
+        report = compare_log(log, task, act, settings, workdir=beside(out, ".work"),
+                             progress=args.progress, executor=executor, jobs=args.jobs)
     js, png = write_report(report, out)
     worst = report["worst"]
     print(f"{report['verdict']}: largest deviation {worst['quantity']} = "

@@ -24,8 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                      "one state",
                        description="Evaluate the drift of the order parameters at (M, Q, a, b) "
                                    "with the engine's error estimates; the same numbers as the "
-                                   "ODE's right-hand side.",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                   "ODE's right-hand side.")
     add_activation_args(p)
     add_task_args(p)
     add_state_args(p, "[[0.6,0.15],[0.5,-0.1]]")

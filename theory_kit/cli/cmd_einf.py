@@ -6,8 +6,8 @@ import argparse
 from .. import einf
 from ..expect.drift import ENGINES
 from ..model import check_int, fail
-from .common import (add_activation_args, add_executor_args, add_task_args, build_activation,
-                     build_task, print_json, sweep_executor)
+from .common import (add_activation_args, add_executor_args, add_progress_arg, add_task_args,
+                     build_activation, build_task, print_json, sweep_executor)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -62,6 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workdir", help="folder for per-run results (resume)")
     add_executor_args(p, 1, "runs")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_progress_arg(p)
     p.set_defaults(func=run_einf)
 
 
@@ -91,7 +92,8 @@ def run_einf(args: argparse.Namespace) -> int:
         result = einf.asymptotic_error(task, act, H, settings, runs=runs, D=D, eta=args.eta,
                                        seed=args.seed, workdir=args.workdir, jobs=args.jobs,
                                        with_minimum=not args.no_global_min,
-                                       minimum_starts=args.min_starts, executor=executor)
+                                       minimum_starts=args.min_starts, executor=executor,
+                                       progress=args.progress)
     data = result.to_dict()
     if args.json:
         print_json(data)

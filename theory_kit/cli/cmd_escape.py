@@ -11,8 +11,8 @@ from ..model import Task, ValidationError, fail, make_prior
 from ..ode import initial_condition
 from ..results import write_json
 from .cmd_ode import add_rate_args
-from .common import add_activation_args, build_activation, parse_float_list, parse_json_array, \
-    print_json
+from .common import (add_activation_args, add_out_arg, add_progress_arg, build_activation,
+                     out_json, parse_float_list, parse_json_array, print_json)
 
 DEFAULT_D = "250,500,1000,2000,4000"
 
@@ -54,9 +54,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="also continue the escape through the nonlinear ODE from amplitude "
                         "delta/4 (and delta/8) and report the shift of <tau>")
     p.add_argument("--seed", type=int, default=0, help="seed of the samples")
-    p.add_argument("--out", help="write the full result (JSON) here")
+    add_out_arg(p, "escape.json (the full result; default: not written)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    add_progress_arg(p)
     p.set_defaults(func=run_escape)
 
 
@@ -89,9 +89,9 @@ def run_escape(args: argparse.Namespace) -> int:
                         runs=args.runs, n_points=args.points, dt=args.dt,
                         continuation=args.nonlinear, seed=args.seed, train_a=args.train_a,
                         train_b=args.train_b, gamma_a=args.gamma_a, gamma_b=args.gamma_b,
-                        progress=not args.no_progress)
-    if args.out:
-        write_json(args.out, result)
+                        progress=args.progress)
+    if args.out is not None:
+        write_json(out_json(args.out, "escape.json"), result)
     if args.json:
         print_json(result)
     else:

@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 
 from ..figures import runner
-from .common import add_executor_args, sweep_executor
+from ..model import fail
+from .common import add_executor_args, add_out_arg, add_progress_arg, out_json, sweep_executor
 
 # the budget of a full figure (15 min) assumes both cores of a 2-core machine are used
 DEFAULT_JOBS = max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
@@ -21,7 +23,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("number", type=int, metavar="N", help="figure number, 1 to 14")
     p.add_argument("--quick", action="store_true",
                    help="fewer runs/samples and smaller D: under a minute, same layout")
-    p.add_argument("--out", default="figures", help="output folder (default ./figures)")
+    add_out_arg(p, "figN.json and figN.png (a .json name must then be figN.json)",
+                default="figures")
+    add_progress_arg(p)
     add_executor_args(p, DEFAULT_JOBS, "independent pieces (default: the number of cores, "
                                        "capped at 4)")
     p.add_argument("--data", metavar="FILE.npz",
@@ -35,12 +39,22 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     number = runner.check_number(args.number)
+    folder = output_folder(args.out, number)
     if args.redraw:
-        written = [runner.redraw(number, args.out)]
+        written = [runner.redraw(number, folder)]
     else:
         with sweep_executor(args) as executor:
-            written = runner.run_figure(number, quick=args.quick, out=args.out, jobs=args.jobs,
+            written = runner.run_figure(number, quick=args.quick, out=folder, jobs=args.jobs,
                                          data=args.data, executor=executor)
     for path in written:
         print(f"wrote {path}")
     return 0
+
+
+def output_folder(out: str, number: int) -> Path:
+    """The folder of figN.json/figN.png that ``--out`` names (a folder, or .../figN.json)."""
+    js = out_json(out, f"fig{number}.json")
+    if js.name != f"fig{number}.json":
+        fail("out", f"figure {number} writes fig{number}.json and fig{number}.png: give a folder "
+             f"or a path ending in fig{number}.json", out)
+    return js.parent

@@ -10,8 +10,8 @@ from ..expect.engines import ENGINE_NAMES, DriftEngine, build_engine
 from ..model import State, Task, check_int
 from ..ode import METHODS, initial_condition, integrate_ode
 from ..resources import check_ode
-from .common import (add_activation_args, add_task_args, build_activation, build_task,
-                     parse_float_list, parse_json_array)
+from .common import (add_activation_args, add_out_arg, add_progress_arg, add_task_args,
+                     build_activation, build_task, out_json, parse_float_list, parse_json_array)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -43,8 +43,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rtol", type=float, default=1e-6, help="adaptive methods: relative tolerance")
     p.add_argument("--atol", type=float, default=1e-9, help="adaptive methods: absolute tolerance")
     add_engine_args(p)
-    p.add_argument("--out", required=True, help="output JSON file")
-    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    add_out_arg(p, "ode.json", required=True)
+    add_progress_arg(p)
     p.set_defaults(func=run_ode)
 
 
@@ -101,6 +101,7 @@ def run_ode(args: argparse.Namespace) -> int:
                            b0=parse_json_array(args.b0, "b0", 1), D=args.D, eta=args.eta,
                            seed=args.seed)
     times = None if args.times is None else parse_float_list(args.times, "times")
+    out = out_json(args.out, "ode.json")
     strata = len(task.prior.atoms()[1]) if task.prior.is_discrete else 1
     if np.isfinite(args.T) and args.T > 0 and np.isfinite(args.dt) and args.dt > 0:
         check_ode(args.samples, ic.state.H, task.L, strata, args.T, args.dt)
@@ -108,11 +109,10 @@ def run_ode(args: argparse.Namespace) -> int:
                          dt=args.dt, rtol=args.rtol, atol=args.atol,
                          engine=engine_from_args(args, task, act, ic.state), train_a=args.train_a,
                          train_b=args.train_b, gamma_a=args.gamma_a, gamma_b=args.gamma_b,
-                         gradient_flow=args.gradient_flow, out=args.out,
-                         progress=not args.no_progress)
+                         gradient_flow=args.gradient_flow, out=out, progress=args.progress)
     last = np.round(traj.M[-1], 4).tolist()
     se = traj.error_stderr[-1]
     spread = f" +/- {se:.2g}" if se > 0 else ""
-    print(f"wrote {args.out}: {len(traj.t)} times up to t = {traj.t[-1]:g}; "
+    print(f"wrote {out}: {len(traj.t)} times up to t = {traj.t[-1]:g}; "
           f"E(T) = {traj.error[-1]:.6g}{spread}; M(T) = {last}")
     return 0

@@ -11,8 +11,8 @@ from ..model import Task, ValidationError
 from ..resources import check_simulation
 from ..ode import initial_condition as ode_initial_condition
 from ..simulate import METHODS, SimConfig, simulate_to_file, stored_result
-from .common import (add_activation_args, add_task_args, build_activation, build_task,
-                     parse_float_list, parse_json_array)
+from .common import (add_activation_args, add_out_arg, add_progress_arg, add_task_args,
+                     build_activation, build_task, out_json, parse_float_list, parse_json_array)
 
 DEFAULT_RECORDS = 31
 
@@ -42,7 +42,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    f"(default: {DEFAULT_RECORDS} equally spaced in [0, T])")
     p.add_argument("--error-samples", type=int, default=512,
                    help="Monte Carlo draws per run for the recorded population error")
-    p.add_argument("--out", required=True, help="output JSON (resumes from <out>.partial.json)")
+    add_out_arg(p, "simulate.json (a killed run resumes from <file>.partial.json)",
+                required=True)
+    add_progress_arg(p)
     p.set_defaults(func=run_simulate)
 
 
@@ -80,10 +82,11 @@ def run_simulate(args: argparse.Namespace) -> int:
                     train_a=args.train_a, train_b=args.train_b, gamma_a=args.gamma_a,
                     gamma_b=args.gamma_b, error_samples=args.error_samples)
     check_simulation(cfg.D, cfg.H, task.L, cfg.runs, float(cfg.times[-1]))
-    stored = stored_result(cfg, args.out)
-    result = stored if stored is not None else simulate_to_file(cfg, args.out)
+    out = out_json(args.out, "simulate.json")
+    stored = stored_result(cfg, out)
+    result = stored if stored is not None else simulate_to_file(cfg, out)
     done = "kept (already computed with these parameters)" if stored is not None else "wrote"
     final = result.error[:, -1]
-    print(f"{done} {args.out}: {cfg.runs} run(s), t = {result.t[-1]:g}, "
+    print(f"{done} {out}: {cfg.runs} run(s), t = {result.t[-1]:g}, "
           f"final error {final.mean():.4g} +/- {final.std():.2g} (over runs)")
     return 0

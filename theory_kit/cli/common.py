@@ -3,15 +3,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 
-from .. import executor
+from .. import executor, progress
 from ..activations import NORMS, OFFSETS, Activation, custom_activation, get_activation
-from ..model import (PRIOR_NAMES, State, Task, ValidationError, as_finite_array, check_int,
-                     make_prior)
+from ..model import (PRIOR_NAMES, OutputError, State, Task, ValidationError, as_finite_array,
+                     check_int, make_prior)
 
 
 def parse_json_array(text: str | None, param: str, ndim: int) -> np.ndarray | None:
@@ -50,12 +52,16 @@ def build_task(args: argparse.Namespace) -> Task:
     return Task(args.L, make_prior(args.prior, nu=parse_float_list(args.nu, "nu")), args.delta)
 
 
-def add_activation_args(parser: argparse.ArgumentParser, required: bool = False) -> None:
-    """--activation NAME, or a user activation by --phi/--norm/--kappa/--offset."""
-    parser.add_argument("--activation", help="preset: softmax, softmax1, bsoftmax, linear, "
-                                             "relu, sigmoid, erf")
-    parser.add_argument("--phi", help="user-defined phi as a SymPy expression in s, "
-                                      "e.g. 'log(1+exp(s))'")
+def add_activation_args(parser: argparse.ArgumentParser) -> None:
+    """--activation NAME or --phi EXPR (exactly one is required), with --norm/--kappa/--offset
+    for a user φ."""
+    group = parser.add_mutually_exclusive_group(required=True)
+    group.add_argument("--activation", metavar="NAME",
+                       help="required unless --phi: a preset, one of softmax, softmax1, "
+                            "bsoftmax, linear, relu, sigmoid, erf")
+    group.add_argument("--phi", metavar="EXPR",
+                       help="required unless --activation: a user phi as an expression in s, "
+                            "e.g. 'log(1+exp(s))' (parsed by a whitelist, never evaluated)")
     parser.add_argument("--norm", default="per-head", help=f"with --phi: {', '.join(NORMS)}")
     parser.add_argument("--kappa", type=float, default=0.0, help="with --phi: kappa >= 0")
     parser.add_argument("--offset", default="none", help=f"with --phi: {', '.join(OFFSETS)}")
@@ -103,7 +109,7 @@ def add_executor_args(parser: argparse.ArgumentParser, default_jobs: int = 1,
                       what: str = "independent pieces") -> None:
     """--jobs K (local worker processes) and --scheduler (a Dask cluster instead)."""
     parser.add_argument("--jobs", type=int, default=default_jobs,
-                        help=f"{what} in K parallel worker processes (default {default_jobs}); "
+                        help=f"{what} in K parallel worker processes; "
                              "with --scheduler local, the number of Dask workers")
     parser.add_argument("--scheduler", metavar="local|tcp://HOST:PORT",
                         help="send the pieces to Dask instead: 'local' starts a LocalCluster of "
@@ -118,3 +124,50 @@ def sweep_executor(args: argparse.Namespace) -> Iterator[object | None]:
     jobs = check_int(args.jobs, "jobs", 1)
     with executor.open_executor(args.scheduler, jobs) as ex:
         yield ex
+
+
+# ----------------------------------------------------------------------------- --progress
+def add_progress_arg(parser: argparse.ArgumentParser) -> None:
+    """--progress/--no-progress (default on): the progress bars on stderr of a long verb."""
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
+                        help="show progress bars on stderr (THEORY_KIT_NO_PROGRESS=1 also "
+                             "hides them)")
+
+
+def run_verb(args: argparse.Namespace) -> int:
+    """Run the verb of parsed ``args`` (its ``func``), with its bars hidden for
+    ``--no-progress``; the exit status.  The CLI and the Python API both call this."""
+    with progress.hidden(not getattr(args, "progress", True)):
+        return int(args.func(args) or 0)
+
+
+# ----------------------------------------------------------------------------- --out
+OUT_RULE = ("a name ending in .json is the result file itself (other outputs go beside it, "
+            "named after it); any other name is a folder, created if needed")
+
+
+def add_out_arg(parser: argparse.ArgumentParser, names: str, default: str | None = None,
+                required: bool = False) -> None:
+    """--out with the one meaning every verb shares (:data:`OUT_RULE`); ``names`` says what
+    a folder receives, e.g. ``"ode.json"``."""
+    parser.add_argument("--out", default=default, required=required, metavar="PATH",
+                        help=f"where to write: {OUT_RULE}, which receives {names}")
+
+
+def out_json(out: str | os.PathLike | None, name: str) -> Path | None:
+    """The JSON result file that ``--out`` names (see :data:`OUT_RULE`): ``out`` itself when
+    it ends in .json or already exists and is not a folder (``/dev/null``), else
+    ``out/<name>``.  None stays None; an empty name is an output error."""
+    if out is None:
+        return None
+    if not str(out).strip():
+        raise OutputError("out: must be a .json file or a folder name (got an empty path)")
+    path = Path(out)
+    if path.suffix.lower() == ".json" or (path.exists() and not path.is_dir()):
+        return path
+    return path / name
+
+
+def beside(json_path: Path, suffix: str) -> Path:
+    """A companion output of a result file: ``x.json`` → ``x<suffix>`` (e.g. ``.png``)."""
+    return json_path.with_name(json_path.stem + suffix)
