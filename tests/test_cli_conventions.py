@@ -87,3 +87,146 @@ def test_figure_json_name_must_be_fign(tmp_path, capsys):
     err = capsys.readouterr().err
     assert status == 2 and err.startswith("theory-kit figure: error: out: figure 2 writes")
     assert list(tmp_path.iterdir()) == []
+
+
+# --------------------------------------------------------------------------- stored results
+def strict(text: str) -> object:
+    """Parse as RFC 8259 JSON: NaN, Infinity and -Infinity are refused."""
+    def refuse(name):
+        raise ValueError(f"non-standard JSON constant {name}")
+    return json.loads(text, parse_constant=refuse)
+
+
+def counted(monkeypatch, module, name: str) -> list:
+    """Replace ``module.name`` by a wrapper that records each call, and return the record."""
+    calls: list = []
+    real = getattr(module, name)
+
+    def wrapper(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(module, name, wrapper)
+    return calls
+
+
+TINY_LOG = {"t": [0.0, 0.5, 1.0], "M": [[[0.1, 0.0], [0.0, 0.1]]] * 3,
+            "Q": [[[1.0, 0.0], [0.0, 1.0]]] * 3, "D": 100, "gamma": 1.0}
+ESCAPE = ["escape", "--activation", "softmax", "--L", "2", "--nu", "2,2", "--H", "2",
+          "--gamma", "1", "--T", "4", "--dt", "1", "--points", "16", "--runs", "10", "--D", "100",
+          "--no-progress"]
+
+
+def compare_argv(tmp_path, out: str) -> list[str]:
+    log = tmp_path / "log.json"
+    if not log.exists():
+        log.write_text(json.dumps(TINY_LOG))
+    return ["compare", "--data", str(log), "--activation", "softmax", "--L", "2", "--nu", "2,2",
+            "--runs", "4", "--samples", "200", "--dt", "0.25", "--no-progress", "--out", out]
+
+
+def test_rerun_of_ode_returns_the_stored_result(tmp_path, capsys, monkeypatch):
+    import theory_kit.cli.cmd_ode as cmd
+    calls = counted(monkeypatch, cmd, "integrate_ode")
+    argv = ODE + ["--no-progress", "--out", str(tmp_path / "o.json")]
+    assert main(argv) == 0 and len(calls) == 1
+    first = capsys.readouterr().out
+    stored = strict((tmp_path / "o.json").read_text())
+    assert stored["request"]["verb"] == "ode" and "progress" not in stored["request"]["options"]
+    assert main(argv[:-2] + ["--progress"] + argv[-2:]) == 0 and len(calls) == 1  # not recomputed
+    again = capsys.readouterr().out
+    assert again.startswith("kept") and again.split(":", 1)[1] == first.split(":", 1)[1]
+    assert main(argv + ["--seed", "1"]) == 0 and len(calls) == 2     # another request: computed
+    capsys.readouterr()
+
+
+def test_rerun_of_escape_returns_the_stored_result(tmp_path, capsys, monkeypatch):
+    import theory_kit.cli.cmd_escape as cmd
+    calls = counted(monkeypatch, cmd, "escape_law")
+    argv = ESCAPE + ["--out", str(tmp_path / "e"), "--json"]
+    assert main(argv) == 0 and len(calls) == 1
+    first = strict(capsys.readouterr().out)
+    assert main(argv) == 0 and len(calls) == 1
+    again = strict(capsys.readouterr().out)
+    assert again == first       # the same JSON, NaN/inf restored and written as null again
+    strict((tmp_path / "e" / "escape.json").read_text())
+
+
+def test_rerun_of_compare_returns_the_stored_result(tmp_path, capsys, monkeypatch):
+    import theory_kit.cli.cmd_compare as cmd
+    calls = counted(monkeypatch, cmd, "compare_log")
+    argv = compare_argv(tmp_path, str(tmp_path / "cmp.json"))
+    assert main(argv) == 0 and len(calls) == 1
+    first = capsys.readouterr().out
+    assert (tmp_path / "cmp.png").is_file() and (tmp_path / "cmp.work").is_dir()
+    strict((tmp_path / "cmp.json").read_text())
+    assert main(argv) == 0 and len(calls) == 1
+    again = capsys.readouterr().out
+    assert again.splitlines()[0] == first.splitlines()[0] and "kept" in again
+    log = json.loads((tmp_path / "log.json").read_text())
+    log["M"][2] = [[0.2, 0.0], [0.0, 0.1]]                # an edited log is a new request
+    (tmp_path / "log.json").write_text(json.dumps(log))
+    assert main(argv) == 0 and len(calls) == 2
+    capsys.readouterr()
+
+
+def test_rerun_of_figure_returns_the_stored_result(tmp_path, capsys, monkeypatch):
+    calls = fake_figure(monkeypatch, {"x": [1.0, 2.0]})
+    argv = ["figure", "2", "--quick", "--out", str(tmp_path), "--no-progress"]
+    assert main(argv) == 0 and len(calls) == 1
+    assert main(argv) == 0 and len(calls) == 1
+    assert "kept" in capsys.readouterr().out
+    assert main(argv[:2] + argv[3:]) == 0 and len(calls) == 2      # full, not quick: computed
+    strict((tmp_path / "fig2.json").read_text())
+
+
+def fake_figure(monkeypatch, data: dict) -> list:
+    """Figure 2 with a stand-in compute (counted) and draw: the runner's own writing path."""
+    import matplotlib.pyplot as plt
+
+    from theory_kit.figures import fig2
+    calls: list = []
+
+    def compute(quick, workdir, jobs=1, executor=None):
+        calls.append(1)
+        return data
+    monkeypatch.setattr(fig2, "compute", compute)
+    monkeypatch.setattr(fig2, "draw", lambda d: plt.figure(figsize=(1, 1)))
+    monkeypatch.setattr(fig2, "estimate_seconds", lambda quick: 1.0)
+    return calls
+
+
+# --------------------------------------------------------------------------- strict JSON
+def test_every_verb_that_writes_json_writes_strict_json(tmp_path, capsys, monkeypatch):
+    """stdout of every --json verb and every file a verb writes parse under a strict parser,
+    including non-finite values (an escape that never crosses: tau = inf, std = NaN)."""
+    task = ["--L", "2", "--nu", "2,2"]
+    state = ["--M", "[[0.1,0],[0,0.1]]", "--Q", "[[1,0],[0,1]]"]
+    printed = {
+        "error": ["error", "--activation", "softmax", *task, *state, "--json"],
+        "bayes-error": ["bayes-error", *task, "--method", "mc", "--json"],
+        "drift": ["drift", "--activation", "softmax", *task, *state, "--gamma", "1",
+                  "--engine", "mc", "--samples", "64", "--json"],
+        "einf": ["einf", "--activation", "softmax", *task, "--H", "2", "--runs", "1",
+                 "--samples", "64", "--no-global-min", "--no-solve", "--T-max", "20",
+                 "--chunk", "10", "--error-method", "mc", "--error-samples", "1000", "--json",
+                 "--no-progress"],
+        "escape": ESCAPE + ["--json", "--out", str(tmp_path / "escape.json")],
+    }
+    for verb, argv in printed.items():
+        assert main(argv) == 0, verb
+        strict(capsys.readouterr().out)
+    assert main(ODE + ["--no-progress", "--out", str(tmp_path / "ode.json")]) == 0
+    assert main(["simulate", "--activation", "softmax", *task, "--H", "2", "--T", "0.2",
+                 "--D", "40", "--no-progress", "--out", str(tmp_path / "sim.json")]) == 0
+    assert main(compare_argv(tmp_path, str(tmp_path / "cmp"))) == 0
+    fake_figure(monkeypatch, {"tau": [float("inf"), 1.0], "spread": float("nan")})
+    assert main(["figure", "2", "--quick", "--out", str(tmp_path / "figs")]) == 0
+    capsys.readouterr()
+    written = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.json"))
+    for name in ("escape.json", "ode.json", "sim.json", "cmp/compare.json", "figs/fig2.json"):
+        assert name in written
+    for name in written:
+        if name != "log.json":
+            strict((tmp_path / name).read_text())
+    fig = strict((tmp_path / "figs" / "fig2.json").read_text())
+    assert fig["data"]["tau"] == [None, 1.0] and fig["non_finite"]["data/tau/0"] == "inf"

@@ -279,7 +279,9 @@ def figure(number: int, **kwargs: Any) -> rt.FigureResult:
     plotted data and the paths."""
     out = Path(kwargs.pop("out", "figures"))
     printed = _run(command_line("figure", number=number, out=str(out), **kwargs))
-    paths = [ln.split("wrote ", 1)[1].strip() for ln in printed.splitlines() if ln.startswith("wrote ")]
+    # "wrote PATH", or "kept (already computed by the same command) PATH" on a rerun
+    paths = [ln.split(") " if ln.startswith("kept ") else "wrote ", 1)[1].strip()
+             for ln in printed.splitlines() if ln.startswith(("wrote ", "kept "))]
     json_path = next((p for p in paths if p.endswith(".json")), str(out / f"fig{number}.json"))
     data = json.loads(Path(json_path).read_text())
     return rt.FigureResult({**data, "files": paths})

@@ -70,6 +70,28 @@ def strict_payload(data: dict) -> dict:
     return payload
 
 
+def restore_non_finite(data: dict) -> dict:
+    """The inverse of :func:`strict_payload` for a reloaded file: each value listed under
+    ``non_finite`` (a path such as ``run/error/3``) becomes NaN or ±inf again, and the two
+    bookkeeping fields are dropped.  Paths that do not resolve are left as they are."""
+    found = data.get("non_finite")
+    if not isinstance(found, dict):
+        return data
+    data = {k: v for k, v in data.items() if k not in ("non_finite", "non_finite_note")}
+    for where, what in found.items():
+        *parents, last = str(where).split("/")
+        node: Any = data
+        try:
+            for key in parents:
+                node = node[int(key)] if isinstance(node, list) else node[key]
+            index = int(last) if isinstance(node, list) else last
+            if node[index] is None:
+                node[index] = float(what)
+        except (KeyError, IndexError, ValueError, TypeError):
+            continue
+    return data
+
+
 def dumps_strict(data: dict, indent: int | None = None) -> str:
     """JSON text of :func:`strict_payload` (``allow_nan=False`` guarantees strictness)."""
     return json.dumps(strict_payload(data), indent=indent, allow_nan=False)

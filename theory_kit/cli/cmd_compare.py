@@ -8,7 +8,7 @@ from ..model import ValidationError
 from ..userdata import TIME_UNITS, load_training_log
 from .common import (add_activation_args, add_executor_args, add_out_arg, add_progress_arg,
                      add_task_args, beside, build_activation, build_task, out_json,
-                     sweep_executor)
+                     request_of, stored_output, sweep_executor)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -59,16 +59,21 @@ def run_compare(args: argparse.Namespace) -> int:
     settings = CompareSettings(gamma=gamma, D=D, runs=args.runs, samples=args.samples,
                                ode_seeds=args.ode_seeds, dt=args.dt, seed=args.seed,
                                threshold=args.threshold)
-    out = out_json(args.out, "compare.json")
-    with sweep_executor(args) as executor:
-        report = compare_log(log, task, act, settings, workdir=beside(out, ".work"),
-                             progress=args.progress, executor=executor, jobs=args.jobs)
-    js, png = write_report(report, out)
+    out, request = out_json(args.out, "compare.json"), request_of(args, files=("data",))
+    report = stored_output(out, request) if beside(out, ".png").is_file() else None
+    done = "kept (already computed by the same command)" if report is not None else "wrote"
+    if report is not None:
+        js, png = out, beside(out, ".png")
+    else:
+        with sweep_executor(args) as executor:
+            report = compare_log(log, task, act, settings, workdir=beside(out, ".work"),
+                                 progress=args.progress, executor=executor, jobs=args.jobs)
+        js, png = write_report({**report, "request": request}, out)
     worst = report["worst"]
     print(f"{report['verdict']}: largest deviation {worst['quantity']} = "
           f"{worst['deviation_at_max_z']:+.4g} at t = {worst['t_max_z']:.4g}, "
           f"{report['max_abs_z']:.2f} x the expected spread (threshold {settings.threshold:g})")
     for note in report["notes"]:
         print(f"note: {note}")
-    print(f"wrote {js}\nwrote {png}")
+    print(f"{done} {js}\n{done} {png}")
     return 0

@@ -12,7 +12,8 @@ from ..ode import initial_condition
 from ..results import write_json
 from .cmd_ode import add_rate_args
 from .common import (add_activation_args, add_out_arg, add_progress_arg, build_activation,
-                     out_json, parse_float_list, parse_json_array, print_json)
+                     out_json, parse_float_list, parse_json_array, print_json, request_of,
+                     stored_output)
 
 DEFAULT_D = "250,500,1000,2000,4000"
 
@@ -84,19 +85,27 @@ def run_escape(args: argparse.Namespace) -> int:
         initial, H = ic.state, ic.state.H
     if H is None:
         raise ValidationError("H: give --H (or --M0/--Q0)")
-    result = escape_law(task, act, H, args.gamma, _dimensions(args.D), eta=args.eta,
-                        initial=initial, T=args.T, delta=args.delta, direction=args.direction,
-                        runs=args.runs, n_points=args.points, dt=args.dt,
-                        continuation=args.nonlinear, seed=args.seed, train_a=args.train_a,
-                        train_b=args.train_b, gamma_a=args.gamma_a, gamma_b=args.gamma_b,
-                        progress=args.progress)
-    if args.out is not None:
-        write_json(out_json(args.out, "escape.json"), result)
+    out, request = out_json(args.out, "escape.json"), request_of(args)
+    result = stored_output(out, request)
+    if result is None:
+        result = _compute(args, task, act, H, initial)
+        if out is not None:
+            write_json(out, {**result, "request": request})
     if args.json:
         print_json(result)
     else:
         print_table(result)
     return 0
+
+
+def _compute(args: argparse.Namespace, task: Task, act, H: int, initial) -> dict:
+    """The escape law of the command line (``theory_kit.escape.escape_law``)."""
+    return escape_law(task, act, H, args.gamma, _dimensions(args.D), eta=args.eta,
+                      initial=initial, T=args.T, delta=args.delta, direction=args.direction,
+                      runs=args.runs, n_points=args.points, dt=args.dt,
+                      continuation=args.nonlinear, seed=args.seed, train_a=args.train_a,
+                      train_b=args.train_b, gamma_a=args.gamma_a, gamma_b=args.gamma_b,
+                      progress=args.progress)
 
 
 def _bad_prior(name: str) -> str:

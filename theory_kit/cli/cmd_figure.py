@@ -7,7 +7,8 @@ from pathlib import Path
 
 from ..figures import runner
 from ..model import fail
-from .common import add_executor_args, add_out_arg, add_progress_arg, out_json, sweep_executor
+from .common import (add_executor_args, add_out_arg, add_progress_arg, out_json, request_of,
+                     stamp_output, stored_output, sweep_executor)
 
 # the budget of a full figure (15 min) assumes both cores of a 2-core machine are used
 DEFAULT_JOBS = max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
@@ -41,11 +42,18 @@ def run(args: argparse.Namespace) -> int:
     number = runner.check_number(args.number)
     folder = output_folder(args.out, number)
     if args.redraw:
-        written = [runner.redraw(number, folder)]
-    else:
-        with sweep_executor(args) as executor:
-            written = runner.run_figure(number, quick=args.quick, out=folder, jobs=args.jobs,
-                                         data=args.data, executor=executor)
+        print(f"wrote {runner.redraw(number, folder)}")
+        return 0
+    png, js = runner.output_paths(folder, number)
+    request = request_of(args, files=("data",))
+    if png.is_file() and stored_output(js, request) is not None:
+        print(f"kept (already computed by the same command) {png}\n"
+              f"kept (already computed by the same command) {js}")
+        return 0
+    with sweep_executor(args) as executor:
+        written = runner.run_figure(number, quick=args.quick, out=folder, jobs=args.jobs,
+                                     data=args.data, executor=executor)
+    stamp_output(js, request)
     for path in written:
         print(f"wrote {path}")
     return 0

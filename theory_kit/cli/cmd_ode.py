@@ -2,16 +2,18 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import numpy as np
 
 from ..activations import Activation
 from ..expect.engines import ENGINE_NAMES, DriftEngine, build_engine
 from ..model import State, Task, check_int
-from ..ode import METHODS, initial_condition, integrate_ode
+from ..ode import METHODS, Trajectory, initial_condition, integrate_ode
 from ..resources import check_ode
 from .common import (add_activation_args, add_out_arg, add_progress_arg, add_task_args,
-                     build_activation, build_task, out_json, parse_float_list, parse_json_array)
+                     build_activation, build_task, out_json, parse_float_list, parse_json_array,
+                     request_of, stamp_output, stored_output)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -102,6 +104,10 @@ def run_ode(args: argparse.Namespace) -> int:
                            seed=args.seed)
     times = None if args.times is None else parse_float_list(args.times, "times")
     out = out_json(args.out, "ode.json")
+    request = request_of(args)
+    if stored_output(out, request) is not None:
+        _summary("kept (already computed by the same command)", out, Trajectory.load(out))
+        return 0
     strata = len(task.prior.atoms()[1]) if task.prior.is_discrete else 1
     if np.isfinite(args.T) and args.T > 0 and np.isfinite(args.dt) and args.dt > 0:
         check_ode(args.samples, ic.state.H, task.L, strata, args.T, args.dt)
@@ -110,9 +116,14 @@ def run_ode(args: argparse.Namespace) -> int:
                          engine=engine_from_args(args, task, act, ic.state), train_a=args.train_a,
                          train_b=args.train_b, gamma_a=args.gamma_a, gamma_b=args.gamma_b,
                          gradient_flow=args.gradient_flow, out=out, progress=args.progress)
+    stamp_output(out, request)
+    _summary("wrote", out, traj)
+    return 0
+
+
+def _summary(done: str, out: Path, traj: Trajectory) -> None:
     last = np.round(traj.M[-1], 4).tolist()
     se = traj.error_stderr[-1]
     spread = f" +/- {se:.2g}" if se > 0 else ""
-    print(f"wrote {out}: {len(traj.t)} times up to t = {traj.t[-1]:g}; "
+    print(f"{done} {out}: {len(traj.t)} times up to t = {traj.t[-1]:g}; "
           f"E(T) = {traj.error[-1]:.6g}{spread}; M(T) = {last}")
-    return 0

@@ -171,3 +171,62 @@ def out_json(out: str | os.PathLike | None, name: str) -> Path | None:
 def beside(json_path: Path, suffix: str) -> Path:
     """A companion output of a result file: ``x.json`` → ``x<suffix>`` (e.g. ``.png``)."""
     return json_path.with_name(json_path.stem + suffix)
+
+
+# ----------------------------------------------------------------------------- stored results
+# options that change how a command runs or prints, never its numbers
+_NOT_IN_REQUEST = {"func", "command", "progress", "jobs", "scheduler", "out", "json", "redraw"}
+
+
+def file_digest(path: str | os.PathLike | None) -> str | None:
+    """SHA-256 of an input file's bytes (None when it is not a readable regular file: the
+    loader then reports the problem)."""
+    import hashlib
+    try:
+        if path is None or not Path(path).is_file():
+            return None
+        digest = hashlib.sha256()
+        with open(path, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+        return digest.hexdigest()
+    except OSError:
+        return None
+
+
+def request_of(args: argparse.Namespace, files: tuple[str, ...] = ()) -> dict:
+    """What fixes the numbers of this command: its verb, every option except those that only
+    change how it runs (--progress, --jobs, --scheduler, --out, --json), and the SHA-256 of
+    the input files named by ``files`` (e.g. ``("data",)``), so an edited input recomputes."""
+    from .. import __version__
+    options = {k: v for k, v in sorted(vars(args).items()) if k not in _NOT_IN_REQUEST}
+    digests = {name: file_digest(getattr(args, name, None)) for name in files}
+    return {"verb": args.command, "options": options, "input_sha256": digests,
+            "version": __version__}
+
+
+def stored_output(path: Path | None, request: dict) -> dict | None:
+    """The result stored at ``path`` when it was written by this same request (options, input
+    files and toolkit version), else None; without its ``request`` and with the values that
+    were written as null because they were NaN or inf restored.  A file that is not a readable result is left
+    alone (the new run replaces it)."""
+    from ..results import read_json
+    if path is None or not path.is_file():
+        return None
+    try:
+        data = read_json(path)
+    except ValidationError:
+        return None
+    from ..results import restore_non_finite, to_jsonable
+    if data.get("request") != to_jsonable(request):
+        return None
+    return restore_non_finite({k: v for k, v in data.items() if k != "request"})
+
+
+def stamp_output(path: Path | None, request: dict) -> None:
+    """Add ``request`` to a result file another module wrote, so that rerunning the same
+    command finds it (:func:`stored_output`)."""
+    from ..results import read_json, write_json
+    if path is None or not path.is_file():
+        return  # /dev/null and the like: nothing to find again
+    write_json(path, {**read_json(path), "request": request})
