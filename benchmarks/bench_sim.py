@@ -62,20 +62,24 @@ def drawing_seconds(cfg: sim.SimConfig) -> float:
 
 def random_numbers_per_run_step(L: int) -> int:
     """ε (1), θ (1 uniform: a discrete prior), c (L), ξ (1), [p | q] (L (F + H)), the
-    Bartlett factor (L(L−1)/2 normals and L χ²)."""
-    return 1 + 1 + L + 1 + L * (F + H) + L * (L - 1) // 2 + L
+    Bartlett factor of Wishart_p, p = min(H, L) (p(p−1)/2 normals and p χ²)."""
+    p = min(H, L)
+    return 1 + 1 + L + 1 + L * (F + H) + p * (p - 1) // 2 + p
 
 
 def flops_per_run_step(L: int) -> int:
     """A stated count of the arithmetic of one reduced step of one run (exp and sqrt count
     as one each; softmax with joint normalisation): Q_hh and the scores (2 H (F+H)(L+1)),
     the weights (~8 H L with H L exp), the VJP J·c and dw/d(a, b, Q)·c (~14 H L), the
-    residual and |δ_ε − w|² (5 L), X = β [p | q | A] + (1+ρ) K (2 H L (F+H+L) + 2 H (F+H)),
-    O = X Xᵀ over the orthogonal columns (H(H+1)(H+L)), its Cholesky (~H³/3 + H), and
-    the Bartlett diagonal (L sqrt)."""
-    FH, NT = F + H, F + H + L
-    return (2 * H * FH * (L + 1) + 9 * H * L + 14 * H * L + 5 * L + 2 * H * L * NT
-            + 2 * H * FH + H * (H + 1) * (H + L) + H ** 3 // 3 + H + L)
+    residual and |δ_ε − w|² (5 L), X = β [p | q] + (1+ρ) K (2 H (F+H)(L+1)), β βᵀ and its
+    Cholesky (H(H+1) L + H³/3 + H, when H < L), Y = C B (2 H² p), O = X Xᵀ over the
+    orthogonal columns plus Y Yᵀ (H(H+1)(H+p)), its Cholesky (H³/3 + H), and the
+    Bartlett diagonal (p sqrt); p = min(H, L)."""
+    FH, p = F + H, min(H, L)
+    chol = H ** 3 // 3 + H
+    gram = H * (H + 1) * L + chol if H < L else 0
+    return (2 * H * FH * (L + 1) + 9 * H * L + 14 * H * L + 5 * L + 2 * H * FH * (L + 1)
+            + gram + 2 * H * H * p + H * (H + 1) * (H + p) + chol + p)
 
 
 def case_lines(act: str, L: int, n: int, nb: int, R: int) -> list[str]:

@@ -8,9 +8,17 @@ One block of m steps for R runs, with the block's random numbers drawn beforehan
     W, D, D2, w = weights1(S, b, Q_hh, a)            (generated kernel)
     r = y − w·c,  (Jv, Av, Bv, Qv) = vjp1(W, D, D2, a, c)   (generated kernel, v = c)
     β = (γ/D) r Jv,  ρ = 2 (γ/D) r Qv (Bayes offsets only)
-    X = β [p | q | A] + [(1+ρ) K | 0]                  (H × (FH + k), A the Wishart factor)
-    O = X_{:,F:} X_{:,F:}ᵀ,  K = [X_{:,:F} | chol(O)]
+    X = β [p | q] + (1+ρ) K                            (H × FH)
+    Y = C B,  C Cᵀ = β βᵀ,  B Bᵀ ~ Wishart_H(D − F − H, I)   (H × k, B from the draws)
+    O = X_{:,F:} X_{:,F:}ᵀ + Y Yᵀ,  K = [X_{:,:F} | chol(O)]
     a ← a + (γ_a/D) r Av,  b ← b + (γ_b/D) r Bv
+
+Y Yᵀ is the Gram matrix of the new keys' components in the D − F − H dimensional complement:
+Σ_l β_{hl} r_l over the tokens' remainders r_l, whose Gram matrix G is Wishart_L(D − F − H, I),
+so it is β G βᵀ.  Writing G = Σ_n g_n g_nᵀ over D − F − H i.i.d. g_n ~ N(0, I_L),
+β G βᵀ = Σ_n (β g_n)(β g_n)ᵀ with β g_n ~ N(0, β βᵀ): exactly Wishart_H(D − F − H, β βᵀ),
+which is C B Bᵀ Cᵀ for any C with C Cᵀ = β βᵀ.  An H × H factor replaces the L × L one of
+G: H(H+1)/2 random numbers per step instead of L(L+1)/2, and O(H³) flops instead of O(H L²).
 
 The per-sample kernels come from :func:`theory_kit.codegen.sample_kernels` and enter as
 first-class function arguments of type :data:`WEIGHTS_FN` / :data:`VJP_FN`, so the loop is
@@ -40,12 +48,18 @@ VJP_FN = types.FunctionType(VJP_SIG)
 
 # ----------------------------------------------------------------------------- PSD factor
 @njit(cache=True)
-def _clipped_eigh_factor(O: np.ndarray, P: np.ndarray) -> None:
-    vals, vecs = np.linalg.eigh(0.5 * (O + O.T))
+def _clipped_eigh_factor(O: np.ndarray, P: np.ndarray) -> bool:
+    """False (P NaN) when ½(O + Oᵀ) overflows (finite entries near the largest double)."""
+    sym = 0.5 * (O + O.T)
+    if not np.all(np.isfinite(sym)):
+        P[:, :] = np.nan
+        return False
+    vals, vecs = np.linalg.eigh(sym)
     for j in range(O.shape[0]):
         root = np.sqrt(max(vals[j], 0.0))
         for i in range(O.shape[0]):
             P[i, j] = vecs[i, j] * root
+    return True
 
 
 @njit(types.boolean(F8_2, F8_2), cache=True)
@@ -53,7 +67,7 @@ def factor_into(O: np.ndarray, P: np.ndarray) -> bool:
     """P (H × H) with P Pᵀ = O: lower Cholesky (from O's lower triangle, as LAPACK potrf),
     or, when a pivot is not > 0, V diag(√max(λ, 0)) from eigh of ½(O + Oᵀ).
 
-    Returns False (P filled with NaN) when O is not finite."""
+    Returns False (P filled with NaN) when O, or ½(O + Oᵀ) in the eigh branch, is not finite."""
     H = O.shape[0]
     for i in range(H):
         for j in range(H):
@@ -66,8 +80,7 @@ def factor_into(O: np.ndarray, P: np.ndarray) -> bool:
         for k in range(j):
             piv -= P[j, k] * P[j, k]
         if not piv > 0.0:
-            _clipped_eigh_factor(O, P)
-            return True
+            return _clipped_eigh_factor(O, P)
         P[j, j] = np.sqrt(piv)
         for i in range(j + 1, H):
             s = O[i, j]
@@ -149,12 +162,46 @@ def _report(fault, step, kind):
 
 
 @njit(cache=True, inline='always')
-def _one_step(weights1, vjp1, Kr, Or, ar, br, T, c, y, eps, rates, bayes, F, S, W, D, D2,
-              beta, w, qdiag, rho, da, db, X, Onew, P):
+def _matmul_into(A, B, out):
+    """out = A B for small matrices (A (n, k), B (k, m))."""
+    for i in range(A.shape[0]):
+        for j in range(B.shape[1]):
+            t = 0.0
+            for k in range(A.shape[1]):
+                t += A[i, k] * B[k, j]
+            out[i, j] = t
+
+
+@njit(cache=True, inline='always')
+def _wishart_part(beta, B, BB, C, Y):
+    """Y (H, k) with Y Yᵀ = β G βᵀ in law, G ~ Wishart_L(dof, I), from a factor B (p, k) of
+    Wishart_p(dof, I), p = min(H, L): Y = β B when p = L (then B is G's own factor), else
+    Y = C B with C Cᵀ = β βᵀ (:func:`factor_into`; BB, C (H, H) scratch).  False when β
+    was not finite."""
+    H, L = beta.shape
+    if B.shape[0] == L:
+        _matmul_into(beta, B, Y)
+        return True
+    for h in range(H):
+        for g in range(h + 1):
+            o = 0.0
+            for l in range(L):
+                o += beta[h, l] * beta[g, l]
+            BB[h, g] = o
+            BB[g, h] = o
+    ok = factor_into(BB, C)
+    _matmul_into(C, B, Y)
+    return ok
+
+
+@njit(cache=True, inline='always')
+def _one_step(weights1, vjp1, Kr, Or, ar, br, T, B, c, y, eps, rates, bayes, F, S, W, D, D2,
+              beta, w, qdiag, rho, da, db, X, Onew, P, BB, C, Y):
     """One reduced step of one run, in place on Kr (H, FH), Or (H, H), ar, br (H,), with the
-    token coordinates T (L, FH + k).  Returns (fault kind, |δ_ε − w|²)."""
+    token coordinates T (L, FH) and the step's Wishart factor B (p, k), p = min(H, L)
+    (:func:`_wishart_part`).  Returns (fault kind, |δ_ε − w|²)."""
     H, FH = Kr.shape
-    L, NT = T.shape
+    L = T.shape[0]
     for h in range(H):
         q = 0.0
         for k in range(FH):
@@ -173,23 +220,25 @@ def _one_step(weights1, vjp1, Kr, Or, ar, br, T, c, y, eps, rates, bayes, F, S, 
     for l in range(L):
         e = (1.0 if l == eps else 0.0) - w[l]
         e2 += e * e
-    # X = β [p | q | A] + [(1+ρ) K | 0]
+    # X = β [p | q] + (1+ρ) K
     for h in range(H):
-        for k in range(NT):
+        for k in range(FH):
             x = 0.0
             for l in range(L):
                 x += beta[h, l] * T[l, k]
-            X[h, k] = x
-        for k in range(FH):
-            X[h, k] += (1.0 + rho[h]) * Kr[h, k]
+            X[h, k] = x + (1.0 + rho[h]) * Kr[h, k]
+    finite = _wishart_part(beta, B, BB, C, Y)
+    # O = X_{:,F:} X_{:,F:}ᵀ + Y Yᵀ
     for h in range(H):
         for g in range(h + 1):
             o = 0.0
-            for k in range(F, NT):
+            for k in range(F, FH):
                 o += X[h, k] * X[g, k]
+            for j in range(B.shape[1]):
+                o += Y[h, j] * Y[g, j]
             Onew[h, g] = o
             Onew[g, h] = o
-    finite = factor_into(Onew, P) and np.isfinite(res)
+    finite = factor_into(Onew, P) and finite and np.isfinite(res)
     for h in range(H):
         for k in range(F):
             Kr[h, k] = X[h, k]
@@ -204,41 +253,48 @@ def _one_step(weights1, vjp1, Kr, Or, ar, br, T, c, y, eps, rates, bayes, F, S, 
 
 
 @njit(cache=True, inline='always')
-def _tokens_into(coords, theta, eps, tri, chi, gauss, T):
-    """One run's token coordinates T (L, FH + k) = [p | q | A] of one step, from its draws:
-    coords (L, FH) = [p | q] before the signal, θ (F,) added to p at the signal token ε, and
-    the Wishart factor A (L × k) either Bartlett (chi non-empty: A_ll = √chi_l, below the
-    diagonal tri in ``np.tril_indices(L, -1)`` order, zero above; k = L) or gauss (L, k)."""
+def _tokens_into(coords, theta, eps, T):
+    """One run's token coordinates T (L, FH) = [p | q] of one step: coords (L, FH) with θ (F,)
+    added to p at the signal token ε."""
     L, FH = coords.shape
     for l in range(L):
         for k in range(FH):
             T[l, k] = coords[l, k]
     for f in range(theta.shape[0]):
         T[eps, f] += theta[f]
+
+
+@njit(cache=True, inline='always')
+def _wishart_into(tri, chi, gauss, B):
+    """A factor B (p, k) of Wishart_p(dof, I) from its draws: Bartlett (chi non-empty:
+    B_ii = √chi_i, below the diagonal tri in ``np.tril_indices(p, -1)`` order, zero above;
+    k = p) or gauss (p, k) itself (dof = k < p)."""
+    p = B.shape[0]
     if chi.shape[0] > 0:
         t = 0
-        for l in range(L):
-            for j in range(L):
-                T[l, FH + j] = 0.0
-            for j in range(l):
-                T[l, FH + j] = tri[t]
+        for i in range(p):
+            for j in range(p):
+                B[i, j] = 0.0
+            for j in range(i):
+                B[i, j] = tri[t]
                 t += 1
-            T[l, FH + l] = np.sqrt(chi[l])
+            B[i, i] = np.sqrt(chi[i])
     else:
-        for l in range(L):
+        for i in range(p):
             for j in range(gauss.shape[1]):
-                T[l, FH + j] = gauss[l, j]
+                B[i, j] = gauss[i, j]
 
 
-@njit(types.void(F8_4, F8_3, I8_2, F8_3, F8_3, F8_4, F8_4), cache=True)
-def tokens_stack(coords, theta, eps, tri, chi, gauss, T):
-    """:func:`_tokens_into` for every step i and run r: the draws (m, R, ...) into
-    T (m, R, L, FH + k); what the block loop assembles step by step (for tests)."""
+@njit(types.void(F8_4, F8_3, I8_2, F8_3, F8_3, F8_4, F8_4, F8_4), cache=True)
+def tokens_stack(coords, theta, eps, tri, chi, gauss, T, B):
+    """:func:`_tokens_into` and :func:`_wishart_into` for every step i and run r: the draws
+    (m, R, ...) into T (m, R, L, FH) and B (m, R, p, k); what the block loop assembles step by
+    step (for tests)."""
     m, R = eps.shape
     for i in range(m):
         for r in range(R):
-            _tokens_into(coords[i, r], theta[i, r], eps[i, r], tri[i, r], chi[i, r],
-                         gauss[i, r], T[i, r])
+            _tokens_into(coords[i, r], theta[i, r], eps[i, r], T[i, r])
+            _wishart_into(tri[i, r], chi[i, r], gauss[i, r], B[i, r])
 
 
 @njit(types.void(WEIGHTS_FN, VJP_FN, F8_3, F8_3, F8_2, F8_2, F8_4, F8_3, I8_2, F8_3, F8_3,
@@ -249,35 +305,38 @@ def reduced_block(weights1, vjp1, K, O, a, b, coords, theta, eps, tri, chi, gaus
 
     K (R, H, FH) key coordinates [M | P], O (R, H, H) = P Pᵀ, a, b (R, H); per step i and run
     r the draws: coords[i, r] (L, FH) = [p | q], θ[i, r] (F,), signal location eps[i, r],
-    the Wishart factor's tri[i, r] (L(L−1)/2,) and chi[i, r] (L,) (Bartlett; chi of length 0
-    otherwise) or gauss[i, r] (L, k), values c[i, r] (L,), label y[i, r]; the tokens
-    [p | q | A] are assembled by :func:`_tokens_into`.  rates = (γ, γ_a, γ_b)/D (zero when
-    untrained).  Adds Σ_i Δ + |δ_ε − w|² to sq_sum (R,).  A run that fails stops there;
-    fault (2,) gets the earliest failing step index and its kind (FAULT_NONFINITE: keys, a,
-    b or the residual not finite; FAULT_NORMALISER: κ + Σφ ≤ 0); fault[1] stays FAULT_NONE
-    when all went well.
+    the Wishart_p factor's (p = min(H, L)) tri[i, r] (p(p−1)/2,) and chi[i, r] (p,)
+    (Bartlett; chi of length 0 otherwise) or gauss[i, r] (p, k), values c[i, r] (L,), label
+    y[i, r]; they are assembled by :func:`_tokens_into` and :func:`_wishart_into`.  rates =
+    (γ, γ_a, γ_b)/D (zero when untrained).  Adds Σ_i Δ + |δ_ε − w|² to sq_sum (R,).  A run
+    that fails stops there; fault (2,) gets the earliest failing step index and its kind
+    (FAULT_NONFINITE: keys, a, b or the residual not finite; FAULT_NORMALISER: κ + Σφ ≤ 0);
+    fault[1] stays FAULT_NONE when all went well.
 
-    Steps outer, runs inner: the block's random numbers are then read in memory order."""
+    Steps outer, runs inner: the block's random numbers are then read in memory order (runs
+    outer measured 1.1-1.6x slower: each step of a run touches a new page of every draw)."""
     m, R, L, FH = coords.shape
     H, F = K.shape[1], theta.shape[2]
-    NT = FH + (L if chi.shape[2] > 0 else gauss.shape[3])
+    p = gauss.shape[2]
+    k_w = p if chi.shape[2] > 0 else gauss.shape[3]
     S, W, D, D2 = np.empty((H, L)), np.empty((H, L)), np.empty((H, L)), np.empty((H, L))
     beta = np.empty((H, L))
     w, qdiag = np.empty(L), np.empty(H)
     rho, da, db = np.empty(H), np.empty(H), np.empty(H)
-    X, Onew, P = np.empty((H, NT)), np.empty((H, H)), np.empty((H, H))
-    T = np.empty((L, NT))
+    X, Onew, P = np.empty((H, FH)), np.empty((H, H)), np.empty((H, H))
+    BB, C, Y = np.empty((H, H)), np.empty((H, H)), np.empty((H, k_w))
+    T, B = np.empty((L, FH)), np.empty((p, k_w))
     sq = np.zeros(R)
     alive = np.ones(R, dtype=np.bool_)
     for i in range(m):
         for r in range(R):
             if not alive[r]:
                 continue
-            _tokens_into(coords[i, r], theta[i, r], eps[i, r], tri[i, r], chi[i, r],
-                         gauss[i, r], T)
-            kind, e2 = _one_step(weights1, vjp1, K[r], O[r], a[r], b[r], T, c[i, r],
+            _tokens_into(coords[i, r], theta[i, r], eps[i, r], T)
+            _wishart_into(tri[i, r], chi[i, r], gauss[i, r], B)
+            kind, e2 = _one_step(weights1, vjp1, K[r], O[r], a[r], b[r], T, B, c[i, r],
                                  y[i, r], eps[i, r], rates, bayes, F, S, W, D, D2, beta, w,
-                                 qdiag, rho, da, db, X, Onew, P)
+                                 qdiag, rho, da, db, X, Onew, P, BB, C, Y)
             if kind != FAULT_NONE:
                 alive[r] = False
                 _report(fault, i, kind)
@@ -285,3 +344,9 @@ def reduced_block(weights1, vjp1, K, O, a, b, coords, theta, eps, tri, chi, gaus
                 sq[r] += delta + e2
     for r in range(R):
         sq_sum[r] += sq[r]
+
+
+@njit(types.boolean(F8_2, F8_2, F8_2, F8_2, F8_2), cache=True)
+def wishart_part(beta, B, BB, C, Y):
+    """:func:`_wishart_part` on its own (for tests)."""
+    return _wishart_part(beta, B, BB, C, Y)

@@ -23,18 +23,22 @@ Methods (both vectorised over runs, same law at every D):
   allowed: they only carry zero key components).  A fresh token has i.i.d. N(0, 1) coordinates
   (p_l, q_l) on that system (plus θ on p at the signal token), and its remainder lies in the
   D − F − H dimensional complement, so the Gram matrix of the remainders of the L tokens is
-  Wishart_L(D − F − H, I) = A Aᵀ (Bartlett factor A).  The step is then exact:
+  G ~ Wishart_L(D − F − H, I).  The step is then exact:
 
-      M ← (1+ρ) M + β p,   P ← (1+ρ) P + β q,   O ← P Pᵀ + (β A)(β A)ᵀ,
+      M ← (1+ρ) M + β p,   P ← (1+ρ) P + β q,   O ← P Pᵀ + β G βᵀ,
 
-  which includes the γ² term |Σ_l β_{hl} x_l|².  The cost per step does not depend on D.
+  which includes the γ² term |Σ_l β_{hl} x_l|².  β G βᵀ ~ Wishart_H(D − F − H, β βᵀ) exactly,
+  drawn as Y Yᵀ with Y = C B, C Cᵀ = β βᵀ and B a factor of Wishart_H(D − F − H, I) when
+  H < L, or Y = β B with B a factor of G when L ≤ H (:mod:`theory_kit.sgd_step`): a factor
+  of size p = min(H, L).  The cost per step does not depend on D.
   The steps run compiled (:mod:`theory_kit.sgd_step`) over blocks of steps and all runs,
   on random numbers drawn for the block in NumPy beforehand; the loop assembles each step's
   tokens [p | q | A] from them itself.  Stream layout of a block of m steps for R runs, one
   call each, in this order: ε (m, R) integers, θ (m·R draws of the prior), c (m, R, L), ξ
-  (m, R), [p | q] (m, R, L, F + H) standard normals, then the Wishart factor's
-  N(0, 1) (m, R, L(L−1)/2) and χ² (m, R, L) (or N(0, 1) (m, R, L, D − F − H) when
-  D − F − H < L).  Blocks start at fixed step indices (see :func:`simulate`), so a seed fixes
+  (m, R), [p | q] (m, R, L, F + H) standard normals, then the Wishart_p factor's
+  N(0, 1) (m, R, p(p−1)/2) and χ²(D − F − H − i) (m, R, p) (or N(0, 1) (m, R, p, D − F − H)
+  when D − F − H < p).  This is stream layout STREAM_LAYOUT = 3 (recorded in the parameters):
+  layouts 1–2 drew the L × L factor of G, so their numbers differ (same law).  Blocks start at fixed step indices (see :func:`simulate`), so a seed fixes
   every number and a resumed run continues the same stream.
 
 The step coefficients of both methods come from the generated per-sample kernels of the
@@ -73,7 +77,10 @@ BLOCK_FLOATS = 400_000
 # a checkpoint at least this often (checked between blocks), so a kill every 20 s loses nothing
 CHECKPOINT_SECONDS = 10.0
 # layout of the saved progress; bump when it changes (an older checkpoint is then set aside)
-CHECKPOINT_SCHEMA = 2
+CHECKPOINT_SCHEMA = 3
+# layout of the random stream of the reduced method (module docstring); part of the parameters,
+# so a result file or checkpoint of another layout is not taken for this run's
+STREAM_LAYOUT = 3
 
 
 # ----------------------------------------------------------------------------- random pieces
@@ -125,20 +132,23 @@ def wishart_factor(rng: np.random.Generator, dof: int, size: tuple[int, ...], p:
 @dataclass
 class TokenDraws:
     """The token randomness of a block of reduced steps, leading axes (steps, runs): coords
-    (…, L, F + H) = [p | q] before the signal θ is added, and the Wishart factor's draws."""
+    (…, L, F + H) = [p | q] before the signal θ is added, and the draws of the Wishart_p
+    factor (p = min(H, L)) of the step (module docstring)."""
 
     coords: np.ndarray
     wishart: WishartDraws
 
-    def assembled(self, smp: "Samples", F: int) -> np.ndarray:
-        """The tokens [p | q | A] (…, L, F + H + k) with θ added at the signal, compiled as
-        in the step loop."""
+    def assembled(self, smp: "Samples") -> tuple[np.ndarray, np.ndarray]:
+        """The tokens [p | q] (…, L, F + H) with θ added at the signal, and the Wishart_p
+        factors B (…, p, k), assembled by the compiled code of the step loop."""
         wd = self.wishart
         m, R, L, FH = self.coords.shape
-        k = L if wd.chi.shape[-1] else wd.gauss.shape[-1]
-        T = np.empty((m, R, L, FH + k))
-        tokens_stack(self.coords, _contiguous(smp.theta), smp.eps, wd.tri, wd.chi, wd.gauss, T)
-        return T
+        p = wd.gauss.shape[-2]
+        k = p if wd.chi.shape[-1] else wd.gauss.shape[-1]
+        T, B = np.empty((m, R, L, FH)), np.empty((m, R, p, k))
+        tokens_stack(self.coords, _contiguous(smp.theta), smp.eps, wd.tri, wd.chi, wd.gauss,
+                     T, B)
+        return T, B
 
 
 def _contiguous(x: np.ndarray) -> np.ndarray:
@@ -255,15 +265,17 @@ class ReducedState:
         return max(1, BLOCK_FLOATS // (runs * L * (self.K.shape[-1] + L)))
 
     def draw_tokens(self, rng: np.random.Generator, steps: int, smp: Samples) -> TokenDraws:
-        """Per step and run the draws of the token coordinates [p | q | A] (L × (F + H + k)):
-        p on u, q on e (θ is added to p at the signal token inside the step loop), and the
-        draws of a factor A of the Wishart Gram matrix of the tokens' remainders.
+        """Per step and run the draws of the token coordinates [p | q] (L × (F + H)): p on u,
+        q on e (θ is added to p at the signal token inside the step loop), and the draws of
+        a factor of Wishart_p(D − F − H, I), p = min(H, L), for the Gram matrix of the new
+        keys' remainders (module docstring).
 
         Stream layout of a block (after :func:`draw_samples`): one standard_normal call of
         shape (steps, R, L, F + H), then the calls of :func:`wishart_draws`."""
         R, H, FH = self.K.shape
-        coords = rng.standard_normal((steps, R, smp.c.shape[-1], FH))
-        return TokenDraws(coords, wishart_draws(rng, self.dof, (steps, R), smp.c.shape[-1]))
+        L = smp.c.shape[-1]
+        coords = rng.standard_normal((steps, R, L, FH))
+        return TokenDraws(coords, wishart_draws(rng, self.dof, (steps, R), min(H, L)))
 
     def steps(self, kernels: Any, smp: Samples, tokens: TokenDraws,
               scalars: "Scalars") -> tuple[int, int]:
@@ -421,7 +433,7 @@ class SimConfig:
 
     def params(self) -> dict:
         ta, tb = self.trained
-        return {"method": self.method, "D": self.D, "H": self.H, "runs": self.runs,
+        return {"method": self.method, "stream": STREAM_LAYOUT, "D": self.D, "H": self.H, "runs": self.runs,
                 "seed": self.seed, "gamma": self.gamma, "eta": self.eta,
                 "gamma_a": self.gamma if self.gamma_a is None else self.gamma_a,
                 "gamma_b": self.gamma if self.gamma_b is None else self.gamma_b,
