@@ -266,3 +266,27 @@ def test_wide_score_range_against_the_1d_pair_integral(prior):
     ref = float(precise.softmax_pair_error(task, State(M, Q, a, b), a=float(a[0])))
     assert abs(d.error - ref) < 1e-10
     assert max(float(np.max(v)) for v in d.stderr.values()) < 1e-8
+
+
+@pytest.mark.slow
+def test_cut_and_stretched_u_grid_change_nothing(monkeypatch):
+    """The top cut of the u grid (a bound from the L − 1 − n_max plain noise tokens) and the
+    stretched lower tail are accuracy-neutral: a Fig. 1 plateau-like state (L = 10, correlated
+    heads) gives the same fields as the plain grid to 1e−13 (slow: the plain grid
+    costs ~20 s under load)."""
+    from theory_kit.expect import laplace as lp
+    act = get_activation("softmax")
+    task = Task(10, make_prior("flipping", nu=[2.0, 2.0]))
+    M = np.array([[1.32, -0.005], [1.33, 0.005]])
+    Q = np.array([[3.68, 2.69], [2.69, 3.70]])
+    a, b = act.a_default(2, 10), act.b_default(2, 10)
+    fast = _fields(LaplaceDrift().evaluate(task, act, M, Q, a, b))
+    pats = LaplaceDrift()._patterns(task, act, a)
+    short = lp._Engine(task, act, M, Q, a, b, 1.0, 10 - 1 - max(len(p.noise) for p in pats))
+    monkeypatch.setattr(lp, "LOG_PATTERN_BOUND", 1e9)
+    monkeypatch.setattr(lp, "STRETCH_GAP", 1e9)
+    full = lp._Engine(task, act, M, Q, a, b, 1.0, 6)
+    assert all(len(x.u) < len(y.u) for x, y in zip(short.ugs, full.ugs))   # the test has power
+    plain = _fields(LaplaceDrift().evaluate(task, act, M, Q, a, b))
+    for f, x in fast.items():
+        assert np.all(np.abs(x - plain[f]) < 1e-13), (f, x - plain[f])

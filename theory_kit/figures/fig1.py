@@ -2,12 +2,11 @@
 
 Caption: L = 10, H = 2 heads, softmax, F = 2, flipping spike ν1 = ν2 = 2, η = 1, SGD at
 D = 10^4.  Panels: loss, m along f = 1 (constant direction), m along f = 2 (flipping-sign
-direction), orthogonal component diag(Q − MMᵀ).  Our choices: the ODE drift on scrambled
-Sobol points paired with their head permutations (the deterministic engine ``laplace`` applies
-here, but at ~4 CPU s per drift along the plateau its curve costs ~23 CPU min, over the
-figure's 15-minute plan: ``engine="laplace"`` below switches it; figures/README gives the
-deterministic curve's τ₂; a fixed Monte Carlo set of affordable size shifts the plateau of
-m_{h1} by several 0.01 and splits the heads spuriously), γ = 1 (larger γ slows the escape from
+direction), orthogonal component diag(Q − MMᵀ).  Our choices: the ODE drift of the full run
+is the deterministic engine ``laplace`` (no sampling error; ~0.2–0.5 CPU s per drift along
+the curve, adaptive rk45 steps), the quick run keeps scrambled Sobol points paired with their
+head permutations (a fixed Monte Carlo set of affordable size shifts the plateau of m_{h1} by
+several 0.01 and splits the heads spuriously), γ = 1 (larger γ slows the escape from
 the unspecialised phase, because the γ² noise inflates the orthogonal part) and a horizon long
 enough for the flipping direction to specialise; the ODE and every SGD run start from the same
 initial overlaps drawn at D.  Simulation: exact reduced SGD (docs/theory.md §7).
@@ -28,7 +27,7 @@ CAPTION = ("ODE (lines) against SGD (dots, mean ± std over runs): softmax, L = 
            "flipping spike ν = (2, 2), η = 1, γ = 1; same initial overlaps for all.")
 FULL = OverlayPlan((Setting("softmax", 10, 2, "flipping", (2.0, 2.0), gamma=1.0, T=250.0,
                             D_init=10_000),), D=10_000, runs=8, n_samples=8192, dt=1.0,
-                   n_times_ode=126, n_times_sim=26, engine="sobol-sym")
+                   n_times_ode=126, n_times_sim=26, engine="laplace")
 QUICK = OverlayPlan((Setting("softmax", 10, 2, "flipping", (2.0, 2.0), gamma=1.0, T=120.0,
                              D_init=300),), D=300, runs=8, n_samples=1024, dt=1.0,
                     n_times_ode=61, n_times_sim=25, engine="sobol-sym")

@@ -38,7 +38,7 @@ from .style import label_axes, new_figure, series_colors
 # the drift no longer builds (H, H, L) arrays (Kernel.jj_sum), so its cost grows like H·L per
 # sample row: measured 0.9–2.2·10⁻⁷ s for H = 2…8, L = 4…10 (MC and Sobol alike)
 ODE_COST_PER_ELEMENT = 2e-7     # per drift evaluation and sample row × H × L
-LAPLACE_SECONDS_PER_EVAL = {1: 0.15, 2: 4.0, 3: 4.0}  # CPU s per laplace drift, L = 10 plateau
+LAPLACE_SECONDS_PER_EVAL = {1: 0.15, 2: 0.5, 3: 4.0}  # CPU s per laplace drift, L = 10 plateau
 SIM_COST_PER_STEP = 7e-5        # Python overhead of one SGD step, all runs together
 SIM_COST_PER_ELEMENT = 1e-7     # per step and run × H² × L
 ACT_LABELS = {"softmax": "softmax", "softmax1": "softmax-1", "bsoftmax": "B-softmax"}
