@@ -16,13 +16,15 @@ printed with ratios to the oracle measured in the same run.
   per-head φ = e^s only, if numexpr is installed.
 
 ns/sample is for the compiled kernel, against an estimated flop count per evaluated row
-(``flops_per_row``: the loops of the generated code, counting exp as one flop).
+(``flops_per_row``: the loops of the generated code, counting exp as one flop).  The compiled
+kernels run on ``numba.get_num_threads()`` threads (set ``NUMBA_NUM_THREADS=1`` for one).
 
     python benchmarks/bench_engine.py [--repeats 3] [--cases 2x4,2x10,4x5,8x5]
 """
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import sys
 import time
@@ -206,7 +208,9 @@ def main() -> None:
     args = parser.parse_args()
     cases = [tuple(int(x) for x in c.split("x")) for c in args.cases.split(",")]
     print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {platform.machine()}, "
-          f"{platform.processor() or platform.platform()}; python {platform.python_version()}")
+          f"{platform.processor() or platform.platform()}, {os.cpu_count()} cores; python "
+          f"{platform.python_version()}; load average {os.getloadavg()[0]:.1f}; compiled kernels "
+          f"on {codegen.compute_threads()} threads")
     print(f"# one RHS = {2 * N_DRAWS} rows; ms per RHS (ratio to the oracle); "
           "ns/row and GFlop/s of the compiled kernel")
     print(f"{'activation':16s} {'H':>2s} {'L':>3s} " + " ".join(
@@ -216,6 +220,7 @@ def main() -> None:
         for H, L in cases:
             for line in run_case(label, act, H, L, args.repeats):
                 print(line, flush=True)
+    print(f"# load average at the end {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from theory_kit.initial import InitialCondition
 from theory_kit.model import State, Task, ValidationError, make_prior
 from theory_kit.ode import build_system, integrate_ode
 from theory_kit.simulate import SimConfig, simulate
+from oracle import hand_kernel
 
 SOFTMAX = get_activation("softmax")
 
@@ -129,6 +130,41 @@ def test_noise_covariance_matches_one_reduced_simulation_step(name):
                                                                    state.b))
     mean_se = np.sqrt(np.diag(Sigma) / 60_000)
     assert np.all(np.abs(mean - drift) < 5 * mean_se + 2e-3), (mean, drift)
+
+
+class _HandKernels:
+    """Stand-in for ``codegen.sample_kernels(act)`` built on the hand oracle kernel."""
+
+    def __init__(self, act):
+        self.act, self.kern = act, None
+
+    def weights(self, S, b, qdiag, a):
+        n = S.shape[0]
+        self.kern = hand_kernel(self.act, S, np.tile(a, (n, 1)), np.tile(b, (n, 1)),
+                                np.tile(qdiag, (n, 1)))
+        return self.kern.W, self.kern.D, self.kern.D2, self.kern.w
+
+    def vjp(self, W, D, D2, a, v):
+        G = self.kern.jvp_tokens(v)
+        return G, self.kern.grad_a(v), self.kern.grad_b(G), self.kern.grad_qdiag(G)
+
+
+@pytest.mark.parametrize("name", ["softmax", "bsoftmax", "sigmoid"])
+def test_increments_from_generated_kernels_equal_the_hand_kernel(name, monkeypatch):
+    """escape.increments on the generated sample kernels gives the numbers of the hand VJP
+    kernel (same draws) to 1e-12, Bayes offsets (∂ŷ/∂Q_hh) and trained a, b included."""
+    from theory_kit import codegen
+    act = get_activation(name)
+    M = np.array([[0.8, 0.3], [0.5, -0.2]])
+    state = State(M, M @ M.T + np.array([[1.0, 0.3], [0.3, 0.8]]), act.a_default(2, 5) * 1.1,
+                  act.b_default(2, 5) + 0.2)
+    coords = escape.Coordinates(2, 2)
+    args = (task(), act, coords, state, (1.0, 0.5, 0.3))
+    got = escape.increments(*args, np.random.default_rng(5), 400)
+    monkeypatch.setattr(codegen, "sample_kernels", lambda a, backend=None: _HandKernels(a))
+    want = escape.increments(*args, np.random.default_rng(5), 400)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    assert np.abs(want).max() > 0.1
 
 
 def test_initial_covariance_is_the_law_of_drawn_keys():

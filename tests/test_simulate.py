@@ -15,6 +15,7 @@ from theory_kit.figures.compare import compare, comparison_figure, write_compari
 from theory_kit.model import Task, ValidationError, make_prior
 from theory_kit.ode import initial_condition, integrate_ode
 from theory_kit.results import Checkpoint, write_json
+from oracle import hand_kernel
 
 FLIP = Task(4, make_prior("flipping", nu=[2.0, 2.0]))
 Z_MAX = 4.0
@@ -107,7 +108,7 @@ def test_compiled_step_coefficients_equal_the_hand_oracle(act: str) -> None:
     co = sim.step_coefficients(sim.step_kernels(activation), S, a, b, Qd, c, y, rates,
                                activation.offset == "bayes")
     for r in range(R):
-        kern = activation.kernel(S[r], a[r], b[r], Qd[r])
+        kern = hand_kernel(activation, S[r], a[r], b[r], Qd[r])
         res = y[r] - kern.w @ c[r]
         G = kern.jvp_tokens(c[r])
         close = dict(rtol=1e-12, atol=1e-14)
@@ -127,7 +128,7 @@ def reference_block(act, K, O, a, b, tokens, factors, c, y, eps, rates, F, delta
     FH, sq = K.shape[-1], np.zeros(len(K))
     for i in range(tokens.shape[0]):
         T = tokens[i]
-        kern = act.kernel(K @ np.swapaxes(T, -1, -2), a, b, np.sum(K * K, -1))
+        kern = hand_kernel(act, K @ np.swapaxes(T, -1, -2), a, b, np.sum(K * K, -1))
         r = y[i] - np.einsum("rl,rl->r", kern.w, c[i])
         G = kern.jvp_tokens(c[i])
         e = -kern.w

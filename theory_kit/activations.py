@@ -13,9 +13,11 @@ with a scalar SymPy function φ of the symbol ``s`` and a normalisation
 and offsets o_h = 0 (``offset="none"``) or the Bayes offsets o_h = −Q_{hh}/2 + log π_h
 (``offset="bayes"``), which make the weights depend on the head norms.
 
-The NumPy kernel here evaluates the weights w_l = Σ_h σ_{hl} and the vector–Jacobian
-products needed by the ODE and by simulations.  With D_{hl} = φ'(t_{hl})/N and
-W_{hl} = φ(t_{hl})/N (so σ = a W), for any vector v over tokens:
+Here: the normalised weights in NumPy (``Activation.normalised``, ``weights``), which the
+hand-written test oracle (``tests/oracle.py``) builds its vector–Jacobian products on; the
+production path uses the kernels generated from the SymPy derivation
+(``codegen.sample_kernels``).  With D_{hl} = φ'(t_{hl})/N and W_{hl} = φ(t_{hl})/N
+(so σ = a W), for any vector v over tokens:
 
 * per-head:    (J_{hl}·v) = a_h D_{hl} (v_l − W_h·v)
 * joint:       (J_{hl}·v) = D_{hl} (a_h v_l − w·v)
@@ -217,6 +219,11 @@ class Activation:
 
     def fingerprint(self) -> str:
         """Hash of everything that changes the derived equations."""
+        return self._fingerprint
+
+    @cached_property
+    def _fingerprint(self) -> str:
+        # computed once per (frozen) activation: every drift evaluation looks its kernels up by it
         key = repr({k: v for k, v in self.params().items() if k not in ("name", "phi_str")})
         return hashlib.sha256(key.encode()).hexdigest()[:16]
 
@@ -306,11 +313,6 @@ class Activation:
         sigma = np.asarray(a)[..., :, None] * W
         return sigma, sigma.sum(axis=-2)
 
-    def kernel(self, S: np.ndarray, a: np.ndarray, b: np.ndarray, Qdiag: np.ndarray) -> "Kernel":
-        """All first-order quantities at scores S (..., H, L), for VJPs and noise terms."""
-        W, D, D2 = self.normalised(self.biased_scores(S, a, b, Qdiag))
-        return Kernel(self.norm, self.offset, np.asarray(a, dtype=float), W, D, D2)
-
 
 def log_normalise(logphi: np.ndarray, axes: tuple[int, ...], kappa: float) -> np.ndarray:
     """e^{logφ}/(κ + Σ e^{logφ}) over ``axes``, shifting by m = max(log κ, max logφ).
@@ -324,88 +326,6 @@ def log_normalise(logphi: np.ndarray, axes: tuple[int, ...], kappa: float) -> np
     # with κ > 0, m ≥ log κ keeps κ e^{−m} ≤ 1; with κ = 0 the term is absent (not 0·∞)
     floor = kappa * np.exp(-m) if kappa > 0 else 0.0
     return ex / (floor + ex.sum(axis=axes, keepdims=True))
-
-
-@dataclass
-class Kernel:
-    """First-order structure of w at one batch of scores (see the module docstring).
-
-    ``a`` is (H,) for all samples, or (..., H) broadcasting against the leading axes of W
-    (e.g. one a per simulation run)."""
-
-    norm: str
-    offset: str
-    a: np.ndarray
-    W: np.ndarray
-    D: np.ndarray
-    D2: np.ndarray
-
-    @cached_property
-    def w(self) -> np.ndarray:
-        """Token weights w_l = Σ_h a_h W_hl, shape (..., L)."""
-        return np.einsum("...h,...hl->...l", self.a, self.W)
-
-    def jvp_tokens(self, v: np.ndarray) -> np.ndarray:
-        """(J_{hl}·v) = Σ_{l'} ∂w_{l'}/∂s_{hl} v_{l'}, shape (..., H, L), for v of shape (..., L)."""
-        a = self.a[..., :, None]
-        if self.norm == "per-head":
-            Wv = np.einsum("...hl,...l->...h", self.W, v)[..., None]
-            return a * self.D * (v[..., None, :] - Wv)
-        if self.norm == "joint":
-            wv = np.einsum("...l,...l->...", self.w, v)[..., None, None]
-            return self.D * (a * v[..., None, :] - wv)
-        return a * self.D * v[..., None, :]
-
-    def grad_a(self, v: np.ndarray) -> np.ndarray:
-        """∂w/∂a_h·v = W_h·v, shape (..., H)."""
-        return np.einsum("...hl,...l->...h", self.W, v)
-
-    def grad_b(self, Jv: np.ndarray) -> np.ndarray:
-        """∂w/∂b_h·v = Σ_l (J_{hl}·v), from the output of :meth:`jvp_tokens`."""
-        return Jv.sum(axis=-1)
-
-    def grad_qdiag(self, Jv: np.ndarray) -> np.ndarray:
-        """∂w/∂Q_hh·v: −½ Σ_l J_{hl}·v for Bayes offsets, else 0."""
-        return -0.5 * Jv.sum(axis=-1) if self.offset == "bayes" else np.zeros(Jv.shape[:-1])
-
-    def _aa(self) -> np.ndarray:
-        """a_h a_{h'}, shape (..., H, H)."""
-        return self.a[..., :, None] * self.a[..., None, :]
-
-    def jj(self) -> np.ndarray:
-        """(J_{hl}·J_{h'l}) = Σ_{l'} J_{hl,l'} J_{h'l,l'}, shape (..., H, H, L)."""
-        D, W, a = self.D, self.W, self.a
-        DD = D[..., :, None, :] * D[..., None, :, :]
-        aa = self._aa()[..., None]
-        if self.norm == "per-head":
-            WW = pair_products(W, W)[..., None]
-            return aa * DD * (1 - W[..., :, None, :] - W[..., None, :, :] + WW)
-        if self.norm == "joint":
-            w = self.w
-            ww = np.sum(w * w, axis=-1)[..., None, None, None]
-            aplus = (a[..., :, None] + a[..., None, :])[..., None]
-            return DD * (aa - aplus * w[..., None, None, :] + ww)
-        return aa * DD
-
-    def jj_sum(self) -> np.ndarray:
-        """Σ_l J_{hl}·J_{h'l}, shape (..., H, H): :meth:`jj` summed over l without forming it.
-
-        per-head: a_h a_{h'} [(D Dᵀ)(1 + W Wᵀ) − X − Xᵀ] with X = (D∘W) Dᵀ;
-        joint:    a_h a_{h'} D Dᵀ − (a_h + a_{h'}) (D∘w) Dᵀ + |w|² D Dᵀ;
-        elementwise: a_h a_{h'} D Dᵀ."""
-        D, W, a = self.D, self.W, self.a
-        WW = pair_products(W, W) if self.norm == "per-head" else None
-        DD = WW if (D is W and WW is not None) else pair_products(D, D)
-        if self.norm == "per-head":
-            X = pair_products(D * W, D)
-            return self._aa() * (DD * (1.0 + WW) - X - np.swapaxes(X, -1, -2))
-        if self.norm == "joint":
-            w = self.w
-            Y = pair_products(D * w[..., None, :], D)
-            ww = np.sum(w * w, axis=-1)[..., None, None]
-            aplus = a[..., :, None] + a[..., None, :]
-            return (self._aa() + ww) * DD - aplus * Y
-        return self._aa() * DD
 
 
 def pair_products(X: np.ndarray, Y: np.ndarray) -> np.ndarray:

@@ -54,6 +54,7 @@ their squares, without per-sample temporaries; the drift engines use it.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import os
@@ -61,6 +62,7 @@ import sys
 import tempfile
 import types
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
@@ -281,7 +283,9 @@ def generate_source(act: Activation) -> str:
 
 
 # ----------------------------------------------------------------------------- cache
+@functools.lru_cache(maxsize=None)
 def _generator_digest() -> str:
+    # read once per process: every kernel look-up goes through the cache key
     sources = [Path(__file__).read_bytes(), Path(dv.__file__).read_bytes(),
                Path(_nb.__file__).read_bytes()]
     return hashlib.sha256(b"\0".join(sources)).hexdigest()
@@ -552,10 +556,48 @@ def _numpy_integrand(module: types.ModuleType, stein: bool) -> Callable[..., Dri
     return integrand
 
 
-class CompiledIntegrand:
-    """The numba drift integrand: per-sample ``__call__`` and the fused :meth:`group_sums`."""
+def compute_threads() -> int:
+    """Threads for the compiled kernels: ``numba.get_num_threads()`` (``NUMBA_NUM_THREADS``,
+    ``numba.set_num_threads``); 1 without numba."""
+    try:
+        import numba
+        return max(1, int(numba.get_num_threads()))
+    except Exception:   # no numba, or no threading layer: one thread
+        return 1
 
-    BLOCK = 256   # noise groups per block of the fused pass (blocks may run in parallel)
+
+_POOLS: dict[tuple[int, int], ThreadPoolExecutor] = {}   # (pid, threads): a forked child
+# (Dask / executor workers) must not reuse its parent's pool, whose threads it does not have
+
+
+def run_ranges(fn: Callable[[int, int], int], n_items: int, min_items: int = 1) -> int:
+    """Σ fn(start, stop) over a split of range(n_items) into contiguous ranges run on
+    :func:`compute_threads` threads (``fn`` is a nogil kernel writing disjoint outputs).
+
+    Each item's result is computed by one thread from its own inputs, so the outputs do not
+    depend on the split or the thread count.  Ranges of at least ``min_items`` items; a few
+    ranges per thread balance the load on a shared machine."""
+    threads = min(compute_threads(), max(1, n_items // max(1, min_items)))
+    if threads == 1:
+        return int(fn(0, n_items))
+    parts = min(n_items, 4 * threads)
+    edges = [n_items * i // parts for i in range(parts + 1)]
+    key = (os.getpid(), threads)
+    pool = _POOLS.get(key)
+    if pool is None:
+        pool = _POOLS[key] = ThreadPoolExecutor(threads, thread_name_prefix="theory_kit")
+    return sum(pool.map(lambda i: int(fn(edges[i], edges[i + 1])), range(parts)))
+
+
+class CompiledIntegrand:
+    """The numba drift integrand: per-sample ``__call__`` and the fused :meth:`group_sums`.
+
+    Both run the generated nogil kernels on :func:`compute_threads` threads over disjoint
+    ranges (rows, or blocks of ``BLOCK`` noise groups whose sums are added in block order), so
+    the numbers are bit-identical whatever the thread count."""
+
+    BLOCK = 256   # noise groups per block of the fused pass: the unit of the fixed-order sums
+    MIN_ROWS = 2048   # rows per thread at least (a thread hand-off costs ~0.1 ms)
 
     def __init__(self, act: Activation, module: types.ModuleType, stein: bool) -> None:
         self.act, self.module, self.stein = act, module, stein
@@ -570,8 +612,10 @@ class CompiledIntegrand:
         F = M.shape[1]
         out = np.empty((n, sum(int(np.prod(s, dtype=int)) for s in field_sizes(H, F).values())))
         B = np.ascontiguousarray(projection_matrix(M, Q))
-        self._fail_if_bad(self.module.drift_rows(
-            S, zeta, theta, M, Q, B, a, b, np.ascontiguousarray(np.diag(Q)), delta, self.stein, out))
+        qdiag = np.ascontiguousarray(np.diag(Q))
+        self._fail_if_bad(run_ranges(lambda start, stop: self.module.drift_rows(
+            S, zeta, theta, M, Q, B, a, b, qdiag, delta, self.stein, start, stop, out),
+            n, self.MIN_ROWS))
         return DriftSamples(**split_fields(out, H, F))
 
     def group_sums(self, g: np.ndarray, theta: np.ndarray, weights: np.ndarray, R: np.ndarray,
@@ -589,11 +633,13 @@ class CompiledIntegrand:
         blocks = max(1, -(-n_groups // self.BLOCK))
         tot, sqr = np.empty((blocks, K)), np.empty((blocks, K))
         c = np.ascontiguousarray
-        bad = self.module.drift_blocks(
-            c(g, dtype=float), c(theta, dtype=float), c(weights, dtype=float), c(R, dtype=float),
-            c(M, dtype=float), c(Q, dtype=float), c(projection_matrix(M, Q)), c(a, dtype=float),
-            c(b, dtype=float), c(np.diag(Q)), float(delta), self.stein,
-            np.asarray(shape, dtype=np.int64), self.BLOCK, tot, sqr)
+        args = (c(g, dtype=float), c(theta, dtype=float), c(weights, dtype=float), c(R, dtype=float),
+                c(M, dtype=float), c(Q, dtype=float), c(projection_matrix(M, Q)), c(a, dtype=float),
+                c(b, dtype=float), c(np.diag(Q)), float(delta), self.stein,
+                np.asarray(shape, dtype=np.int64), self.BLOCK)
+        rows_per_block = self.BLOCK * int(np.prod(shape, dtype=int))
+        bad = run_ranges(lambda start, stop: self.module.drift_blocks(*args, start, stop, tot, sqr),
+                         blocks, max(1, self.MIN_ROWS // rows_per_block))
         self._fail_if_bad(bad)
         return split_fields(tot.sum(axis=0), H, F), split_fields(sqr.sum(axis=0), H, F), n_groups
 

@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.linalg import expm
 
-from . import __version__
+from . import __version__, codegen
 from .activations import Activation
 from .expect.drift import QuadratureDrift, SampleDrift
 from .expect.engines import build_engine
@@ -201,21 +201,22 @@ def increments(task: Task, act: Activation, coords: Coordinates, state: State,
     S = M @ p + psd_factor(state.orthogonal_part()) @ rng.standard_normal((n, H, L))
     c = rng.standard_normal((n, L))
     y = c[:, 0] + math.sqrt(task.delta) * rng.standard_normal(n)
-    kern = act.kernel(S, np.tile(state.a, (n, 1)), np.tile(state.b, (n, 1)),
-                      np.tile(np.diag(Q), (n, 1)))
+    kern = codegen.sample_kernels(act)
+    W, D, D2, w = kern.weights(S, state.b, np.diag(Q), state.a)
+    # ∂ŷ/∂s_hl = J_hl·c and ∂ŷ/∂a_h, ∂ŷ/∂b_h, ∂ŷ/∂Q_hh (generated VJPs with v = c)
+    G, dy_da, dy_db, dy_dq = kern.vjp(W, D, D2, state.a, c)
     g, ga, gb = rates
-    r = y - np.einsum("nl,nl->n", kern.w, c)
-    G = kern.jvp_tokens(c)                                 # ∂ŷ/∂s_{hl}
+    r = y - np.einsum("nl,nl->n", w, c)
     beta = (g * r)[:, None, None] * G                      # γ r G, (n, H, L)
     ZM = beta @ np.swapaxes(p, 1, 2)
     half = beta @ np.swapaxes(S, 1, 2)
     if act.offset == "bayes":                              # γ r 2R_h, R_h = ∂ŷ/∂Q_hh
-        rho = (2 * g * r)[:, None] * kern.grad_qdiag(G)
+        rho = (2 * g * r)[:, None] * dy_dq
         ZM = ZM + rho[:, :, None] * M
         half = half + rho[:, :, None] * Q
     ZQ = half + np.swapaxes(half, 1, 2) + beta @ np.swapaxes(beta, 1, 2)
-    da = (ga * r)[:, None] * kern.grad_a(c)
-    db = (gb * r)[:, None] * kern.grad_b(G)
+    da = (ga * r)[:, None] * dy_da
+    db = (gb * r)[:, None] * dy_db
     return coords.vector(ZM, ZQ, da, db)
 
 
