@@ -296,6 +296,11 @@ def test_finished_run_is_not_recomputed(tmp_path, monkeypatch) -> None:
     again = sim.simulate_to_file(cfg, out)
     np.testing.assert_array_equal(again.M, first.M)
     assert sim.stored_result(config("softmax", D=60, times=(0.0, 1.0), seed=9), out) is None
+    # a file of the earlier random-stream layout (no params.stream) is not this run's
+    data = json.loads(out.read_text())
+    assert data["params"].pop("stream") == sim.STREAM_LAYOUT
+    out.write_text(json.dumps(data))
+    assert sim.stored_result(cfg, out) is None
 
 
 def test_divergence_stops_with_the_time() -> None:
