@@ -92,6 +92,21 @@ def test_bsoftmax_at_atoms_equals_bayes_to_quadrature_precision(nu, H):
     assert moved.value > at_atoms.value + 1e-6
 
 
+def test_bayes_excess_is_zero_at_the_atoms_and_matches_quadrature_off_them():
+    """E − E_Bayes = E‖w − p‖² on paired samples: exactly 0 where B-softmax is the posterior;
+    off the atoms equal to quadrature's E − E_Bayes within 5 of its (much smaller than E's
+    own Monte Carlo) standard errors."""
+    act, state = einf.bayes_softmax_at_atoms(TASK.prior, 2)
+    assert einf.bayes_excess(TASK, act, state, n=5000).value < 1e-25
+    moved = State(1.1 * state.M, 1.21 * state.Q + 0.05 * np.eye(2), state.a, state.b)
+    excess = einf.bayes_excess(TASK, act, moved, n=100_000)
+    quad = population_error(TASK, act, moved, method="quad").value - task_bayes().value
+    assert 0 < excess.abs_err < 0.01 * quad
+    assert abs(excess.value - quad) < 5 * excess.abs_err
+    separate = population_error(TASK, act, moved, method="mc", n=100_000)
+    assert excess.abs_err < 0.1 * separate.abs_err     # the point of pairing
+
+
 def test_bayes_softmax_at_atoms_refuses_too_few_heads_and_continuous_priors():
     with pytest.raises(ValidationError, match="H"):
         einf.bayes_softmax_at_atoms(make_prior("flipping", nu=[1, 1, 1]), 3)

@@ -5,9 +5,11 @@ E∞ runs integrate only until the state has left the plateau, then *solve*:
 
 * **Gradient flow** (γ² term dropped, τ = γ t): the fixed points are the stationary points of
   E, and the stable ones its local minima.  E is minimised locally on fixed samples
-  (:class:`SampledError`: a smooth deterministic function with its exact gradient) in the
-  parametrisation K = [M | P] ∈ R^{H×(F+H)}, Q = K Kᵀ (+ a, b when trained): L-BFGS, then
-  Newton steps with the Hessian obtained by finite differences of the exact gradient.
+  (:class:`SampledError`: a smooth deterministic function with its exact gradient, the Bayes
+  posterior as control variate so that what is minimised is the excess E − E_Bayes =
+  E‖w − p‖²) in the parametrisation K = [M | P] ∈ R^{H×(F+H)}, Q = K Kᵀ (+ a, b when
+  trained): L-BFGS, then Newton steps with the Hessian obtained by finite differences of the
+  exact gradient.
 * **Finite γ**: a root of the full drift (γ² term included) of the ODE's own fixed-sample
   engine, in (M, Q, a, b) coordinates (:func:`solve_drift_root`, MINPACK ``hybr``).
 
@@ -51,7 +53,7 @@ from scipy.stats import qmc
 
 from .activations import Activation
 from .codegen import sample_kernels
-from .error import squared_residual
+from .error import log_bayes_factor, squared_residual
 from .expect import montecarlo as mc
 from .model import State, Task, check_int, fail
 
@@ -60,6 +62,7 @@ STABLE_KINDS = ("minimum", "degenerate minimum", "stable")
 DRIFT_TOL = 1e-8
 FD_STEP = 1e-6          # relative finite-difference step of the Hessian / Jacobian
 PROBE_STEPS = (0.3, 0.1, 0.03)   # relative steps along an unstable / flat eigenvector
+MAX_STEP_SCALE = 1.0    # cap of the probe / escape step scale (per coordinate)
 
 
 # ----------------------------------------------------------------------------- sampled E
@@ -83,7 +86,21 @@ class SampledError:
     ``points``: ``sobol`` (default; scrambled Sobol points mapped to Gaussians, seeded: the
     minimiser's distance from the population minimiser shrinks much faster than with random
     points — measured for B-softmax, H = 2: excess E 1.9e-6 at 2^15 points against 6.3e-5
-    for Monte Carlo) or ``mc`` (independent draws)."""
+    for Monte Carlo) or ``mc`` (independent draws).
+
+    ``control`` (default True): the Bayes posterior p_l = P(ε = l | X) of each sample as a
+    control variate.  p is the conditional mean of the one-hot target ẽ, so per sample
+    ‖ẽ − w‖² = ‖ẽ − p‖² + ‖w − p‖² + 2 (ẽ − p)·(p − w) with a last term of mean zero; the
+    objective is
+
+        E_n = Δ + Σ_i ω_i [(1 − ‖p_i‖²) + ‖w_i − p_i‖²],
+
+    unbiased for E like the plain one (the first part is the tower form of E_Bayes and does
+    not depend on the keys), and its gradient is that of the excess Σ ω ‖w − p‖² ≥ 0 alone
+    (v = p − w in place of e = ẽ − w above).  The noise the keys could fit is gone: at strong
+    signal (F = 4, ν = 10) the plain objective on 2^11 tilted points has minima with E_n below
+    E_Bayes at |K| ~ 10³, while the excess cannot go below 0, which B-softmax reaches exactly
+    at the atoms on every sample set."""
 
     task: Task
     act: Activation
@@ -96,8 +113,11 @@ class SampledError:
     seed: int = 0
     points: str = "sobol"
     tilt: float = 0.0
+    control: bool = True
     samples: mc.Samples = field(init=False, repr=False)
     tokens: np.ndarray = field(init=False, repr=False)
+    target: np.ndarray = field(init=False, repr=False)
+    floor: float = field(init=False, repr=False)
     evaluations: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
@@ -121,6 +141,14 @@ class SampledError:
         self.samples.g[:] = np.repeat(g, reps, axis=0)
         self.tokens = self.samples.g.copy()
         self.tokens[:, :F, 0] += self.samples.theta
+        self.target = np.zeros((len(self.tokens), L))
+        self.target[:, 0] = 1.0
+        self.floor = self.task.delta
+        if self.control:
+            logg = log_bayes_factor(self.task.prior, self.tokens[:, :F, :])
+            self.target = np.exp(logg - special.logsumexp(logg, axis=-1, keepdims=True))
+            self.floor += float(sample_sum(self.samples.weights,
+                                           1.0 - np.sum(self.target ** 2, axis=1)))
 
     def _tilt_tokens(self, g: np.ndarray, choice: np.ndarray) -> np.ndarray:
         """Importance sampling of the token noise, in place; returns p(g)/q(g) per draw (n,).
@@ -147,12 +175,12 @@ class SampledError:
     def for_activation(cls, task: Task, act: Activation, H: int, n: int = 20_000,
                        seed: int = 0, train_a: bool | None = None,
                        train_b: bool | None = None, points: str = "sobol",
-                       tilt: float = 0.0) -> "SampledError":
+                       tilt: float = 0.0, control: bool = True) -> "SampledError":
         """The objective with the activation's default a, b and training flags."""
         return cls(task, act, H, act.a_default(H, task.L), act.b_default(H, task.L),
                    act.train_a if train_a is None else train_a,
                    act.train_b if train_b is None else train_b, n=n, seed=seed, points=points,
-                   tilt=tilt)
+                   tilt=tilt, control=control)
 
     @property
     def dim(self) -> int:
@@ -181,22 +209,28 @@ class SampledError:
         return State(K[:, :self.task.F], K @ K.T, a, b)
 
     def _per_sample(self, x: np.ndarray) -> tuple:
-        """(K, w (n, L), e (n, L), Jv (n, H, L), Av, Bv, Qv (n, H)) at x, v = e: the generated
-        kernels of ``codegen.sample_kernels`` (numba, or NumPy without it)."""
+        """(K, w (n, L), e (n, L), Jv (n, H, L), Av, Bv, Qv (n, H)) at x, v = e = target − w
+        (target: the posterior p with ``control``, else the one-hot ẽ): the generated kernels
+        of ``codegen.sample_kernels`` (numba, or NumPy without it)."""
         K, a, b = self.unpack(x)
         S = np.matmul(K, self.tokens)            # (n, H, L); matmul is ~10x einsum here
         kern = sample_kernels(self.act)
         W, D, D2, w = kern.weights(S, b, np.sum(K * K, axis=1), a)
-        e = -w
-        e[:, 0] += 1.0
+        e = self.target - w
         return (K, w, e) + tuple(kern.vjp(W, D, D2, a, e))
+
+    def _per_sample_value(self, w: np.ndarray, e: np.ndarray) -> np.ndarray:
+        """The per-sample summand of E_n without Δ, shape (n,)."""
+        if self.control:
+            return 1.0 - np.sum(self.target ** 2, axis=1) + np.sum(e ** 2, axis=1)
+        return squared_residual(w)
 
     def value_and_grad(self, x: np.ndarray) -> tuple[float, np.ndarray]:
         """(E, ∂E/∂x) on the fixed samples."""
         self.evaluations += 1
         K, w, e, Jv, Av, Bv, Qv = self._per_sample(x)
         wts = self.samples.weights
-        value = self.task.delta + float(sample_sum(wts, squared_residual(w)))
+        value = self.floor + float(sample_sum(wts, np.sum(e ** 2, axis=1)))
         dK = (-2.0 * np.einsum("nhl,nkl->hk", Jv * wts[:, None, None], self.tokens)
               - 4.0 * sample_sum(wts, Qv)[:, None] * K)
         return value, self.pack(dK, -2.0 * sample_sum(wts, Av), -2.0 * sample_sum(wts, Bv))
@@ -204,9 +238,9 @@ class SampledError:
     def value_stderr(self, x: np.ndarray) -> float:
         """Standard error of E at x as if the n noise draws were independent (θ strata of one
         draw summed first; for Sobol points an upper bound of the typical error)."""
-        w = self._per_sample(x)[1]
+        _, w, e = self._per_sample(x)[:3]
         groups = np.zeros(self.samples.n_groups)
-        np.add.at(groups, self.samples.group, self.samples.weights * squared_residual(w))
+        np.add.at(groups, self.samples.group, self.samples.weights * self._per_sample_value(w, e))
         return float(np.std(groups * self.samples.n_groups, ddof=1) / np.sqrt(len(groups)))
 
     def grad_stderr(self, x: np.ndarray) -> float:
@@ -389,10 +423,18 @@ def _newton(obj: SampledError, x: np.ndarray, Z: np.ndarray, Hq: np.ndarray,
     return x
 
 
+def step_scale(x: np.ndarray) -> float:
+    """Scale of the probe and escape steps: the rms coordinate max(1, |x|)/√dim, capped at
+    ``MAX_STEP_SCALE``.  Uncapped, a point that has run off to large keys (|K| ~ 10³ at F = 4,
+    ν = 10, where the sampled E is a rare-event average) took escape steps of hundreds, far
+    beyond the region where the quadratic model of the saddle means anything."""
+    return min(max(1.0, float(np.linalg.norm(x))) / np.sqrt(len(x)), MAX_STEP_SCALE)
+
+
 def _probe(obj: SampledError, x: np.ndarray, v: np.ndarray) -> bool:
     """Whether E rises on both sides of x along v at every probe step."""
     e0 = obj.value_and_grad(x)[0]
-    scale = max(1.0, float(np.linalg.norm(x))) / np.sqrt(len(x))
+    scale = step_scale(x)
     for h in PROBE_STEPS:
         for sign in (1.0, -1.0):
             y = x + sign * h * scale * v
@@ -469,10 +511,10 @@ def solve_gradient_flow(obj: SampledError, state: State, tol: float = DRIFT_TOL,
 
 
 def escape(obj: SampledError, x: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """The lower of x ± h v for the largest probe step h (``PROBE_STEPS`` × the key scale)
+    """The lower of x ± h v for the largest probe step h (``PROBE_STEPS`` × :func:`step_scale`)
     that lowers E (the smallest step if none does)."""
     e0 = obj.value_and_grad(x)[0]
-    scale = max(1.0, float(np.linalg.norm(x))) / np.sqrt(len(x))
+    scale = step_scale(x)
     for h in PROBE_STEPS:
         cands = [x + s * h * scale * v for s in (1.0, -1.0)]
         vals = [obj.value_and_grad(c)[0] for c in cands]
@@ -575,7 +617,7 @@ def _displace_admissible(dmap: DriftMap, y: np.ndarray, v: np.ndarray, advance
                          ) -> np.ndarray | None:
     """y displaced along ±v by the largest probe step that stays admissible, then carried
     on by ``advance``; None when no step works (the saddle is then reported as it is)."""
-    scale = max(1.0, float(np.linalg.norm(y))) / np.sqrt(len(y))
+    scale = step_scale(y)
     for h in PROBE_STEPS:
         for sign in (1.0, -1.0):
             try:

@@ -8,8 +8,9 @@ minimum and E∞ depends on γ (docs/theory.md §6); initial overlaps drawn at D
 drift with fixed samples until ``einf.StopRule`` hands over (the state has left the plateau
 and its speed falls) or T_max; then the fixed point is solved for and certified
 (``theory_kit.fixedpoint``: local minimum of E on ``solver_points`` importance-tilted Sobol
-points, drift norm ≤ 1e-8, quotient Hessian positive, saddles escaped, sampled E consistent
-with the precise one).  Runs that fail the certificate are drawn hollow; runs of one point
+points with the Bayes posterior as control variate, drift norm ≤ 1e-8, quotient Hessian
+positive, saddles escaped, sampled E consistent with the precise one, else solved again with
+more points).  Runs that fail the certificate are drawn hollow; runs of one point
 that reached different fixed points (``einf.group_runs``) get different markers.  E at the
 fixed points and the Bayes error by Monte Carlo with ``error_samples`` draws (its standard
 error is in the data): the quadrature engine takes tens of seconds per point at F = 4,
