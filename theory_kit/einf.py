@@ -28,19 +28,20 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
-from scipy import optimize, special
+from scipy import optimize
 from scipy.optimize import linear_sum_assignment
 
 from .activations import Activation, activation_from_params, get_activation
 from .error import METHODS as ERROR_METHODS
 from .codegen import sample_kernels
-from .error import ErrorResult, bayes_error, log_bayes_factor, population_error, squared_residual
+from .error import ErrorResult, bayes_error, population_error, squared_residual
 from .expect import montecarlo as mc
 from .executor import run_sweep, runs_in_process
 from .expect.drift import ENGINES, SampleDrift
 from .expect.engines import DEFAULT_QMC_POINTS, DriftEngine, build_engine
 from .fixedpoint import (POINTS, Certificate, DriftMap, FixedPoint, SampledError,
-                         check_objective, solve_drift_root, solve_gradient_flow)
+                         bayes_posterior, check_objective, solve_drift_root,
+                         solve_gradient_flow)
 from .initial import InitialCondition
 from .model import Prior, State, Task, check_int, fail
 from .ode import METHODS as ODE_METHODS, build_system, integrate_ode
@@ -642,8 +643,7 @@ def bayes_excess(task: Task, act: Activation, state: State, n: int = 400_000,
         tokens[:, :F, 0] += smp.theta
         S = np.matmul(K, tokens)
         w = kernels.weights(S, state.b, np.diag(state.Q), state.a)[3]
-        logg = log_bayes_factor(task.prior, tokens[:, :F, :])
-        p = np.exp(logg - special.logsumexp(logg, axis=-1, keepdims=True))
+        p = bayes_posterior(task.prior, tokens[:, :F, :])
         mean, se = mc.weighted_mean(smp, np.sum((w - p) ** 2, axis=-1))
         means.append(m * float(mean))
         errs.append(m * float(se))

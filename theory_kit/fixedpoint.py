@@ -55,7 +55,7 @@ from .activations import Activation
 from .codegen import sample_kernels
 from .error import log_bayes_factor, squared_residual
 from .expect import montecarlo as mc
-from .model import State, Task, check_int, fail
+from .model import Prior, State, Task, check_int, fail
 
 POINTS = ("sobol", "mc")
 STABLE_KINDS = ("minimum", "degenerate minimum", "stable")
@@ -145,8 +145,7 @@ class SampledError:
         self.target[:, 0] = 1.0
         self.floor = self.task.delta
         if self.control:
-            logg = log_bayes_factor(self.task.prior, self.tokens[:, :F, :])
-            self.target = np.exp(logg - special.logsumexp(logg, axis=-1, keepdims=True))
+            self.target = bayes_posterior(self.task.prior, self.tokens[:, :F, :])
             self.floor += float(sample_sum(self.samples.weights,
                                            1.0 - np.sum(self.target ** 2, axis=1)))
 
@@ -259,6 +258,13 @@ class SampledError:
         np.add.at(groups, self.samples.group, wts[:, None] * per)
         groups *= self.samples.n_groups
         return float(np.sqrt(np.sum(groups.var(axis=0, ddof=1)) / len(groups)))
+
+
+def bayes_posterior(prior: Prior, proj: np.ndarray) -> np.ndarray:
+    """P(ε = l | X) ∝ g(p_l) from the projections p = Uᵀx, shape (n, F, L) → (n, L)
+    (``error.log_bayes_factor``, normalised over the tokens)."""
+    logg = log_bayes_factor(prior, proj)
+    return np.exp(logg - special.logsumexp(logg, axis=-1, keepdims=True))
 
 
 def sample_sum(weights: np.ndarray, values: np.ndarray) -> np.ndarray:
