@@ -168,6 +168,23 @@ def test_solver_started_at_the_saddle_leaves_along_the_unstable_direction(platea
     assert abs(M[0, 1] - M[1, 1]) > 0.5
 
 
+def test_escape_step_is_capped_far_from_the_origin():
+    """At |x| ~ 10³ (where the plain objective used to run off at F = 4, ν = 10) the escape
+    from a saddle of E(y) = y₁² − y₀² moves by at most PROBE_STEPS[0] · MAX_STEP_SCALE, not by
+    the 0.3·|x|/√dim ≈ 150 of the uncapped rule, and still to the lower side."""
+    class Saddle:
+        def value_and_grad(self, y):
+            d = y - x
+            return float(d[1] ** 2 - d[0] ** 2), np.array([-2 * d[0], 2 * d[1], 0.0, 0.0])
+
+    x = np.full(4, 500.0)
+    v = np.array([1.0, 0.0, 0.0, 0.0])
+    moved = fp.escape(Saddle(), x, v)
+    step = np.linalg.norm(moved - x)
+    assert 0 < step <= fp.PROBE_STEPS[0] * fp.MAX_STEP_SCALE + 1e-12
+    assert Saddle().value_and_grad(moved)[0] < 0
+
+
 # ----------------------------------------------------------------------------- E∞ runs
 @pytest.fixture(scope="module")
 def bsoftmax_run():
