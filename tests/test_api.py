@@ -31,7 +31,8 @@ def numbers_equal(a, b):
     return a == b or (a != a and b != b)
 
 
-@pytest.mark.parametrize("module", [api, resulttypes])
+# api's examples integrate and simulate at D = 10⁴ (~30 s on 2 cores): slow run only
+@pytest.mark.parametrize("module", [pytest.param(api, marks=pytest.mark.slow), resulttypes])
 def test_docstring_examples_run(module):
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0

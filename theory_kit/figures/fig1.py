@@ -20,7 +20,8 @@ from matplotlib.figure import Figure
 from pathlib import Path
 
 from .escape_pieces import EscapePiece, draw_band_in_time
-from .panels import OverlayPlan, PlannedFigure, Setting, overlay_draw, run_pieces
+from .panels import (QUICK_ERROR_SAMPLES, OverlayPlan, PlannedFigure, Setting, overlay_draw,
+                     run_pieces)
 
 NUMBER = 1
 CAPTION = ("ODE (lines) against SGD (dots, mean ± std over runs): softmax, L = 10, H = 2, F = 2, "
@@ -30,7 +31,8 @@ FULL = OverlayPlan((Setting("softmax", 10, 2, "flipping", (2.0, 2.0), gamma=1.0,
                    n_times_ode=126, n_times_sim=26, engine="laplace")
 QUICK = OverlayPlan((Setting("softmax", 10, 2, "flipping", (2.0, 2.0), gamma=1.0, T=120.0,
                              D_init=300),), D=300, runs=8, n_samples=1024, dt=1.0,
-                    n_times_ode=61, n_times_sim=25, engine="sobol-sym")
+                    n_times_ode=61, n_times_sim=25, engine="sobol-sym",
+                    error_samples=QUICK_ERROR_SAMPLES)
 FIGURE = PlannedFigure(FULL, QUICK)
 plan = FIGURE.plan
 M_F2_PANEL = 2   # the panels are error, m_h1, m_h2, orthogonal part

@@ -33,14 +33,18 @@ from ..simulate import SimConfig, simulate_to_file
 from . import compare
 from .style import label_axes, new_figure, series_colors
 
-# rough costs measured on the 2-core development machine under load (seconds); the full
-# Fig. 1 (ODE 2000 drift evaluations × 8000 rows, SGD 2.5·10^6 steps × 8 runs) took 5.6 min
-# the drift no longer builds (H, H, L) arrays (Kernel.jj_sum), so its cost grows like H·L per
-# sample row: measured 0.9–2.2·10⁻⁷ s for H = 2…8, L = 4…10 (MC and Sobol alike)
-ODE_COST_PER_ELEMENT = 2e-7     # per drift evaluation and sample row × H × L
+# CPU costs measured on the 2-core development machine (2026-12-01, compiled generated
+# kernels), along the quick figures' trajectories: a drift evaluation costs a fixed overhead
+# (~1 ms for Monte Carlo; ~11 ms for the Sobol engine, which also reduces 16 blocks for its
+# error estimate) plus ~1e-7 s per sample row × H × L (H = 2…8, L = 4…10); the independent
+# error curve ~6e-8 s per sample row × H × L at every record.
+ODE_COST_PER_ELEMENT = 1e-7     # per drift evaluation and sample row × H × L
+ODE_COST_PER_EVAL = {"mc": 1e-3, "sobol": 1.1e-2}   # fixed cost of one drift evaluation
+ERROR_COST_PER_ELEMENT = 6e-8   # independent MC error: per record and sample row × H × L
 LAPLACE_SECONDS_PER_EVAL = {1: 0.15, 2: 0.5, 3: 4.0}  # CPU s per laplace drift, L = 10 plateau
-SIM_COST_PER_STEP = 7e-5        # Python overhead of one SGD step, all runs together
-SIM_COST_PER_ELEMENT = 1e-7     # per step and run × H² × L
+SIM_COST_PER_STEP = 3e-5        # fixed cost of one reduced SGD step, all runs together
+SIM_COST_PER_ELEMENT = 9e-8     # per step and run × H² × L
+QUICK_ERROR_SAMPLES = 4000      # independent error samples per record in the --quick figures
 ACT_LABELS = {"softmax": "softmax", "softmax1": "softmax-1", "bsoftmax": "B-softmax"}
 
 
@@ -96,10 +100,21 @@ def n_rows(setting: Setting, n_samples: int) -> int:
     return n_samples * reps
 
 
-def ode_seconds(setting: Setting, n_samples: int, dt: float) -> float:
+def drift_seconds(setting: Setting, n_samples: int, engine: str = "mc") -> float:
+    """Estimated CPU time of one drift evaluation with ``n_samples`` draws or points (all
+    copies included) of the ``engine`` kind (mc or sobol, with or without -sym)."""
+    fixed = ODE_COST_PER_EVAL["sobol" if engine.startswith("sobol") else "mc"]
+    return fixed + n_rows(setting, n_samples) * setting.H * setting.L * ODE_COST_PER_ELEMENT
+
+
+def ode_seconds(setting: Setting, n_samples: int, dt: float, engine: str = "mc") -> float:
     """Estimated run time of one RK4 integration (4 drift evaluations per step)."""
-    evals = 4 * setting.T / dt
-    return evals * n_rows(setting, n_samples) * setting.H * setting.L * ODE_COST_PER_ELEMENT
+    return 4 * setting.T / dt * drift_seconds(setting, n_samples, engine)
+
+
+def error_seconds(setting: Setting, n_samples: int, n_times: int) -> float:
+    """Estimated run time of :func:`independent_error` at ``n_times`` records."""
+    return n_times * n_rows(setting, n_samples) * setting.H * setting.L * ERROR_COST_PER_ELEMENT
 
 
 def laplace_ode_seconds(setting: Setting) -> float:
@@ -164,15 +179,18 @@ class OdePiece:
     @property
     def name(self) -> str:
         extra = () if self.engine == "mc" else (self.engine,)   # keeps the mc names of old runs
+        if self.error_samples != 20_000:
+            extra += (("error_samples", self.error_samples),)
         key = self.setting.key(self.n_samples, self.dt, self.n_times, self.mc_seed, self.fresh,
                                *extra)
         return f"ode-{key}"
 
     def seconds(self) -> float:
+        error = error_seconds(self.setting, self.error_samples, self.n_times)
         if self.engine == "laplace":
-            return laplace_ode_seconds(self.setting)
+            return laplace_ode_seconds(self.setting) + error
         copies = len(head_permutations(self.setting.H)) if self.engine.endswith("-sym") else 1
-        return ode_seconds(self.setting, self.n_samples * copies, self.dt)
+        return ode_seconds(self.setting, self.n_samples * copies, self.dt, self.engine) + error
 
     def run(self, path: Path, progress: bool) -> dict:
         s = self.setting
@@ -403,6 +421,7 @@ class OdePlan:
     n_samples: int
     dt: float
     engine: str
+    error_samples: int
 
     def pieces(self) -> list[OdePiece | SimPiece]:
         raise NotImplementedError
@@ -414,11 +433,13 @@ class OdePlan:
         return pieces_seconds(self.pieces())
 
     def ode_piece(self, setting: Setting, n_times: int) -> OdePiece:
-        return OdePiece(setting, self.n_samples, self.dt, n_times, engine=self.engine)
+        return OdePiece(setting, self.n_samples, self.dt, n_times, engine=self.engine,
+                        error_samples=self.error_samples)
 
     def ode_params(self) -> dict:
         return {"ode_engine": {"kind": self.engine, "n_samples": self.n_samples, "fresh": False},
-                "ode_method": ode_method(self.engine), "dt": self.dt}
+                "ode_method": ode_method(self.engine), "dt": self.dt,
+                "error_samples": self.error_samples}
 
 
 # ----------------------------------------------------------------------------- overlay figures
@@ -434,6 +455,7 @@ class OverlayPlan(OdePlan):
     n_times_ode: int = 101
     n_times_sim: int = 26
     engine: str = "mc"
+    error_samples: int = 20_000
 
     def pieces(self) -> list[OdePiece | SimPiece]:
         out: list[OdePiece | SimPiece] = []
@@ -485,6 +507,7 @@ class HeadsPlan(OdePlan):
     dt: float
     n_times: int = 101
     engine: str = "mc"
+    error_samples: int = 20_000
 
     def pieces(self) -> list[OdePiece]:
         return [self.ode_piece(s, self.n_times) for s in self.settings]
@@ -537,7 +560,7 @@ def activation_rows_plan(base: Setting, quick: bool, T_full: float, T_quick: flo
     settings = tuple(base.with_(activation=a, T=T, D_init=D) for a in activations)
     if quick:
         return OverlayPlan(settings, D=D, runs=6, n_samples=n_quick, dt=2.0, n_times_ode=41,
-                           n_times_sim=21, engine=engine)
+                           n_times_sim=21, engine=engine, error_samples=QUICK_ERROR_SAMPLES)
     return OverlayPlan(settings, D=D, runs=6, n_samples=n_full, dt=1.0, n_times_ode=76,
                        n_times_sim=26, engine=engine)
 
@@ -546,12 +569,14 @@ def head_plan(settings: Sequence[Setting], quick: bool, n_full: int, n_quick: in
               dt_full: float = 1.0, dt_quick: float = 2.0, T_quick: float | None = None,
               D_quick: int | None = 100, engine: str = "mc") -> HeadsPlan:
     """Head-trajectory figures: the settings as given (full) or, quick, with fewer samples,
-    a shorter horizon and (unless ``D_quick`` is None) the initial condition drawn at a
-    small D (a larger initial symmetry breaking, so the phases come sooner)."""
+    a shorter horizon, ``QUICK_ERROR_SAMPLES`` for the error curve and (unless ``D_quick`` is
+    None) the initial condition drawn at a small D (a larger initial symmetry breaking, so
+    the phases come sooner)."""
     if not quick:
         return HeadsPlan(tuple(settings), n_full, dt_full, engine=engine)
     short = tuple(s.with_(T=T_quick or s.T / 2, D_init=D_quick or s.D_init) for s in settings)
-    return HeadsPlan(short, n_quick, dt_quick, n_times=51, engine=engine)
+    return HeadsPlan(short, n_quick, dt_quick, n_times=51, engine=engine,
+                     error_samples=QUICK_ERROR_SAMPLES)
 
 
 def head_title(setting: dict, *fields: str) -> str:

@@ -75,13 +75,63 @@ def save_png(fig: plt.Figure, path: Path) -> Path:
     return path
 
 
-def describe_estimate(module: ModuleType, quick: bool, jobs: int) -> str:
+# measured on the 2-core development machine (2026-12-01), CPU seconds: compiling one
+# activation's generated kernels on a cold cache (drift ~13, error ~1, simulation step ~3),
+# and the fixed part of a run (starting Python and importing ~3, JSON, drawing, PNG ~2)
+COMPILE_SECONDS = 17.0
+FIXED_SECONDS = 5.0
+
+
+def figure_activations(module: ModuleType, quick: bool) -> set[str]:
+    """The preset activations a figure runs: its ``ACTIVATIONS``, else those of the settings of
+    its ``plan(quick)`` or of its ``pieces(quick)``."""
+    names = getattr(module, "ACTIVATIONS", None)
+    if names:
+        return set(names)
+    plan = getattr(module, "plan", None)
+    settings = getattr(plan(quick), "settings", None) if callable(plan) else None
+    if settings is None and callable(getattr(module, "pieces", None)):
+        try:
+            settings = [p.setting for p in module.pieces(quick)]
+        except (TypeError, AttributeError):   # pieces of another signature (digit figures)
+            settings = None
+    return {s.activation for s in settings or ()}
+
+
+def uncompiled(names: set[str]) -> list[str]:
+    """The activations whose generated numba module is not in the cache yet (their kernels
+    compile during the run)."""
+    from .. import codegen
+    from ..activations import get_activation
+    return sorted(n for n in names if not codegen.cache_path(get_activation(n), "numba").is_file())
+
+
+def estimate(module: ModuleType, quick: bool, jobs: int) -> tuple[float, list[str]]:
+    """(seconds, activations to compile) of a figure run on an idle machine: the figure's own
+    cost model (``estimate_seconds``, CPU seconds of its pieces) shared among the workers,
+    plus the compiles of kernels not cached yet (done once in every worker at the same time,
+    so not shared) and the fixed cost of a run (start, imports, drawing)."""
     seconds = float(module.estimate_seconds(quick))
     if jobs > 1:
         seconds /= min(jobs, 2) ** 0.8  # rough: most figures split into independent pieces
+    cold = uncompiled(figure_activations(module, quick))
+    return seconds + COMPILE_SECONDS * len(cold) + FIXED_SECONDS, cold
+
+
+def describe_estimate(module: ModuleType, quick: bool, jobs: int) -> str:
+    seconds, cold = estimate(module, quick, jobs)
     text = f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+    notes = []
+    if cold:
+        notes.append(f"incl. {COMPILE_SECONDS * len(cold):.0f} s compiling the kernels of "
+                     f"{', '.join(cold)}, not cached yet")
+    cores = os.cpu_count() or 1
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    if load > cores:
+        notes.append(f"idle machine; the load is {load:.1f} on {cores} cores now, so expect longer")
+    extra = f" ({'; '.join(notes)})" if notes else ""
     return (f"figure {module.NUMBER} ({'quick' if quick else 'full'}): estimated {text} "
-            f"with {jobs} job(s)")
+            f"with {jobs} job(s){extra}")
 
 
 def redraw(number: int, out: str | Path = "figures") -> Path:
