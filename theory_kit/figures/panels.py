@@ -33,13 +33,13 @@ from ..simulate import SimConfig, simulate_to_file
 from . import compare
 from .style import label_axes, new_figure, series_colors
 
-# CPU costs measured on the 2-core development machine (2026-12-01, compiled generated
-# kernels), along the quick figures' trajectories: a drift evaluation costs a fixed overhead
-# (~1 ms for Monte Carlo; ~11 ms for the Sobol engine, which also reduces 16 blocks for its
-# error estimate) plus ~1e-7 s per sample row × H × L (H = 2…8, L = 4…10); the independent
-# error curve ~6e-8 s per sample row × H × L at every record.
-ODE_COST_PER_ELEMENT = 1e-7     # per drift evaluation and sample row × H × L
-ODE_COST_PER_EVAL = {"mc": 1e-3, "sobol": 1.1e-2}   # fixed cost of one drift evaluation
+# CPU costs measured on the 2-core development machine (2026-12-01, the block-compiled
+# generated kernels), along the quick figures' trajectories: a drift evaluation costs a fixed
+# overhead (~1 ms for Monte Carlo; ~5.5 ms for the Sobol engine, which also reduces 16 blocks
+# for its error estimate) plus ~7e-8 s per sample row × H × L (H = 2…8, L = 4…10); the
+# independent error curve ~6e-8 s per sample row × H × L at every record.
+ODE_COST_PER_ELEMENT = 7e-8     # per drift evaluation and sample row × H × L
+ODE_COST_PER_EVAL = {"mc": 1e-3, "sobol": 5.5e-3}   # fixed cost of one drift evaluation
 ERROR_COST_PER_ELEMENT = 6e-8   # independent MC error: per record and sample row × H × L
 LAPLACE_SECONDS_PER_EVAL = {1: 0.15, 2: 0.5, 3: 4.0}  # CPU s per laplace drift, L = 10 plateau
 SIM_COST_PER_STEP = 3e-5        # fixed cost of one reduced SGD step, all runs together
