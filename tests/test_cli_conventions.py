@@ -230,3 +230,29 @@ def test_every_verb_that_writes_json_writes_strict_json(tmp_path, capsys, monkey
             strict((tmp_path / name).read_text())
     fig = strict((tmp_path / "figs" / "fig2.json").read_text())
     assert fig["data"]["tau"] == [None, 1.0] and fig["non_finite"]["data/tau/0"] == "inf"
+
+
+# --------------------------------------------------------------------------- estimates first
+def test_figure_over_an_hour_asks_for_yes(tmp_path, capsys, monkeypatch):
+    from theory_kit.figures import fig2
+    calls = fake_figure(monkeypatch, {"x": [1.0]})
+    monkeypatch.setattr(fig2, "estimate_seconds", lambda quick: 5 * 3600.0)
+    argv = ["figure", "2", "--jobs", "1", "--out", str(tmp_path)]
+    assert main(argv) == 4 and calls == []
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("theory-kit figure: error: resources: figure 2 would take about 5 "
+                          "hours") and err.endswith("or pass --yes to run it anyway")
+    assert list(tmp_path.iterdir()) == []
+    assert main(argv + ["--yes"]) == 0 and len(calls) == 1
+
+
+def test_estimates_are_calibrated_on_the_measured_runs():
+    """The constants against the runs they were measured on (CPU seconds): einf's README
+    B-softmax run (one run, shift check, no global minimum: 25.6 s) within 2x; an ODE of
+    softmax H=2 L=4 with 20000 samples (501 evaluations, 16.6 s in the drift) never short and
+    at most 6x over (the per-score cost is B-softmax's, 6x softmax's)."""
+    from theory_kit import resources as rs
+    ode = 501 * rs.drift_seconds(20_000, 2, 4, 4)
+    einf = rs.einf_seconds(1, 4000, 2, 5, 4, 0.0, 3000.0, 2 ** 14, True, True, 0)
+    assert 25.6 / 2 < einf < 25.6 * 2
+    assert 16.6 < ode < 16.6 * 6

@@ -414,6 +414,16 @@ BOMBS = {
                           "--out", "{out}/s.json"],
     "error mc L=1e6": ["error", "--activation", "softmax", "--L", "1000000", "--nu", "2,2",
                        "--M", "[[0.1,0],[0,0.1]]", "--Q", "[[1,0],[0,1]]", "--method", "mc"],
+    "ode dt=1e-5 (per-step overhead)": ["ode", *RUN, "--T", "100", "--dt", "1e-5", "--D", "100",
+                                        "--samples", "16", "--out", "{out}/o.json"],
+    "einf runs=1000": ["einf", *RUN[:-2], "--runs", "1000"],
+    "einf samples=1e8": ["einf", *RUN[:-2], "--samples", "100000000"],
+    "einf solver-points=1e9": ["einf", *RUN[:-2], "--solver-points", "1000000000"],
+    "einf T-min=1e6": ["einf", *RUN[:-2], "--T-min", "1000000", "--T-max", "2000000"],
+    "simulate brute D=1e6": ["simulate", *RUN, "--method", "brute", "--T", "10", "--D", "1000000",
+                             "--out", "{out}/s.json"],
+    "simulate error-samples=1e9": ["simulate", *RUN, "--T", "1", "--D", "100",
+                                   "--error-samples", "1000000000", "--out", "{out}/s.json"],
     "tiny max-memory": ["error", "--activation", "softmax", *TASK2, "--M", "[[0.1,0],[0,0.1]]",
                         "--Q", "[[1,0],[0,1]]", "--method", "quad", "--max-memory", "1K"],
 }
@@ -425,6 +435,22 @@ def test_resource_bombs_exit_4_before_allocating(name, tmp_path, capsys):
     status, _, err = run_cli(argv, capsys)
     assert_one_line(err, argv[0], status, 4, "resources: ")
     assert list(tmp_path.iterdir()) == []
+
+
+COMPARE_BOMBS = {"samples=1e7": ["--samples", "10000000"], "runs=1e5": ["--runs", "100000"],
+                 "dt=1e-7": ["--dt", "1e-7"], "D=1e9": ["--D", "1000000000"]}
+
+
+@pytest.mark.parametrize("name", list(COMPARE_BOMBS))
+def test_compare_resource_bombs_exit_4_before_allocating(name, tmp_path, capsys):
+    log = {"t": [0.0, 0.5, 1.0], "M": [[[0.1, 0.0], [0.0, 0.1]]] * 3,
+           "Q": [[[1.0, 0.0], [0.0, 1.0]]] * 3, "gamma": 1.0}
+    (tmp_path / "log.json").write_text(json.dumps(log))
+    argv = ["compare", "--data", str(tmp_path / "log.json"), *RUN[:-4], "--D", "100",
+            "--out", str(tmp_path / "cmp"), *COMPARE_BOMBS[name]]
+    status, _, err = run_cli(argv, capsys)
+    assert_one_line(err, "compare", status, 4, "resources: ")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["log.json"]
 
 
 @pytest.mark.parametrize("bad", ["abc", "-1G", "0", "1X"])

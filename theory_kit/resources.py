@@ -93,28 +93,133 @@ def check_time(seconds: float, what: str, hint: str) -> None:
 # seconds per elementary operation, measured on this project's 2-core machine (rounded up)
 SECONDS_PER_SCORE = 5e-8  # one (sample, head, token) score with its weight
 SECONDS_PER_KEY_FLOP = 2e-9  # one multiply-add of a D-dimensional SGD step
+# one (sample, stratum, head, token) score of a sampled drift: 5e-8 (softmax) to 3.3e-7
+# (bsoftmax) measured; the larger, rounded down a little
+SECONDS_PER_DRIFT_SCORE = 2.5e-7
+SECONDS_PER_EVALUATION = 2e-3  # fixed cost of one drift evaluation (measured 1.2 ms)
+SECONDS_PER_REDUCED_STEP = 6e-5  # one run-step of the reduced simulation, H + L = 6 (53 us)
+EINF_EVALS_PER_TIME = 2.1  # adaptive ODE evaluations per unit time (291 to T = 140)
+EINF_TYPICAL_T = 200.0  # where einf typically hands over to the solver (T = 140 measured)
+SOLVER_EVALUATIONS = 150  # objective + gradient evaluations of one solve (L-BFGS, Newton)
 
 
-def check_simulation(D: int, H: int, L: int, runs: int, T: float) -> None:
-    """SGD at dimension D: keys, gradients and one batch (runs × H × D and L × D floats,
-    a few copies) in memory; T·D steps of about runs·D·(H + L) operations each."""
-    nbytes = 8.0 * D * (4.0 * runs * H + 2.0 * L)
-    check_memory(nbytes, f"simulate at D = {D} with {runs} run(s) and H = {H}",
-                 "lower --D or --runs")
+def simulation_bytes(D: int, H: int, L: int, runs: int, method: str,
+                     error_samples: int) -> float:
+    """Memory of a simulation: ``brute`` keys, gradients and one batch (runs × H × D and
+    L × D floats, a few copies); ``reduced`` the Gram matrix of the F + H directions per run
+    (no D); both the scores of the recorded population error (error_samples × runs × H × L,
+    a few arrays)."""
+    if method == "reduced":
+        nbytes = 8.0 * runs * (4.0 * (H + L) ** 2 + 64.0)
+    else:
+        nbytes = 8.0 * D * (4.0 * runs * H + 2.0 * L)
+    return nbytes + 8.0 * 4 * float(error_samples) * runs * H * L
+
+
+def simulation_seconds(D: int, H: int, L: int, runs: int, T: float, method: str) -> float:
+    """CPU seconds of T·D SGD steps: ``brute`` about runs·D·(H + L) operations per step,
+    ``reduced`` :data:`SECONDS_PER_REDUCED_STEP` per run and step (no D)."""
     steps = float(T) * D
-    check_time(steps * runs * D * (H + L) * SECONDS_PER_KEY_FLOP,
-               f"simulate for T = {T:g} at D = {D} ({steps:.3g} SGD steps)", "lower --T or --D")
+    if method == "reduced":
+        return steps * runs * SECONDS_PER_REDUCED_STEP * (H + L) / 6.0
+    return steps * runs * D * (H + L) * SECONDS_PER_KEY_FLOP
+
+
+def check_simulation(D: int, H: int, L: int, runs: int, T: float, method: str = "brute",
+                     error_samples: int = 0) -> None:
+    """Refuse a simulation over the memory limit or estimated beyond an hour."""
+    steps = float(T) * D
+    seconds = simulation_seconds(D, H, L, runs, T, method)
+    check_memory(simulation_bytes(D, H, L, runs, method, error_samples),
+                 f"simulate at D = {D} with {runs} run(s) and H = {H}", "lower --D or --runs")
+    check_time(seconds, f"simulate ({method}) for T = {T:g} at D = {D} ({steps:.3g} SGD steps "
+               f"x {runs} run(s))", "lower --T, --D or --runs")
+
+
+def drift_seconds(samples: int, H: int, L: int, strata: int) -> float:
+    """CPU seconds of one sampled drift evaluation: samples × strata × H × L scores at
+    :data:`SECONDS_PER_DRIFT_SCORE` each, plus :data:`SECONDS_PER_EVALUATION` of overhead."""
+    return float(samples) * strata * H * L * SECONDS_PER_DRIFT_SCORE + SECONDS_PER_EVALUATION
+
+
+def drift_bytes(samples: int, H: int, L: int, strata: int) -> float:
+    """Memory of one sampled drift evaluation: tens of arrays of samples × strata × H × L."""
+    return float(samples) * strata * H * L * 8.0 * 40
 
 
 def check_ode(samples: int, H: int, L: int, strata: int, T: float, dt: float) -> None:
-    """The ODE with a sampled drift: samples × strata × H × L scores (tens of arrays of
-    them) per evaluation, four evaluations per RK4 step of at most dt."""
-    per_eval = float(samples) * strata * H * L
-    check_memory(per_eval * 8.0 * 40, f"the drift with {samples} samples x {strata} theta "
-                 f"strata x H = {H} x L = {L}", "lower --samples")
+    """The ODE with a sampled drift: four evaluations per RK4 step of at most dt."""
+    check_memory(drift_bytes(samples, H, L, strata), f"the drift with {samples} samples x "
+                 f"{strata} theta strata x H = {H} x L = {L}", "lower --samples")
     steps = max(1.0, float(T) / float(dt))
-    check_time(4.0 * steps * per_eval * SECONDS_PER_SCORE * 5,
+    check_time(4.0 * steps * drift_seconds(samples, H, L, strata),
                f"the ODE to T = {T:g} ({steps:.3g} steps of dt = {dt:g})", "lower --T or --samples")
+
+
+def einf_seconds(runs: int, samples: int, H: int, L: int, strata: int, T_min: float,
+                 T_max: float, solver_points: int, solve: bool, shift_check: bool,
+                 minimum_starts: int) -> float:
+    """CPU seconds of ``einf``: per run the adaptive ODE (:data:`EINF_EVALS_PER_TIME`
+    evaluations per unit time up to a typical hand-over at ``EINF_TYPICAL_T``, or T_max when
+    sooner, T_min when later), then the solver (:data:`SOLVER_EVALUATIONS` objective and
+    gradient evaluations on solver_points × strata × H × L scores, twice with the shift check),
+    and the global minimum (``minimum_starts`` solver runs).  Calibrated on the README's
+    B-softmax run (H = 2, L = 5: 291 drift evaluations to T = 140, 25.6 CPU s in all)."""
+    horizon = min(float(T_max), max(float(T_min), EINF_TYPICAL_T))
+    ode = EINF_EVALS_PER_TIME * horizon * drift_seconds(samples, H, L, strata)
+    solve_once = SOLVER_EVALUATIONS * float(solver_points) * strata * H * L * SECONDS_PER_SCORE
+    solver = solve_once * (2 if shift_check else 1) if solve else 0.0
+    return runs * (ode + solver) + minimum_starts * solve_once
+
+
+def check_einf(runs: int, jobs: int, samples: int, H: int, L: int, strata: int, T_min: float,
+               T_max: float, solver_points: int, solve: bool, shift_check: bool,
+               minimum_starts: int) -> None:
+    """Refuse an ``einf`` request over the memory limit, or estimated beyond an hour."""
+    biggest = max(drift_bytes(samples, H, L, strata),
+                  drift_bytes(solver_points, H, L, strata) if solve or minimum_starts else 0.0)
+    check_memory(biggest * min(jobs, runs), f"einf with {samples} drift samples and "
+                 f"{solver_points} solver points x {strata} theta strata x H = {H} x L = {L} "
+                 f"({min(jobs, runs)} job(s) at once)", "lower --samples, --solver-points or --jobs")
+    seconds = einf_seconds(runs, samples, H, L, strata, T_min, T_max, solver_points, solve,
+                           shift_check, minimum_starts) / max(1, min(jobs, runs, cores()))
+    check_time(seconds, f"einf with {runs} run(s) of H = {H}, L = {L}",
+               "lower --runs, --samples or --solver-points (or add --jobs)")
+
+
+def check_compare(ode_seeds: int, samples: int, H: int, L: int, strata: int, T: float,
+                  dt: float, D: int, runs: int, error_samples: int, jobs: int) -> None:
+    """``compare``: ``ode_seeds`` RK4 integrations over the log's span T and ``runs`` reduced
+    simulations at the log's D, recording their loss from ``error_samples`` draws (the pieces
+    of one sweep, ``jobs`` at a time)."""
+    check_memory(drift_bytes(samples, H, L, strata) * min(jobs, ode_seeds),
+                 f"compare's ODE with {samples} samples x {strata} theta strata x H = {H} x "
+                 f"L = {L}", "lower --samples or --jobs")
+    check_memory(simulation_bytes(D, H, L, runs, "reduced", error_samples),
+                 f"compare's {runs} simulations (their loss from {error_samples} draws each)",
+                 "lower --runs")
+    steps = max(1.0, float(T) / float(dt))
+    ode = ode_seeds * 4.0 * steps * drift_seconds(samples, H, L, strata)
+    sim = simulation_seconds(D, H, L, runs, T, "reduced")
+    check_time((ode + sim) / max(1, min(jobs, ode_seeds + 1, cores())),
+               f"compare over t = {T:g} ({ode_seeds} ODE seeds of {steps:.3g} steps, {runs} "
+               f"simulations of {T * D:.3g} steps at D = {D})", "lower --samples, --runs or "
+               "raise --dt")
+
+
+def check_figure(seconds: float, number: int, quick: bool, jobs: int) -> None:
+    """A figure whose own estimate (``figN.estimate_seconds``, one core) is beyond an hour
+    even with ``jobs`` cores."""
+    check_time(seconds / max(1, min(jobs, cores())), f"figure {number}"
+               f"{' --quick' if quick else ''}", "run it with --quick or more --jobs")
+
+
+def cores() -> int:
+    """Cores this process may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
 
 
 def check_monte_carlo(n: int, H: int, L: int, what: str = "Monte Carlo") -> None:

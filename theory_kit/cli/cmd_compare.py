@@ -4,11 +4,12 @@ from __future__ import annotations
 import argparse
 
 from ..comparison import THRESHOLD, CompareSettings, compare_log, write_report
-from ..model import ValidationError
+from ..model import ValidationError, check_int
+from ..resources import check_compare
 from ..userdata import TIME_UNITS, load_training_log
 from .common import (add_activation_args, add_executor_args, add_out_arg, add_progress_arg,
                      add_task_args, beside, build_activation, build_task, out_json,
-                     request_of, stored_output, sweep_executor)
+                     request_of, strata_of, stored_output, sweep_executor)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -61,6 +62,11 @@ def run_compare(args: argparse.Namespace) -> int:
                                threshold=args.threshold)
     out, request = out_json(args.out, "compare.json"), request_of(args, files=("data",))
     report = stored_output(out, request) if beside(out, ".png").is_file() else None
+    if report is None:
+        s = settings
+        check_compare(s.ode_seeds, s.samples, log.H, task.L, strata_of(task),
+                      float(log.t[-1] - log.t[0]), s.dt, D, s.runs, s.error_samples,
+                      check_int(args.jobs, "jobs", 1))
     done = "kept (already computed by the same command)" if report is not None else "wrote"
     if report is not None:
         js, png = out, beside(out, ".png")

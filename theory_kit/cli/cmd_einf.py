@@ -6,8 +6,9 @@ import argparse
 from .. import einf
 from ..expect.drift import ENGINES
 from ..model import check_int, fail
+from ..resources import check_einf
 from .common import (add_activation_args, add_executor_args, add_progress_arg, add_task_args,
-                     build_activation, build_task, print_json, sweep_executor)
+                     build_activation, build_task, print_json, strata_of, sweep_executor)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -88,6 +89,9 @@ def run_einf(args: argparse.Namespace) -> int:
     check_int(args.min_starts, "min-starts", 1)
     H, runs = check_int(args.H, "H", 1), check_int(args.runs, "runs", 1)
     D = check_int(args.D, "D", task.F + args.H)
+    check_einf(runs, check_int(args.jobs, "jobs", 1), settings.n_samples, H, task.L,
+               strata_of(task), args.T_min, args.T_max, settings.solver_points, settings.solve,
+               settings.shift_check, 0 if args.no_global_min else args.min_starts)
     with sweep_executor(args) as executor:
         result = einf.asymptotic_error(task, act, H, settings, runs=runs, D=D, eta=args.eta,
                                        seed=args.seed, workdir=args.workdir, jobs=args.jobs,

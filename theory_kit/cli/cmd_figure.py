@@ -6,7 +6,8 @@ import os
 from pathlib import Path
 
 from ..figures import runner
-from ..model import fail
+from ..model import check_int, fail
+from ..resources import check_figure
 from .common import (add_executor_args, add_out_arg, add_progress_arg, out_json, request_of,
                      stamp_output, stored_output, sweep_executor)
 
@@ -50,6 +51,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"kept (already computed by the same command) {png}\n"
               f"kept (already computed by the same command) {js}")
         return 0
+    jobs = check_int(args.jobs, "jobs", 1)
+    check_figure(float(runner.figure_module(number).estimate_seconds(args.quick)), number,
+                 args.quick, jobs)
     with sweep_executor(args) as executor:
         written = runner.run_figure(number, quick=args.quick, out=folder, jobs=args.jobs,
                                      data=args.data, executor=executor)

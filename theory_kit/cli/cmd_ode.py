@@ -13,7 +13,7 @@ from ..ode import METHODS, Trajectory, initial_condition, integrate_ode
 from ..resources import check_ode
 from .common import (add_activation_args, add_out_arg, add_progress_arg, add_task_args,
                      build_activation, build_task, out_json, parse_float_list, parse_json_array,
-                     request_of, stamp_output, stored_output)
+                     request_of, stamp_output, strata_of, stored_output)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -108,9 +108,8 @@ def run_ode(args: argparse.Namespace) -> int:
     if stored_output(out, request) is not None:
         _summary("kept (already computed by the same command)", out, Trajectory.load(out))
         return 0
-    strata = len(task.prior.atoms()[1]) if task.prior.is_discrete else 1
     if np.isfinite(args.T) and args.T > 0 and np.isfinite(args.dt) and args.dt > 0:
-        check_ode(args.samples, ic.state.H, task.L, strata, args.T, args.dt)
+        check_ode(args.samples, ic.state.H, task.L, strata_of(task), args.T, args.dt)
     traj = integrate_ode(task, act, ic, args.gamma, args.T, times=times, method=args.method,
                          dt=args.dt, rtol=args.rtol, atol=args.atol,
                          engine=engine_from_args(args, task, act, ic.state), train_a=args.train_a,

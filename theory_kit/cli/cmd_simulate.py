@@ -81,7 +81,8 @@ def run_simulate(args: argparse.Namespace) -> int:
                     method=args.method, initial=initial_condition(args, act, task),
                     train_a=args.train_a, train_b=args.train_b, gamma_a=args.gamma_a,
                     gamma_b=args.gamma_b, error_samples=args.error_samples)
-    check_simulation(cfg.D, cfg.H, task.L, cfg.runs, float(cfg.times[-1]))
+    check_simulation(cfg.D, cfg.H, task.L, cfg.runs, float(cfg.times[-1]), cfg.method,
+                     cfg.error_samples)
     out = out_json(args.out, "simulate.json")
     stored = stored_result(cfg, out)
     result = stored if stored is not None else simulate_to_file(cfg, out)

@@ -52,6 +52,11 @@ def build_task(args: argparse.Namespace) -> Task:
     return Task(args.L, make_prior(args.prior, nu=parse_float_list(args.nu, "nu")), args.delta)
 
 
+def strata_of(task: Task) -> int:
+    """θ strata of a drift evaluation: the atoms of a discrete prior, 1 for a Gaussian one."""
+    return len(task.prior.atoms()[1]) if task.prior.is_discrete else 1
+
+
 def add_activation_args(parser: argparse.ArgumentParser) -> None:
     """--activation NAME or --phi EXPR (exactly one is required), with --norm/--kappa/--offset
     for a user φ."""
