@@ -50,7 +50,10 @@ form dM uses Σ_{l,g} m_{gf} ∂(J_{hl}·e)/∂s_{gl} + θ_f J_{hε}·e instead 
 mean of u_f·x_l (both have the same expectation; Stein needs φ'' to be a function).
 The numba integrand also has ``group_sums(...)``: one fused pass over whitened noise draws that
 returns the weighted per-group sums (θ sign pairs summed first, so the symmetry is exact) and
-their squares, without per-sample temporaries; the drift engines use it.
+their squares, without per-sample temporaries; the drift engines use it.  Both numba drift
+paths run the generated nogil kernels on ``numba.get_num_threads()`` threads over disjoint
+ranges (:func:`run_ranges`); sums are formed per fixed block of noise groups and added in block
+order, so the numbers do not depend on the thread count.
 """
 from __future__ import annotations
 

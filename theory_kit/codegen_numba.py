@@ -8,7 +8,12 @@ sample:
   a flat scratch vector ``work`` (sums with the same body up to renaming of indices share one
   slot), innermost sums first — so no sum is recomputed inside the loops of another;
 * every output becomes a loop nest over its free indices, whose body goes through
-  ``sympy.cse``; a Kronecker delta becomes ``(1.0 if h == g else 0.0)``.
+  ``sympy.cse``; a Kronecker delta becomes ``(1.0 if h == g else 0.0)``;
+* the drift path uses the same lowering on blocks of NB samples in structure-of-arrays
+  layout (``loop_function(..., lanes=True)``): every statement sits in an innermost loop over
+  the block's samples, which LLVM vectorises without reassociation (fastmath stays off; the
+  weights may contract a*b + c into FMAs), with the branch-free ``_vexp`` for the normalised
+  exp-weights.
 
 The concrete φ enters through the scalar functions of :func:`derive.scalar_functions`
 (log domain when φ = e^ψ: a max shift that keeps κ exact, as :func:`activations.log_normalise`).
