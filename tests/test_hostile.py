@@ -567,3 +567,33 @@ def test_every_verb_help_shows_defaults(verb, capsys):
     with pytest.raises(SystemExit):
         main([verb, "--help"])
     assert "(default: " in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------- overflowing φ
+OVERFLOW = ["--phi", "exp(exp(exp(s)))", "--norm", "elementwise", "--L", "2", "--nu", "2,2",
+            "--M", "[[0.1,0],[0,0.1]]", "--Q", "[[1,0],[0,1]]"]
+
+
+@pytest.mark.parametrize("argv", [["error", *OVERFLOW, "--method", "mc", "--json"],
+                                  ["error", *OVERFLOW, "--method", "quad"],
+                                  ["drift", *OVERFLOW, "--gamma", "1", "--engine", "mc",
+                                   "--samples", "64", "--json"]], ids=["error mc", "error quad",
+                                                                       "drift"])
+def test_overflowing_phi_is_a_phi_error_naming_the_scores(argv, capsys):
+    """E and the drifts of exp(exp(exp(s))) (elementwise) diverge: exp(exp(s)) passes 709,
+    the largest float64 exponent, at s = log(log(709.78)) = 1.8817."""
+    status, out, err = run_cli(argv, capsys)
+    assert_one_line(err, argv[0], status, 2, "phi: ")
+    assert "overflow float64 at scores s >= 1.88" in err and out == ""
+
+
+def test_overflow_scores_of_phi():
+    from theory_kit.activations import lambdify_numpy
+    from theory_kit.phi_parser import overflow_scores
+    s = sp.Symbol("s", real=True)
+    lo, hi = overflow_scores(sp.exp(sp.exp(sp.exp(s))), lambdify_numpy)
+    assert lo is None and abs(hi - np.log(np.log(709.78))) < 0.01
+    assert overflow_scores(sp.exp(s), lambdify_numpy) == (None, None)
+    # phi = exp(30 s^2) itself overflows at |s| = 4.864, its phi'' = (60 + 3600 s^2) phi sooner
+    lo, hi = overflow_scores(sp.exp(s ** 2 * 30), lambdify_numpy)
+    assert lo == -hi and 4.75 < hi <= np.sqrt(709.78 / 30)

@@ -389,3 +389,19 @@ def _zeros(v: np.ndarray) -> np.ndarray:
     left, right = np.r_[np.inf, a[:-1]], np.r_[a[1:], np.inf]
     dip = (a <= left) & (a <= right) & ((a < left) | (a < right))
     return near & dip & (a <= 1e-12 * scale)
+
+
+def overflow_scores(expr: sp.Expr, lambdify: Callable) -> tuple[float | None, float | None]:
+    """(s₋, s₊): the scores nearest 0 on each side where φ, or φ' or φ'', is no longer a
+    finite float64 (None on a side where it stays finite for |s| ≤ 50, the dense part of
+    :data:`GRID`).  Names the scores at which a φ like exp(exp(exp(s))) overflows."""
+    symbol = next(iter(expr.free_symbols), None)
+    grid = GRID[np.abs(GRID) <= 50]
+    bad = np.zeros(grid.shape, dtype=bool)
+    exprs = [expr] if symbol is None else [expr, sp.diff(expr, symbol), sp.diff(expr, symbol, 2)]
+    with np.errstate(all="ignore"):
+        for e in exprs:
+            values = np.broadcast_to(np.asarray(lambdify(e)(grid), dtype=float), grid.shape)
+            bad |= ~np.isfinite(values)
+    lo, hi = grid[bad & (grid < 0)], grid[bad & (grid >= 0)]
+    return (float(lo.max()) if lo.size else None, float(hi.min()) if hi.size else None)

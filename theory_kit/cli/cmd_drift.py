@@ -16,7 +16,7 @@ from ..model import check_state_for_task
 from ..ode import OdeSystem, build_system
 from .cmd_ode import add_engine_args, add_rate_args, engine_from_args
 from .common import (add_activation_args, add_state_args, add_task_args, build_activation,
-                     build_state, build_task, print_json)
+                     build_state, build_task, print_json, refuse_non_finite)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -56,7 +56,9 @@ def run_drift(args: argparse.Namespace) -> int:
                                  args.train_b, args.gamma_a, args.gamma_b, args.gradient_flow,
                                  rescale_time=False)
     engine = system.engine = engine_from_args(args, task, act, state)
-    out = drift_at_state(system, system.join(state.M, state.Q, state.a, state.b))
+    with np.errstate(over="ignore", invalid="ignore"):  # a non-finite drift is refused below
+        out = drift_at_state(system, system.join(state.M, state.Q, state.a, state.b))
+    refuse_non_finite(act, "the drift", out["dM"], out["dQ"], out["da"], out["db"], out["error"])
     out["engine"] = engine.params()
     if getattr(engine, "probe", None) is not None:
         out["engine_probe"] = engine.probe

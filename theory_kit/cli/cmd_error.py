@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import argparse
 
+import numpy as np
+
 from .. import error as err
 from ..model import check_state_for_task
 from .common import (add_activation_args, add_state_args, add_task_args, build_activation,
-                     build_state, build_task, print_json)
+                     build_state, build_task, print_json, refuse_non_finite)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -37,7 +39,9 @@ def run_error(args: argparse.Namespace) -> int:
     act = build_activation(args)
     state = build_state(args, act, task)
     check_state_for_task(state, task)
-    result = err.population_error(task, act, state, method=args.method)
+    with np.errstate(over="ignore", invalid="ignore"):  # a non-finite E is refused below
+        result = err.population_error(task, act, state, method=args.method)
+    refuse_non_finite(act, "the population error", result.value)
     _report(result, f"E[{act.name}]", args.json,
             {"params": {"activation": act.params(), "task": task.params(), "state": state.to_dict()}})
     return 0

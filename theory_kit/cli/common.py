@@ -235,3 +235,23 @@ def stamp_output(path: Path | None, request: dict) -> None:
     if path is None or not path.is_file():
         return  # /dev/null and the like: nothing to find again
     write_json(path, {**read_json(path), "request": request})
+
+
+# ----------------------------------------------------------------------------- non-finite results
+def refuse_non_finite(act: Activation, what: str, *values: object) -> None:
+    """A ``phi`` error (exit 2) when a result of ``act`` is NaN or ±inf: the population error
+    and drifts of a φ that overflows name the scores where it does, never print null."""
+    from ..activations import lambdify_numpy
+    from ..phi_parser import overflow_scores
+    with np.errstate(all="ignore"):
+        finite = all(np.all(np.isfinite(np.asarray(v, dtype=float))) for v in values)
+    if finite:
+        return
+    lo, hi = overflow_scores(act.phi, lambdify_numpy)
+    where = " and ".join(x for x in (f"s <= {lo:.4g}" if lo is not None else "",
+                                     f"s >= {hi:.4g}" if hi is not None else "") if x)
+    why = (f"phi or its derivatives overflow float64 at scores {where}, which Gaussian scores "
+           "reach" if where else "the expectations overflow float64 at this state")
+    raise ValidationError(f"phi: {what} of phi = {act.phi} is not finite: {why}; use a phi "
+                          "that grows at most exponentially (or, for softmax-like phi = exp(psi), "
+                          "the per-head or joint normalisation)")
