@@ -597,3 +597,12 @@ def test_overflow_scores_of_phi():
     # phi = exp(30 s^2) itself overflows at |s| = 4.864, its phi'' = (60 + 3600 s^2) phi sooner
     lo, hi = overflow_scores(sp.exp(s ** 2 * 30), lambdify_numpy)
     assert lo == -hi and 4.75 < hi <= np.sqrt(709.78 / 30)
+
+
+def test_unresolved_rk4_steps_at_huge_gamma_exit_2(tmp_path, capsys):
+    """--gamma 1e3: dQ/dt ~ 6e4 at the start, so a step of 0.2 changes Q 10^4-fold; RK4
+    returned E(T) = 1.22 there while the adaptive integrator gives 0.69 (T = 300)."""
+    argv = [*ODE, "--gamma", "1e3", "--out", str(tmp_path / "o.json")]
+    status, out, err = run_cli(argv, capsys)
+    assert_one_line(err, "ode", status, 2, "dt: an RK4 step of 0.2 changes the state by")
+    assert "--method rk45" in err and list(tmp_path.iterdir()) == []

@@ -8,8 +8,8 @@ import numpy as np
 
 from ..activations import Activation
 from ..expect.engines import ENGINE_NAMES, DriftEngine, build_engine
-from ..model import State, Task, check_int
-from ..ode import METHODS, Trajectory, initial_condition, integrate_ode
+from ..model import State, Task, check_int, fail
+from ..ode import METHODS, Trajectory, build_system, initial_condition, integrate_ode
 from ..resources import check_ode
 from .common import (add_activation_args, add_out_arg, add_progress_arg, add_task_args,
                      build_activation, build_task, out_json, parse_float_list, parse_json_array,
@@ -110,14 +110,39 @@ def run_ode(args: argparse.Namespace) -> int:
         return 0
     if np.isfinite(args.T) and args.T > 0 and np.isfinite(args.dt) and args.dt > 0:
         check_ode(args.samples, ic.state.H, task.L, strata_of(task), args.T, args.dt)
+    engine = engine_from_args(args, task, act, ic.state)
+    if args.method == "rk4":
+        check_step_resolved(task, act, ic, engine, args)
     traj = integrate_ode(task, act, ic, args.gamma, args.T, times=times, method=args.method,
                          dt=args.dt, rtol=args.rtol, atol=args.atol,
-                         engine=engine_from_args(args, task, act, ic.state), train_a=args.train_a,
+                         engine=engine, train_a=args.train_a,
                          train_b=args.train_b, gamma_a=args.gamma_a, gamma_b=args.gamma_b,
                          gradient_flow=args.gradient_flow, out=out, progress=args.progress)
     stamp_output(out, request)
     _summary("wrote", out, traj)
     return 0
+
+
+MAX_STEP_CHANGE = 1.0  # an RK4 step may change the state by at most its own size
+
+
+def check_step_resolved(task: Task, act: Activation, ic, engine: DriftEngine,
+                        args: argparse.Namespace) -> None:
+    """Refuse fixed RK4 steps that cannot resolve the start: dt·max|dy/dt| at t = 0 over
+    max(1, max|y|) beyond :data:`MAX_STEP_CHANGE` (``--gamma 1e3`` with dt = 0.2 changes Q by
+    10⁴ per step, and RK4 then returns numbers with no relation to the ODE)."""
+    system, _ = build_system(task, act, ic.state.H, engine, args.gamma, args.train_a,
+                             args.train_b, args.gamma_a, args.gamma_b, args.gradient_flow,
+                             rescale_time=False)
+    s = ic.state
+    y = system.join(s.M, s.Q, s.a, s.b)
+    with np.errstate(over="ignore", invalid="ignore"):
+        change = args.dt * float(np.max(np.abs(system.rhs(0.0, y)))) / max(1.0, float(np.max(np.abs(y))))
+    if not change <= MAX_STEP_CHANGE:
+        fail("dt", f"an RK4 step of {args.dt:g} changes the state by {change:.3g} times its size "
+             f"at t = 0 (gamma = {args.gamma:g}), so the steps do not resolve the dynamics; use "
+             f"--dt <= {args.dt * MAX_STEP_CHANGE / change:.3g}, --method rk45 (adaptive), or a "
+             "smaller --gamma", args.dt)
 
 
 def _summary(done: str, out: Path, traj: Trajectory) -> None:
