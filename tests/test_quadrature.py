@@ -83,6 +83,10 @@ def test_whiten_keeps_only_the_range():
     assert np.allclose(A @ A.T, np.outer(v, v))
 
 
+# ~25 CPU s of mpmath: slow run; in the default run quad's softmax-1 error is checked against
+# Monte Carlo (test_error::test_quad_agrees_with_monte_carlo) and its drift by laplace against
+# tensor Gauss–Hermite (test_laplace::test_matches_tensor_gauss_hermite_at_H1_L3)
+@pytest.mark.slow
 def test_per_head_softmax1_matches_mpmath():
     # κ = 1, trained bias, one head: same reduced integrals evaluated with mpmath's
     # Gauss–Legendre nodes at 30 digits (a different rule from quad's trapezoids).
