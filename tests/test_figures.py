@@ -142,6 +142,20 @@ def test_estimate_is_printed_before_computing(capsys, tmp_path, monkeypatch):
     assert not (tmp_path / ".work" / "fig8-quick").exists()
 
 
+def test_draw_and_redraw_see_infinite_values(tmp_path, monkeypatch):
+    """Strict JSON stores inf as null: the drawing gets inf back (a τ that never crossed),
+    on the first run and on --redraw (Fig. 9 quick failed on None)."""
+    import matplotlib.pyplot as plt
+    module = runner.figure_module(8)
+    seen = []
+    monkeypatch.setattr(module, "compute", lambda quick, workdir, jobs=1: {
+        "params": {"x": [1.0]}, "tau": [12.5, float("inf")]})
+    monkeypatch.setattr(module, "draw", lambda data: (seen.append(data["tau"]), plt.figure())[1])
+    runner.run_figure(8, quick=True, out=tmp_path, log=lambda text: None)
+    runner.redraw(8, tmp_path)
+    assert seen == [[12.5, float("inf")]] * 2
+
+
 @pytest.mark.parametrize("argv, message", [
     (["figure", "15"], "figure: must be one of 1..14"),
     (["figure", "1", "--jobs", "0"], "jobs: must be an integer >= 1"),

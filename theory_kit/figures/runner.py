@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import math
 import os
 import shutil
 import time
@@ -25,7 +26,7 @@ from typing import Callable
 import matplotlib.pyplot as plt
 
 from ..model import ValidationError, check_int
-from ..results import atomic_replace, read_json, write_json
+from ..results import atomic_replace, read_json, restore_non_finite, write_json
 
 FIGURE_NUMBERS = tuple(range(1, 15))
 CONTRACT = ("NUMBER", "CAPTION", "estimate_seconds", "compute", "draw")
@@ -109,13 +110,15 @@ def uncompiled(names: set[str]) -> list[str]:
 def estimate(module: ModuleType, quick: bool, jobs: int) -> tuple[float, list[str]]:
     """(seconds, activations to compile) of a figure run on an idle machine: the figure's own
     cost model (``estimate_seconds``, CPU seconds of its pieces) shared among the workers,
-    plus the compiles of kernels not cached yet (done once in every worker at the same time,
-    so not shared) and the fixed cost of a run (start, imports, drawing)."""
+    plus the compiles of kernels not cached yet (each worker compiles those of its pieces, at
+    the same time as the others) and the fixed cost of a run (start, imports, drawing)."""
     seconds = float(module.estimate_seconds(quick))
     if jobs > 1:
         seconds /= min(jobs, 2) ** 0.8  # rough: most figures split into independent pieces
     cold = uncompiled(figure_activations(module, quick))
-    return seconds + COMPILE_SECONDS * len(cold) + FIXED_SECONDS, cold
+    # the workers compile at the same time, each the activations of its own pieces
+    compiling = COMPILE_SECONDS * math.ceil(len(cold) / min(jobs, 2))
+    return seconds + compiling + FIXED_SECONDS, cold
 
 
 def describe_estimate(module: ModuleType, quick: bool, jobs: int) -> str:
@@ -123,7 +126,7 @@ def describe_estimate(module: ModuleType, quick: bool, jobs: int) -> str:
     text = f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
     notes = []
     if cold:
-        notes.append(f"incl. {COMPILE_SECONDS * len(cold):.0f} s compiling the kernels of "
+        notes.append(f"incl. compiling the kernels of "
                      f"{', '.join(cold)}, not cached yet")
     cores = os.cpu_count() or 1
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
@@ -141,7 +144,8 @@ def redraw(number: int, out: str | Path = "figures") -> Path:
     if not js.exists():
         raise ValidationError(f"redraw: {js} does not exist; run `theory-kit figure {number}` "
                               "first")
-    payload = read_json(js, "redraw")
+    # strict JSON stores NaN/±inf as null (listed under non_finite): draw the real values
+    payload = restore_non_finite(read_json(js, "redraw"))
     if not isinstance(payload.get("data"), dict) or payload.get("figure", number) != number:
         raise ValidationError(f"redraw: {js} is not a figure {number} result (no 'data' object "
                               f"of figure {number}); run `theory-kit figure {number}` first")
@@ -193,7 +197,7 @@ def run_figure(number: int, quick: bool = False, out: str | Path = "figures", jo
     write_json(js, {"figure": module.NUMBER, "caption": module.CAPTION, "quick": bool(quick),
                     "seconds": elapsed, "data": data})
     # draw from the reloaded file, so that --redraw reproduces exactly this picture
-    save_png(module.draw(read_json(js)["data"]), png)
+    save_png(module.draw(restore_non_finite(read_json(js))["data"]), png)
     if os.environ.get("THEORY_KIT_KEEP_WORK") != "1":
         shutil.rmtree(workdir, ignore_errors=True)
     log(f"figure {module.NUMBER}: computed in {elapsed:.0f} s")
