@@ -606,3 +606,30 @@ def test_unresolved_rk4_steps_at_huge_gamma_exit_2(tmp_path, capsys):
     status, out, err = run_cli(argv, capsys)
     assert_one_line(err, "ode", status, 2, "dt: an RK4 step of 0.2 changes the state by")
     assert "--method rk45" in err and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("opt", ["--gamma", "--eta", "--gamma-a"])
+@pytest.mark.parametrize("value", ["1e200", "-1e300"])
+def test_huge_rates_and_scales_exit_2(opt, value, tmp_path, capsys):
+    """gamma**2 of 1e200 raised OverflowError (exit 1, 'internal error')."""
+    argv = [*ODE, f"{opt}={value}", "--out", str(tmp_path / "o.json")]
+    status, _, err = run_cli(argv, capsys)
+    assert_one_line(err, "ode", status, 2, opt[2:].replace("-", "_") + ": must be at most 1e+100")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_overflow_error_anywhere_is_bad_input(capsys):
+    from theory_kit.cli import classify
+    status, message = classify(OverflowError(34, "Numerical result out of range"))
+    assert status == 2 and message.startswith("input: a number overflowed float64")
+
+
+def test_overlaps_whose_product_overflows_are_refused(capsys):
+    """M = 1e308: M Mᵀ is inf, so Q − MMᵀ used to pass the PSD check with an inf tolerance and
+    'error' printed 0.159 +/- 3e-4 for overlaps no keys realise."""
+    argv = ["error", "--activation", "softmax", "--L", "2", "--nu", "2,2",
+            "--M", "[[1e308,0],[0,0]]", "--Q", "[[1,0],[0,1]]"]
+    status, out, err = run_cli(argv, capsys)
+    assert_one_line(err, "error", status, 2, "Q - M M^T (no keys realise these overlaps): must "
+                                             "be finite")
+    assert out == ""

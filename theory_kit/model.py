@@ -62,7 +62,11 @@ def check_int(value: object, param: str, minimum: int) -> int:
 
 
 def check_psd(mat: np.ndarray, param: str, tol: float = PSD_TOL) -> None:
-    """Symmetric positive semi-definite up to a relative tolerance."""
+    """Symmetric positive semi-definite up to a relative tolerance (and finite: Q − MMᵀ of
+    entries near 1e308 overflows to inf, and an inf tolerance would accept anything)."""
+    if not np.all(np.isfinite(mat)):
+        fail(param, "must be finite (its entries overflow float64; the inputs are too large)",
+             mat)
     scale = max(1.0, float(np.max(np.abs(mat)))) if mat.size else 1.0
     if not np.allclose(mat, mat.T, atol=tol * scale, rtol=0):
         fail(param, "must be symmetric", mat)
@@ -299,7 +303,9 @@ class State:
         if Q.shape != (H, H):
             fail("Q", f"must have shape (H, H) = ({H}, {H}) to match M", Q.shape)
         check_psd(Q, "Q")
-        check_psd(Q - M @ M.T, "Q - M M^T (no keys realise these overlaps)")
+        with np.errstate(over="ignore", invalid="ignore"):  # an overflow is refused there
+            gap = Q - M @ M.T
+        check_psd(gap, "Q - M M^T (no keys realise these overlaps)")
         a = as_finite_array(np.broadcast_to(self.a, (H,)) if np.ndim(self.a) == 0 else self.a,
                             "a", ndim=1)
         b_in = np.zeros(H) if self.b is None else self.b

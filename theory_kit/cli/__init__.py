@@ -136,6 +136,10 @@ def classify(exc: BaseException, out: object = None) -> tuple[int, str | None]:
                             PermissionError)):
             return EXIT_INPUT, f"file: cannot read {name}{what}"
         return EXIT_OUTPUT, f"I/O error: {name}{what}"
+    if isinstance(exc, OverflowError):  # Python float arithmetic on a huge input number
+        return EXIT_INPUT, ("input: a number overflowed float64 during the computation "
+                            f"({exc}); an input such as --gamma, --eta, --T or a matrix entry "
+                            "is too large")
     if isinstance(exc, UnicodeDecodeError):
         return EXIT_INPUT, f"file: an input file is not UTF-8 text ({exc.reason})"
     return EXIT_INTERNAL, (f"internal error: {type(exc).__name__}: {exc}"[:400]

@@ -139,9 +139,25 @@ def add_progress_arg(parser: argparse.ArgumentParser) -> None:
                              "hides them)")
 
 
+# rates and scales beyond this overflow float64 when squared (γ², η²) deep inside a run
+MAX_SCALE = 1e100
+SCALE_OPTIONS = ("gamma", "gamma_a", "gamma_b", "eta")
+
+
+def check_scales(args: argparse.Namespace) -> None:
+    """--gamma, --gamma-a, --gamma-b, --eta: |value| <= :data:`MAX_SCALE` (the verbs check
+    their own sign and finiteness)."""
+    for name in SCALE_OPTIONS:
+        value = getattr(args, name, None)
+        if isinstance(value, float) and abs(value) > MAX_SCALE:
+            raise ValidationError(f"{name}: must be at most {MAX_SCALE:g} in size (its square "
+                                  f"overflows float64 otherwise; got {value:g})")
+
+
 def run_verb(args: argparse.Namespace) -> int:
     """Run the verb of parsed ``args`` (its ``func``), with its bars hidden for
     ``--no-progress``; the exit status.  The CLI and the Python API both call this."""
+    check_scales(args)
     with progress.hidden(not getattr(args, "progress", True)):
         return int(args.func(args) or 0)
 
