@@ -136,6 +136,34 @@ def test_rqmc_fallback_agrees_with_monte_carlo():
     assert abs(r.value - m.value) < 4 * np.hypot(m.abs_err, r.abs_err)
 
 
+def _skewed_bsoftmax_case():
+    # B-softmax, H = 2, L = 5, ν = (8, 8): the tensor rule at resolution 1 agrees with
+    # laplace.LaplaceDrift to 1e-14 and with 5e7 MC draws (0.064816 ± 2.0e-5); RQMC replicate
+    # values here are skewed by rare large contributions (8 × 2^12 points came out 1.6e-4 low
+    # with a spread of 3.3e-5)
+    task = Task(5, make_prior("flipping", nu=[8.0, 8.0]))
+    M = 1.1 * np.array([[1.0, 1.0], [1.0, -1.0]])
+    st = State(M, 1.21 * M @ M.T + 0.05 * np.eye(2), np.ones(2), np.zeros(2))
+    ref = quad_moments(task, get_activation("bsoftmax"), st, resolution=1.0)
+    assert ref.rule == "trapezoid" and ref.abs_err < 1e-10
+    return task, st, ref
+
+
+def test_finer_resolution_stays_on_a_tensor_grid_that_fits():
+    task, st, ref = _skewed_bsoftmax_case()
+    r = quad_moments(task, get_activation("bsoftmax"), st, resolution=2.0)
+    assert r.rule == "trapezoid" and 1.0 < r.level < 2.0
+    assert abs(r.value - ref.value) <= max(r.abs_err, 1e-12)
+
+
+def test_rqmc_spread_covers_the_skewed_replicates(monkeypatch):
+    task, st, ref = _skewed_bsoftmax_case()
+    monkeypatch.setattr(quad, "MAX_GRID", 1e3)          # no tensor grid fits: RQMC
+    r = quad_moments(task, get_activation("bsoftmax"), st, resolution=1.0)
+    assert r.rule == "rqmc"
+    assert abs(r.value - ref.value) <= 3 * r.abs_err
+
+
 # ----------------------------------------------------------------------------- issue #16
 def _state(act, M, Q, b=None):
     H = len(M)

@@ -109,7 +109,8 @@ def population_error_quad(task: Task, act: Activation, state: State,
     resolution = quad.check_resolution(resolution)
     check_state_for_task(state, task)
     r = quad.quad_moments(task, act, state, resolution)
-    return ErrorResult(r.value, r.abs_err, "quad", {"rule": r.rule, "resolution": resolution})
+    return ErrorResult(r.value, r.abs_err, "quad", {"rule": r.rule, "resolution": resolution,
+                                                    "level": r.level})
 
 
 def population_error_mpmath(task: Task, act: Activation, state: State,

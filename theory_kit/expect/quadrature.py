@@ -63,7 +63,9 @@ U_LOW_MARGIN = 32.0     # lower tail of the u-integral ≤ e^{−32}
 U_HIGH_MARGIN = 4.5     # upper tail ≤ exp(−e^{4.5})
 GL_PANELS, GL_ORDER = 16, 10
 MAX_GRID = 4e7          # tensor-grid budget (nodes × u points) before switching to RQMC
-RQMC_POINTS_LOG2, RQMC_REPLICATES = 12, 8
+# 32 replicates of 2^10 points (the cost of 8 × 2^12): the replicate values are skewed by
+# rare large contributions, and 8 of them gave spreads 5x too small (see quad_moments)
+RQMC_POINTS_LOG2, RQMC_REPLICATES = 10, 32
 COARSE = 0.75           # the second resolution used for the error estimate
 MAX_PSI_SPAN = 1000.0   # widest ψ range the u grid covers (beyond: the mass check reports it)
 RESOLUTION_RANGE = (0.5, 8.0)  # coarser rules are not in the asymptotic regime; finer cost r^d
@@ -197,6 +199,16 @@ def u_grid(psi_min: float, psi_max: float, kappa: float, level: float,
     return UGrid(u, h * damp)
 
 
+def tensor_rules(A: np.ndarray, level: float) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The 1-D trapezoid rules of the tensor grid for E f(A z): one per column of A."""
+    return [trapezoid_normal(float(np.max(np.abs(A[:, k]))), level) for k in range(A.shape[1])]
+
+
+def tensor_cost(rules: list[tuple[np.ndarray, np.ndarray]], cost_per_node: float) -> float:
+    """Node count of the tensor grid times the cost of one node (compared with MAX_GRID)."""
+    return float(np.prod([len(z) for z, _ in rules])) * cost_per_node
+
+
 def gaussian_nodes(A: np.ndarray, level: float, cost_per_node: float,
                    replicate: int | None) -> tuple[np.ndarray, np.ndarray, bool]:
     """Nodes y = A z (G × rows of A) and weights for E f(A z), z ~ N(0, I_r).
@@ -207,8 +219,8 @@ def gaussian_nodes(A: np.ndarray, level: float, cost_per_node: float,
     r = A.shape[1]
     if r == 0:
         return np.zeros((1, A.shape[0])), np.ones(1), False
-    rules = [trapezoid_normal(float(np.max(np.abs(A[:, k]))), level) for k in range(r)]
-    if float(np.prod([len(z) for z, _ in rules])) * cost_per_node > MAX_GRID:
+    rules = tensor_rules(A, level)
+    if tensor_cost(rules, cost_per_node) > MAX_GRID:
         seed = 0 if replicate is None else replicate
         pts = stats.qmc.Sobol(d=r, scramble=True, seed=np.random.default_rng([seed, r])
                               ).random_base2(RQMC_POINTS_LOG2)
@@ -301,6 +313,21 @@ class QuadEngine:
 
     def _ugrid(self, heads: list[int]) -> UGrid:
         return u_grid(*self._psi_range(heads), self.act.kappa, self.level, max_span=MAX_PSI_SPAN)
+
+    def fits_tensor(self) -> bool:
+        """Whether every Gaussian column fits a tensor grid at this level (no RQMC), checked
+        from the grid sizes before any evaluation (the same test as ``gaussian_nodes``)."""
+        if self.act.norm == "elementwise":
+            return True
+        groups = [list(range(self.state.H))] if self.act.norm == "joint" else \
+            [[h] for h in range(self.state.H)]
+        for heads in groups:
+            cost = len(self._ugrid(heads).u) * len(heads)
+            for col in self.signals + [self.noise]:
+                A = whiten(col.cov[np.ix_(heads, heads)])
+                if A.shape[1] and tensor_cost(tensor_rules(A, self.level), cost) > MAX_GRID:
+                    return False
+        return True
 
     # -- joint: one t, H-dim Gaussian column ---------------------------------------
     def _column_nodes(self, col: Column, heads: list[int], n_u: int) -> tuple[np.ndarray, np.ndarray]:
@@ -477,14 +504,32 @@ class QuadResult:
     rule: str
     w0: float
     w2: float
+    level: float = 1.0     # the resolution of the rule used (see quad_moments)
+
+
+def tensor_level(task: Task, act: Activation, state: State, resolution: float) -> float:
+    """The resolution to use: ``resolution`` itself, or the finest of resolution·0.75^k
+    (k ≥ 1, down to the lowest allowed) whose tensor grid fits, if the requested one needs
+    RQMC.  A converged tensor rule beats RQMC: on B-softmax, H = 2, L = 5, ν = (8, 8) the
+    replicates' values are skewed (median 2.5e-4 below the mean, rare values 3e-3 above), so a
+    few replicates sit low together with a small spread (8 × 2^12 points: 1.6e-4 low, spread
+    3.3e-5), where the tensor rule at resolution 1 agrees with laplace to 1e-14."""
+    level = resolution
+    while level >= RESOLUTION_RANGE[0]:
+        if QuadEngine(task, act, state, level).fits_tensor():
+            return level
+        level *= COARSE
+    return resolution
 
 
 def quad_moments(task: Task, act: Activation, state: State,
                  resolution: float = 1.0) -> QuadResult:
     """E, with abs_err from two resolutions (tensor rules) or the RQMC replicate spread.
 
+    A requested resolution whose tensor grid does not fit is lowered to the finest that
+    does (:func:`tensor_level`; ``level`` in the result); RQMC only when none does.
     ``w0`` = E[w_ε] and ``w2`` = E[Σ_l w_l²] at the finer resolution (or RQMC mean)."""
-    resolution = check_resolution(resolution)
+    resolution = tensor_level(task, act, state, check_resolution(resolution))
     fine = QuadEngine(task, act, state, resolution)
     f0, f2 = fine.moments()
     if fine.used_rqmc:
@@ -496,7 +541,7 @@ def quad_moments(task: Task, act: Activation, state: State,
         defect = max([fine.mass_defect] + [e.mass_defect for e in engines])
         m0, m2 = arr.mean(axis=0)
         return QuadResult(float(vals.mean()), honest_error(err, defect), "rqmc", float(m0),
-                          float(m2))
+                          float(m2), resolution)
     coarse_engine = QuadEngine(task, act, state, COARSE * resolution)
     c0, c2 = coarse_engine.moments()
     value = task.delta + 1 - 2 * f0 + f2
@@ -504,7 +549,7 @@ def quad_moments(task: Task, act: Activation, state: State,
     err = max(abs(value - coarse), 4 * np.finfo(float).eps * max(1.0, abs(value)))
     err = honest_error(err, max(fine.mass_defect, coarse_engine.mass_defect))
     return QuadResult(value, err, "trapezoid" if act.norm != "elementwise" else "gauss-legendre",
-                      f0, f2)
+                      f0, f2, resolution)
 
 
 def check_resolution(resolution: object) -> float:
