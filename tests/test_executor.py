@@ -136,6 +136,16 @@ def test_a_failing_piece_stops_the_sweep_and_keeps_the_finished(tmp_path):
     assert store.load("c") is None and store.load("d") is None
 
 
+def test_a_corrupt_stored_piece_is_set_aside_and_recomputed(tmp_path):
+    store = ex.FolderStore(tmp_path)
+    ex.run_sweep(strict_piece, [1, 2], ["a", "b"], store=store)
+    store.path("b").write_text('{"value": 2, "trunc')           # a run killed mid-write
+    with pytest.warns(UserWarning):
+        out = ex.run_sweep(strict_piece, [1, 2], ["a", "b"], store=store)
+    assert [r["value"] for r in out] == [1, 2]
+    assert len(list(tmp_path.glob("b.json.bad-*"))) == 1
+
+
 # ----------------------------------------------------------------------------- data on workers
 @pytest.mark.parametrize("backend", ["processes", "dask"])
 def test_kernels_built_once_per_worker(backend, client):

@@ -44,7 +44,7 @@ from typing import Any, Callable, Iterator, Protocol, Sequence
 
 from .model import ValidationError, check_int, fail
 from .progress import progress_bar
-from .results import read_json, write_json
+from .results import read_json, read_piece, write_json
 
 DASK_INSTALL = "pip install -e '.[dask]'"
 SCHEDULER_HELP = "'local' (a LocalCluster on this machine) or tcp://HOST:PORT"
@@ -74,8 +74,9 @@ class FolderStore:
         return Path(self.folder) / f"{key}.json"
 
     def load(self, key: str) -> dict | None:
-        path = self.path(key)
-        return read_json(path) if path.exists() else None
+        """The stored piece, or None when missing; a corrupt or foreign file is set aside
+        (renamed, with a warning) and the piece runs again."""
+        return read_piece(self.path(key))
 
     def save(self, key: str, value: dict) -> dict:
         return read_json(write_json(self.path(key), value))
