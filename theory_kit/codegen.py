@@ -57,7 +57,6 @@ order, so the numbers do not depend on the thread count.
 """
 from __future__ import annotations
 
-import functools
 import hashlib
 import importlib.util
 import os
@@ -286,12 +285,21 @@ def generate_source(act: Activation) -> str:
 
 
 # ----------------------------------------------------------------------------- cache
-@functools.lru_cache(maxsize=None)
 def _generator_digest() -> str:
-    # read once per process: every kernel look-up goes through the cache key
+    """Hash of the generator's source (codegen, derive, codegen_numba) as imported."""
+    return _GENERATOR_DIGEST
+
+
+def _source_digest() -> str:
     sources = [Path(__file__).read_bytes(), Path(dv.__file__).read_bytes(),
                Path(_nb.__file__).read_bytes()]
     return hashlib.sha256(b"\0".join(sources)).hexdigest()
+
+
+# Read when this module is imported, right after the generator modules: a digest read later,
+# lazily, could see files updated under a running process (a git checkout) and file the old
+# in-memory generator's output under the new key, a stale kernel that later processes load.
+_GENERATOR_DIGEST = _source_digest()
 
 
 def cache_key(act: Activation, backend: str = "numpy") -> str:
