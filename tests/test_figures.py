@@ -250,3 +250,26 @@ def test_quick_fig6_relative_spread_falls_with_D(out_dir):
     assert data["rel_quantile"][-1] < data["rel_quantile"][0]
     # while the mean grows (like ln D): measured 64 → 119, errors of the means 9 and 11
     assert mean[-1] - mean[0] > 3 * np.hypot(*(std[[0, -1]] / np.sqrt(runs)))
+
+
+def test_full_runs_use_the_deterministic_drift_where_it_applies():
+    """Issue #12 "then": the full Figs. 1, 9, 11 and the H = 2 panel of Fig. 12 integrate on
+    the laplace engine (adaptive rk45), the H > 2 panels of Fig. 12 and all of Fig. 2 (H = 4,
+    outside laplace's per-head class) fall back to Sobol points, and every quick run keeps
+    its sample engine (its < 60 s budget); the plan records the engine of each setting."""
+    from theory_kit.figures import fig1, fig2, fig9, fig11, fig12
+
+    def kinds(pieces):
+        return [p.engine for p in pieces if isinstance(p, panels.OdePiece)]
+
+    assert kinds(fig1.FIGURE.plan(False).pieces()) == ["laplace"]
+    assert kinds(fig9.FIGURE.plan(False).pieces()) == ["laplace"] * 3
+    assert set(kinds(fig11.pieces(False))) == {"laplace"}
+    full12 = fig12.FIGURE.plan(False)
+    assert kinds(full12.pieces()) == ["laplace", "sobol", "sobol", "sobol"]      # H = 2, 4, 5, 8
+    assert full12.params()["ode_engine"]["per_setting"] == kinds(full12.pieces())
+    assert full12.params()["ode_method"] == ["rk45", "rk4", "rk4", "rk4"]
+    assert set(kinds(fig2.FIGURE.plan(False).pieces())) == {"sobol"}
+    for quick in (kinds(f.FIGURE.plan(True).pieces()) for f in (fig1, fig2, fig9, fig12)):
+        assert "laplace" not in quick
+    assert "laplace" not in kinds(fig11.pieces(True))

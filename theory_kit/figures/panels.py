@@ -21,7 +21,7 @@ from matplotlib.axes import Axes
 
 from .. import analysis
 from ..activations import Activation, get_activation
-from ..expect.engines import DriftEngine, build_engine
+from ..expect.engines import DriftEngine, build_engine, laplace_applies
 from ..expect.montecarlo import head_permutations
 from ..initial import InitialCondition
 from ..error import population_error_mc
@@ -414,14 +414,17 @@ def artist_data(fig: object) -> list[np.ndarray]:
 
 # ----------------------------------------------------------------------------- figure plans
 class OdePlan:
-    """What the overlay and head plans share: one ODE piece per setting (same engine, step
-    and samples for all), a cost that is that of the pieces, and the ODE's parameters."""
+    """What the overlay and head plans share: one ODE piece per setting (same step and
+    samples for all; the ``engine``, except where it is ``laplace`` and the deterministic
+    engine does not cover a setting, e.g. H = 4 per-head heads: there ``fallback``), a cost
+    that is that of the pieces, and the ODE's parameters."""
 
     settings: tuple[Setting, ...]
     n_samples: int
     dt: float
     engine: str
     error_samples: int
+    fallback: str
 
     def pieces(self) -> list[OdePiece | SimPiece]:
         raise NotImplementedError
@@ -432,13 +435,24 @@ class OdePlan:
     def seconds(self) -> float:
         return pieces_seconds(self.pieces())
 
+    def engine_for(self, setting: Setting) -> str:
+        """The engine kind of the setting's ODE piece: ``engine``, or ``fallback`` where the
+        engine is ``laplace`` and does not apply to the setting."""
+        if self.engine == "laplace" and not laplace_applies(setting.task(), setting.act(),
+                                                            setting.H)[0]:
+            return self.fallback
+        return self.engine
+
     def ode_piece(self, setting: Setting, n_times: int) -> OdePiece:
-        return OdePiece(setting, self.n_samples, self.dt, n_times, engine=self.engine,
-                        error_samples=self.error_samples)
+        return OdePiece(setting, self.n_samples, self.dt, n_times,
+                        engine=self.engine_for(setting), error_samples=self.error_samples)
 
     def ode_params(self) -> dict:
-        return {"ode_engine": {"kind": self.engine, "n_samples": self.n_samples, "fresh": False},
-                "ode_method": ode_method(self.engine), "dt": self.dt,
+        kinds = [self.engine_for(s) for s in self.settings]
+        return {"ode_engine": {"kind": self.engine, "n_samples": self.n_samples, "fresh": False,
+                               "fallback": self.fallback, "per_setting": kinds},
+                "ode_method": [ode_method(k) for k in kinds] if len(set(kinds)) > 1
+                else ode_method(kinds[0]), "dt": self.dt,
                 "error_samples": self.error_samples}
 
 
@@ -456,6 +470,7 @@ class OverlayPlan(OdePlan):
     n_times_sim: int = 26
     engine: str = "mc"
     error_samples: int = 20_000
+    fallback: str = "sobol"
 
     def pieces(self) -> list[OdePiece | SimPiece]:
         out: list[OdePiece | SimPiece] = []
@@ -508,6 +523,7 @@ class HeadsPlan(OdePlan):
     n_times: int = 101
     engine: str = "mc"
     error_samples: int = 20_000
+    fallback: str = "sobol"
 
     def pieces(self) -> list[OdePiece]:
         return [self.ode_piece(s, self.n_times) for s in self.settings]
@@ -552,28 +568,33 @@ def heads_draw(data: dict, titles: Sequence[str], suptitle: str, columns: int) -
 
 def activation_rows_plan(base: Setting, quick: bool, T_full: float, T_quick: float,
                          activations: Sequence[str] = ("softmax", "softmax1", "bsoftmax"),
-                         n_full: int = 2000, n_quick: int = 500, engine: str = "mc"
-                         ) -> OverlayPlan:
+                         n_full: int = 2000, n_quick: int = 500, engine: str = "mc",
+                         full_engine: str | None = None) -> OverlayPlan:
     """Figs. 9 and 10: one overlay row per activation.  Full: D = 10^4, 6 runs; quick:
-    D = 300 (the initial symmetry breaking ~ 1/√D is larger, so the phases come sooner)."""
+    D = 300 (the initial symmetry breaking ~ 1/√D is larger, so the phases come sooner).
+    ``engine`` is the quick run's drift (and the full run's where ``full_engine`` is None or
+    ``laplace`` that does not apply to a row)."""
     D, T = (300, T_quick) if quick else (10_000, T_full)
     settings = tuple(base.with_(activation=a, T=T, D_init=D) for a in activations)
     if quick:
         return OverlayPlan(settings, D=D, runs=6, n_samples=n_quick, dt=2.0, n_times_ode=41,
                            n_times_sim=21, engine=engine, error_samples=QUICK_ERROR_SAMPLES)
     return OverlayPlan(settings, D=D, runs=6, n_samples=n_full, dt=1.0, n_times_ode=76,
-                       n_times_sim=26, engine=engine)
+                       n_times_sim=26, engine=full_engine or engine, fallback=engine)
 
 
 def head_plan(settings: Sequence[Setting], quick: bool, n_full: int, n_quick: int,
               dt_full: float = 1.0, dt_quick: float = 2.0, T_quick: float | None = None,
-              D_quick: int | None = 100, engine: str = "mc") -> HeadsPlan:
+              D_quick: int | None = 100, engine: str = "mc",
+              full_engine: str | None = None) -> HeadsPlan:
     """Head-trajectory figures: the settings as given (full) or, quick, with fewer samples,
     a shorter horizon, ``QUICK_ERROR_SAMPLES`` for the error curve and (unless ``D_quick`` is
     None) the initial condition drawn at a small D (a larger initial symmetry breaking, so
-    the phases come sooner)."""
+    the phases come sooner).  ``engine`` is the quick run's drift, and the full run's where
+    ``full_engine`` is None or is ``laplace`` that does not apply to a setting (H > 2)."""
     if not quick:
-        return HeadsPlan(tuple(settings), n_full, dt_full, engine=engine)
+        return HeadsPlan(tuple(settings), n_full, dt_full, engine=full_engine or engine,
+                         fallback=engine)
     short = tuple(s.with_(T=T_quick or s.T / 2, D_init=D_quick or s.D_init) for s in settings)
     return HeadsPlan(short, n_quick, dt_quick, n_times=51, engine=engine,
                      error_samples=QUICK_ERROR_SAMPLES)
