@@ -10,7 +10,7 @@ import pytest
 
 from theory_kit.cli import build_parser, main
 
-LONG_VERBS = ["ode", "simulate", "einf", "escape", "compare", "figure"]
+LONG_VERBS = ["ode", "simulate", "einf", "escape", "compare", "figure", "drift"]
 ACTIVATION_VERBS = ["error", "derive", "drift", "ode", "simulate", "einf", "escape", "compare"]
 ODE = ["ode", "--activation", "softmax", "--L", "2", "--nu", "2,2", "--H", "2", "--gamma", "1",
        "--T", "0.2", "--D", "100", "--samples", "16", "--times", "0,0.2"]

@@ -322,3 +322,27 @@ def test_predict_rejects_bad_switch():
     lin, _ = one_mode_linearisation(0.05, 0.3, 20.0)
     with pytest.raises(ValidationError, match="^switch"):
         escape.predict(lin, None, [100], runs=10, continuation=True, switch=0.3)
+
+
+def test_unresolved_step_at_huge_gamma_exits_2_naming_dt_and_gamma(capsys):
+    """escape --gamma 1e3 with its default step 2: the Jacobian's fastest rate at the start is
+    ~1e4, so the RK4 trajectory and the O(h²) noise steps are meaningless; it printed a table
+    of nulls with exit 0."""
+    argv = ["escape", "--activation", "softmax", "--L", "5", "--nu", "2,2", "--H", "2",
+            "--gamma", "1e3", "--D", "250", "--T", "40", "--runs", "100", "--points", "64",
+            "--no-progress"]
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and captured.out == ""
+    assert lines[0].startswith("theory-kit escape: error: dt: must be <= ")
+    assert "gamma = 1000" in lines[0] and "t = 0" in lines[0]
+
+
+def test_step_rate_of_the_linearisation_is_checked_at_every_node():
+    from theory_kit.escape import check_step_rate
+    from theory_kit.model import ValidationError
+    J = np.array([np.diag([-0.1, 0.2]), np.diag([-3.0, 0.1])])
+    check_step_rate(J, np.array([0.0, 10.0]), 0.4, 1.0)  # 0.4 x 3 = 1.2 <= 1.5
+    with pytest.raises(ValidationError, match=r"^dt: must be <= 0\.5 .* at t = 10,"):
+        check_step_rate(J, np.array([0.0, 10.0]), 1.0, 1.0)

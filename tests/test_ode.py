@@ -288,3 +288,56 @@ def test_ode_follows_finite_d_sgd():
         assert np.all(np.abs(ode_val - sim_val.mean(axis=0)) <= 4 * se + 1e-3)
     moved = np.abs(traj.M[-1] - traj.M[0]).max()
     assert moved > 20 * (sim.M.std(axis=0, ddof=1) / np.sqrt(runs)).max()  # the check has power
+
+
+# ----------------------------------------------------------------------------- step resolution
+class _StiffeningSystem:
+    """dy/dt = -c(t) y with c(t) = 1 + t²: a step that resolves t = 0 stops resolving later."""
+
+    engine = MonteCarloDrift(16)  # not fresh
+    rate = 1.0
+
+    @staticmethod
+    def rhs(t, y):
+        return -(1.0 + t * t) * y
+
+
+def test_stage_estimate_of_h_lambda_is_the_local_rate():
+    from theory_kit.ode import rk4_stages
+    for t, h in ((0.0, 0.1), (2.0, 0.05), (3.0, 0.3)):
+        _, rate = rk4_stages(_StiffeningSystem, t, np.array([1.0, -2.0]), h)
+        assert rate == pytest.approx(h * (1 + t * t), rel=0.25)
+
+
+def test_a_trajectory_that_stiffens_later_is_stopped_naming_the_time():
+    """h = 0.5 resolves t = 0 (hλ = 0.5) but not t ≳ 1.4; the exact solution decays as
+    exp(-t - t³/3) while unchecked RK4 at hλ ≈ 5 grows (|R(-5)| = 13)."""
+    from theory_kit.ode import MAX_STEP_RATE, StepError, StepWatch, rk4_step
+    y, t, h = np.array([1.0]), 0.0, 0.5
+    watch = StepWatch(_StiffeningSystem)
+    with pytest.raises(StepError, match=r"^dt: the RK4 step 0.5 does not resolve the dynamics "
+                                        r"at t = (1\.5|2): ") as info:
+        while t < 5:
+            y = watch.step(t, y, h)
+            t += h
+    assert 1.0 < t <= 2.0 and "dt <= " in str(info.value)
+    # what the refusal prevents: unchecked RK4 grows where the solution decays
+    y = np.array([1.0])
+    for k in range(8):
+        y = rk4_step(_StiffeningSystem, k * h, y, h)
+    assert abs(y[0]) > 1.0 > 1e-3 > np.exp(-4 - 4 ** 3 / 3)
+    assert MAX_STEP_RATE < 2.785  # inside RK4's stability interval
+
+
+def test_ode_at_huge_gamma_stops_during_the_run_not_only_at_the_start():
+    """γ = 1e3 with a step of 2 on a Sobol drift (the setting of escape --gamma 1e3): the
+    start passes the stage test, the steps after it do not (the run used to go on)."""
+    from theory_kit.expect.engines import build_engine
+    from theory_kit.ode import StepError
+    task = Task(5, make_prior("flipping", nu=[2.0, 2.0]))
+    ic = initial_condition(SOFTMAX, task, M0=np.zeros((2, 2)), Q0=np.eye(2))
+    engine = build_engine("sobol", samples=256, seed=1, head_symmetric=True)
+    with pytest.raises(StepError, match=r"^dt: the RK4 step 2 does not resolve the dynamics "
+                                        r"at t = [1-9]"):
+        integrate_ode(task, SOFTMAX, ic, gamma=1e3, T=20.0, dt=2.0, engine=engine,
+                      times=np.arange(0.0, 20.1, 2.0), progress=False)

@@ -63,7 +63,7 @@ from .expect.engines import build_engine
 from .expect.montecarlo import head_permutations
 from .initial import InitialCondition
 from .model import State, Task, as_finite_array, check_int, fail
-from .ode import OdeSystem, build_system, integrate_ode, rk4_step
+from .ode import MAX_STEP_RATE, OdeSystem, StepError, StepWatch, build_system, integrate_ode
 from .progress import progress_bar
 from .simulate import ReducedState, psd_factor
 
@@ -341,6 +341,8 @@ def linearise(task: Task, act: Activation, start: State, gamma: float, T: float,
                                  gamma_b, False, False)
     drift = Drift(system, sym.a, sym.b)
     coords = drift.coords
+    x_start = coords.vector(sym.M, sym.Q, sym.a, sym.b)
+    check_step_rate(jacobian(drift, x_start)[None], np.zeros(1), dt, rates["gamma"])
     t = np.linspace(0.0, T, n_t + 1)
     traj = integrate_ode(task, act, InitialCondition(sym), gamma, T, times=t, dt=dt,
                          engine=engine, train_a=train_a, train_b=train_b, gamma_a=gamma_a,
@@ -363,6 +365,7 @@ def linearise(task: Task, act: Activation, start: State, gamma: float, T: float,
     if bar is not None:
         bar.close()
     Jn, Sn = np.array(Jn), np.array(Sn)
+    check_step_rate(Jn, t[idx], dt, rates["gamma"])
     J, Sigma = interpolate_nodes(t, t[idx], Jn), interpolate_nodes(t, t[idx], Sn)
     A, Qstep, Phi = propagators(t, J, Sigma)
     basis = coords.antisymmetric_basis()
@@ -374,6 +377,26 @@ def linearise(task: Task, act: Activation, start: State, gamma: float, T: float,
               "seed": seed, "engine": engine.params(), "fd_step": FD_STEP, "version": __version__}
     return Linearisation(t, x, J, Sigma, A, Qstep, Phi, lam, t[idx], coords, sym.a, sym.b,
                          errors, params)
+
+
+def check_step_rate(J: np.ndarray, times: np.ndarray, dt: float, gamma: float) -> None:
+    """Refuse a step dt that does not resolve the linearisation: dt·ρ(J) over
+    ``ode.MAX_STEP_RATE`` at any node (ρ the spectral radius; J (k, n, n) at ``times``).
+    The RK4 trajectory, the O(h²) noise covariances of :func:`propagators` and the
+    interpolation of J between nodes all need it (``--gamma 1e3`` with dt = 2 has
+    dt·ρ ≈ 120 at t = 0, and printed a law of τ made of nulls)."""
+    with np.errstate(all="ignore"):
+        radius = np.array([np.max(np.abs(np.linalg.eigvals(Jk))) if np.all(np.isfinite(Jk))
+                           else np.inf for Jk in J])
+    worst = int(np.argmax(radius))
+    rate = dt * float(radius[worst])
+    if not rate <= MAX_STEP_RATE:
+        allowed = (f"<= {MAX_STEP_RATE / radius[worst]:.3g}" if np.isfinite(rate)
+                   else "much smaller")
+        fail("dt", f"must be {allowed} at this gamma (or use a smaller gamma): the step does not resolve the "
+             f"dynamics at t = {times[worst]:.4g}, where the fastest rate of the Jacobian is "
+             f"{radius[worst]:.3g} at gamma = {gamma:g} (dt x rate = {rate:.3g} > "
+             f"{MAX_STEP_RATE:g})", dt)
 
 
 def interpolate_nodes(t: np.ndarray, nodes: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -537,13 +560,29 @@ def continue_escape(lin: Linearisation, system: OdeSystem, second_moment: np.nda
 def integrate_to_threshold(drift: Drift, x: np.ndarray, t0: float, Lf: np.ndarray,
                            delta: float, t_cap: float, dt: float
                            ) -> tuple[np.ndarray, np.ndarray]:
-    """RK4 from x at t0 until the spread ‖L_f x‖ exceeds δ or t reaches t_cap."""
+    """RK4 from x at t0 until the spread ‖L_f x‖ exceeds δ or t reaches t_cap; a step that
+    does not resolve the dynamics (``ode.StepWatch``) restarts the run with half the step
+    (at most :data:`MAP_REFINEMENTS` times; the map step is not a user option)."""
+    for _ in range(MAP_REFINEMENTS):
+        try:
+            return _rk4_to_threshold(drift, x, t0, Lf, delta, t_cap, dt)
+        except StepError:
+            dt /= 2
+    return _rk4_to_threshold(drift, x, t0, Lf, delta, t_cap, dt)
+
+
+MAP_REFINEMENTS = 6
+
+
+def _rk4_to_threshold(drift: Drift, x: np.ndarray, t0: float, Lf: np.ndarray, delta: float,
+                      t_cap: float, dt: float) -> tuple[np.ndarray, np.ndarray]:
     y = drift.flat(x)
     system, coords = drift.system, drift.coords
     times, spreads = [t0], [float(np.linalg.norm(Lf @ x))]
     t = t0
+    watch = StepWatch(system)
     while spreads[-1] <= delta and t < t_cap:
-        y = rk4_step(system, t, y, dt)
+        y = watch.step(t, y, dt)
         t += dt
         M, Q, a, b = system.split(y)
         times.append(t)

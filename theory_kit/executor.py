@@ -35,7 +35,8 @@ import pickle
 import signal
 import uuid
 from collections import Counter
-from concurrent.futures import Executor, Future, ProcessPoolExecutor, as_completed
+import threading
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -49,6 +50,7 @@ from .results import read_json, read_piece, write_json
 DASK_INSTALL = "pip install -e '.[dask]'"
 SCHEDULER_HELP = "'local' (a LocalCluster on this machine) or tcp://HOST:PORT"
 MAX_ATTEMPTS = 3      # tries of a piece whose worker died, before the sweep gives up
+POLL_SECONDS = 0.1    # how often a sweep waiting for its workers looks at a pending Ctrl-C
 
 
 # ----------------------------------------------------------------------------- stores
@@ -210,7 +212,7 @@ class LocalProcesses:
         try:
             futures = {pool.submit(_call_in_worker, fn, item): key
                        for key, item in pending.items()}
-            for future in as_completed(futures):
+            for future in arrivals(futures):
                 key = futures[future]
                 try:
                     value = future.result()
@@ -236,6 +238,52 @@ class LocalProcesses:
                 del pending[key]
 
 
+class _PendingInterrupt:
+    """Ctrl-C while a sweep waits for its workers, as a flag (see :func:`arrivals`)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self, signum: int, frame: object) -> None:
+        self.count += 1
+        if self.count > 1:  # a second Ctrl-C: at once, wherever the main thread is
+            raise KeyboardInterrupt
+
+
+@contextmanager
+def deferred_interrupts() -> Iterator[_PendingInterrupt | None]:
+    """While the block runs, a first SIGINT only sets a flag (the handler yielded); None (and
+    nothing changed) off the main thread or when SIGINT is not Python's default handler (an
+    ignored SIGINT stays ignored, a user's handler stays in charge)."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        yield None
+        return
+    pending = _PendingInterrupt()
+    signal.signal(signal.SIGINT, pending)
+    try:
+        yield pending
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def arrivals(futures: dict[Future, str]) -> Iterator[Future]:
+    """The futures as they finish, with Ctrl-C handled at one place: a first SIGINT is a flag
+    looked at every :data:`POLL_SECONDS` and after the finished futures have been handed on
+    (so their results are saved), and then raised as KeyboardInterrupt here — never inside a
+    destructor, a pool's management thread or a half-written file, where Python can swallow it
+    (a sweep once ended with exit 0 after Ctrl-C).  The caller ends the workers and re-raises;
+    the CLI prints one line and exits 130."""
+    remaining = set(futures)
+    with deferred_interrupts() as pending:
+        while remaining:
+            done, remaining = wait(remaining, timeout=POLL_SECONDS, return_when=FIRST_COMPLETED)
+            for future in sorted(done, key=futures.__getitem__):
+                yield future
+            if pending is not None and pending.count:
+                raise KeyboardInterrupt
+
+
 def _terminate(pool: ProcessPoolExecutor) -> None:
     """End a pool's workers now (running pieces are lost, finished ones are saved)."""
     if hasattr(pool, "terminate_workers"):       # Python >= 3.14
@@ -255,7 +303,7 @@ class FuturesBackend:
         futures: dict[Future, str] = {self.executor.submit(_call, fn, item, shared): key
                                       for key, item in todo.items()}
         try:
-            for future in as_completed(futures):
+            for future in arrivals(futures):
                 try:
                     value = future.result()
                 except BrokenProcessPool as exc:

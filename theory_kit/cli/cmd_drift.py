@@ -15,8 +15,8 @@ from .. import __version__
 from ..model import check_state_for_task
 from ..ode import OdeSystem, build_system
 from .cmd_ode import add_engine_args, add_rate_args, engine_from_args
-from .common import (add_activation_args, add_state_args, add_task_args, build_activation,
-                     build_state, build_task, print_json, refuse_non_finite)
+from .common import (add_activation_args, add_progress_arg, add_state_args, add_task_args,
+                     build_activation, build_state, build_task, print_json, refuse_non_finite)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -31,6 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_rate_args(p)
     add_engine_args(p, default="auto")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_progress_arg(p)  # like every verb that can run long (auto's probe, a large --samples)
     p.set_defaults(func=run_drift)
 
 
