@@ -65,6 +65,7 @@ import tempfile
 import types
 import warnings
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -629,30 +630,96 @@ class CompiledIntegrand:
             n, self.MIN_ROWS))
         return DriftSamples(**split_fields(out, H, F))
 
-    def group_sums(self, g: np.ndarray, theta: np.ndarray, weights: np.ndarray, R: np.ndarray,
-                   M: np.ndarray, Q: np.ndarray, a: np.ndarray, b: np.ndarray, delta: float,
-                   shape: tuple[int, ...]) -> tuple[dict, dict, int]:
+    def pack(self, g: np.ndarray, theta: np.ndarray, weights: np.ndarray,
+             shape: tuple[int, ...]) -> "PackedLanes":
+        """The sample set in the lane layout of :meth:`group_sums` (see :func:`pack_lanes`);
+        pack once, reuse for every state of a trajectory."""
+        return pack_lanes(g, theta, weights, shape, self.BLOCK, int(self.module.NB))
+
+    def group_sums(self, g: np.ndarray | None, theta: np.ndarray | None,
+                   weights: np.ndarray | None, R: np.ndarray, M: np.ndarray, Q: np.ndarray,
+                   a: np.ndarray, b: np.ndarray, delta: float, shape: tuple[int, ...],
+                   packed: "PackedLanes | None" = None) -> tuple[dict, dict, int]:
         """One fused pass: Σ over noise groups of the weighted per-group sums, and of their squares.
 
         g (n, H, L) whitened noise, R = Q^{1/2}, ζ_l = R g_l, s_{:,0} = ζ_0 + M θ; the rows of a
         group are laid out as ``shape`` and summed axis by axis (a sign axis as x + (−x), so the
-        θ_f → −θ_f symmetry is exact).  Returns (sums, sums of squares, number of groups)."""
-        n, H, _ = g.shape
+        θ_f → −θ_f symmetry is exact).  ``packed``: the same set from :meth:`pack` (then g,
+        θ and the weights are not read).  Returns (sums, sums of squares, number of groups)."""
+        if packed is None:
+            packed = self.pack(g, theta, weights, shape)
+        elif packed.shape != tuple(shape) or packed.block != self.BLOCK:
+            fail("packed", f"must be packed for shape {tuple(shape)}", packed.shape)
+        H = packed.g.shape[1]
         F = M.shape[1]
         K = sum(int(np.prod(s, dtype=int)) for s in field_sizes(H, F).values())
-        n_groups = n // int(np.prod(shape, dtype=int))
-        blocks = max(1, -(-n_groups // self.BLOCK))
+        blocks = packed.blocks
         tot, sqr = np.empty((blocks, K)), np.empty((blocks, K))
         c = np.ascontiguousarray
-        args = (c(g, dtype=float), c(theta, dtype=float), c(weights, dtype=float), c(R, dtype=float),
-                c(M, dtype=float), c(Q, dtype=float), c(projection_matrix(M, Q)), c(a, dtype=float),
+        args = (packed.g, packed.theta, packed.weights, c(R, dtype=float), c(M, dtype=float),
+                c(Q, dtype=float), c(projection_matrix(M, Q)), c(a, dtype=float),
                 c(b, dtype=float), c(np.diag(Q)), float(delta), self.stein,
-                np.asarray(shape, dtype=np.int64), self.BLOCK)
+                np.asarray(shape, dtype=np.int64), self.BLOCK, packed.per, packed.subs,
+                packed.n_groups)
         rows_per_block = self.BLOCK * int(np.prod(shape, dtype=int))
         bad = run_ranges(lambda start, stop: self.module.drift_blocks(*args, start, stop, tot, sqr),
                          blocks, max(1, self.MIN_ROWS // rows_per_block))
         self._fail_if_bad(bad)
-        return split_fields(tot.sum(axis=0), H, F), split_fields(sqr.sum(axis=0), H, F), n_groups
+        return (split_fields(tot.sum(axis=0), H, F), split_fields(sqr.sum(axis=0), H, F),
+                packed.n_groups)
+
+
+@dataclass(frozen=True)
+class PackedLanes:
+    """A sample set in the structure-of-arrays lanes of the fused drift pass.
+
+    g (n_sub, H, L, NB), theta (n_sub, F, NB), weights (n_sub, NB): sub-block ``sub`` of the
+    pass that holds groups q0 .. q0 + per − 1 has, at lane position p = i·per + q (of
+    subs·NB), row (q0 + q)·reps + i — stratum i of group q0 + q.  Passes run over blocks of
+    ``block`` groups; the positions past a block's last group repeat its last group's rows
+    (real samples: no spurious bad normaliser) and are never summed."""
+
+    g: np.ndarray
+    theta: np.ndarray
+    weights: np.ndarray
+    shape: tuple[int, ...]
+    block: int
+    per: int
+    subs: int
+    n_groups: int
+
+    @property
+    def blocks(self) -> int:
+        return max(1, -(-self.n_groups // self.block))
+
+
+def pack_lanes(g: np.ndarray, theta: np.ndarray, weights: np.ndarray, shape: tuple[int, ...],
+               block: int, nb: int) -> PackedLanes:
+    """Gather rows (g (n, H, L), θ (n, F), weights (n,); groups of reps = Π shape consecutive
+    rows) into the lanes of :class:`PackedLanes`: ``per`` = max(1, nb // reps) groups per pass,
+    ``subs`` = ⌈per·reps / nb⌉ sub-blocks of nb lanes per pass."""
+    g = np.asarray(g, dtype=float)
+    n, H, L = g.shape
+    reps = int(np.prod(shape, dtype=int))
+    n_groups = n // reps
+    if n_groups * reps != n or n_groups < 1:
+        fail("g", f"must hold whole groups of {reps} rows", n)
+    per = max(1, nb // reps)
+    positions = per * reps
+    subs = -(-positions // nb)
+    starts = [np.arange(b0, min(n_groups, b0 + block), per) for b0 in range(0, n_groups, block)]
+    q0 = np.concatenate(starts)
+    nq = np.minimum(per, np.concatenate([np.minimum(n_groups, b0 + block) - st for b0, st in
+                                         zip(range(0, n_groups, block), starts)]))
+    p = np.minimum(np.arange(subs * nb), positions - 1)
+    stratum, q = p // per, p % per
+    rows = (q0[:, None] + np.minimum(q[None, :], nq[:, None] - 1)) * reps + stratum[None, :]
+    rows = rows.reshape(-1, nb)
+    gP = np.ascontiguousarray(g[rows].transpose(0, 2, 3, 1))
+    thP = np.ascontiguousarray(np.asarray(theta, dtype=float)[rows].transpose(0, 2, 1))
+    wP = np.ascontiguousarray(np.asarray(weights, dtype=float)[rows])
+    return PackedLanes(gP, thP, wP, tuple(int(x) for x in shape), int(block), per, subs,
+                       n_groups)
 
 
 def drift_integrand(act: Activation, projection: str = "conditional",

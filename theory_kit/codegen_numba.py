@@ -162,6 +162,28 @@ class _LoopLowering:
         return offset
 
 
+def _fused_groups(reductions: list[Reduction]) -> list[list[Reduction]]:
+    """The reductions in groups that share one loop nest (same free-index kinds and summed
+    kind): one pass over the samples' arrays for several sums, each still summed in its own
+    order.  A reduction joins the last group of its kind whose members and successors it
+    does not read; the groups keep an order in which every sum is computed before it is read."""
+    groups: list[list[Reduction]] = []
+    where: dict[str, int] = {}
+    for red in reductions:
+        names = {str(x) for x in red.body.atoms(sp.Symbol, sp.IndexedBase)}
+        first_free = 1 + max((where[n] for n in names if n in where), default=-1)
+        key = (red.kinds, red.dummy_kind)
+        target = next((i for i in range(len(groups) - 1, first_free - 1, -1)
+                       if (groups[i][0].kinds, groups[i][0].dummy_kind) == key), None)
+        if target is None:
+            groups.append([red])
+            target = len(groups) - 1
+        else:
+            groups[target].append(red)
+        where[red.name] = target
+    return groups
+
+
 def _loops(indices: list[tuple[str, str]], body: list[str], indent: int) -> list[str]:
     """Nested ``for`` loops over (variable, bound) pairs around ``body`` lines."""
     lines, pad = [], "    " * indent
@@ -202,16 +224,19 @@ def loop_function(name: str, outputs: dict[str, sp.Expr], free: dict[str, str], 
     printer = _ScalarPrinter({r.name: r for r in low.reductions}, lane)
     lines = ["    H, L = W.shape[0], W.shape[1]"]
     inner = [("j", "NB")] if lanes else []
-    for red in low.reductions:
+    for group in _fused_groups(low.reductions) if lanes else [[r] for r in low.reductions]:
+        red = group[0]
         loop = [(str(p), k) for p, k in zip(red.free, red.kinds)]
-        slot = printer.doprint(sp.IndexedBase(red.name)[red.free] if red.free else sp.Symbol(red.name))
-        term = printer.doprint(red.body)
+        slots = [printer.doprint(sp.IndexedBase(r.name)[r.free] if r.free else sp.Symbol(r.name))
+                 for r in group]
+        terms = [printer.doprint(r.body) for r in group]
         if lanes:
-            body = _loops(inner, [f"{slot} = 0.0"], 0) + [f"for _d in range({red.dummy_kind}):"]
-            body += _loops(inner, [f"{slot} += {term}"], 1)
+            body = _loops(inner, [f"{slot} = 0.0" for slot in slots], 0)
+            body += [f"for _d in range({red.dummy_kind}):"]
+            body += _loops(inner, [f"{slot} += {term}" for slot, term in zip(slots, terms)], 1)
         else:
-            body = ["acc = 0.0", f"for _d in range({red.dummy_kind}):", f"    acc += {term}",
-                    f"{slot} = acc"]
+            body = ["acc = 0.0", f"for _d in range({red.dummy_kind}):", f"    acc += {terms[0]}",
+                    f"{slots[0]} = acc"]
         lines += _loops(loop, body, 1)
     groups: dict[str, list[str]] = {}
     for key in outputs:
@@ -378,11 +403,14 @@ Batches (leading sample axis n, every array C-contiguous or broadcast views):
   drift_rows(S, zeta, theta, M, Q, B, a, b, qdiag, delta, stein, start, stop, out) -> bad
       rows start..stop-1 of out (n, K), K = H F + 2 H^2 + 2 H + 1: per-sample [dM (H,F) | dQ_lin (H,H) |
       dQ_noise (H,H) | da (H) | db (H) | |e|^2], row-major blocks.
-  drift_blocks(g, theta, weights, R, M, Q, B, a, b, qdiag, delta, stein, shape, block, start,
-               stop, tot, sqr) -> bad.  g (n, H, L) whitened noise, rows grouped by noise draw
-      (shape = the layout of one group's strata, summed axis by axis, sign pairs as x + (-x));
+  drift_blocks(gP, thP, wP, R, M, Q, B, a, b, qdiag, delta, stein, shape, block, per, subs,
+               n_groups, start, stop, tot, sqr) -> bad.  gP, thP, wP: whitened noise, theta
+      and weights packed in lanes by ``codegen.pack_lanes`` (a pass of ``per`` whole groups
+      at positions stratum * per + group, over ``subs`` sub-blocks of NB lanes; shape = the
+      layout of one group's strata, summed axis by axis, sign pairs as x + (-x));
       tot, sqr (n_blocks, K): rows start..stop-1, one per block of ``block`` groups: sum and
-      sum of squares of the weighted per-group sums, each block summed in a fixed order.
+      sum of squares of the weighted per-group sums, each block summed in a fixed order
+      (per group lane across the passes, then the lanes in order).
       bad > 0 when some normaliser is <= 0.
   Both release the GIL (nogil): callers run disjoint row / block ranges in threads, and the
   results do not depend on how the ranges are split.
@@ -401,19 +429,6 @@ from numba.extending import intrinsic
 KAPPA = {kappa!r}
 LOG_PI = {log_pi!r}
 NB = {lanes!r}   # samples per structure-of-arrays block: the trip count of every sample loop
-
-
-@njit(cache=True, fastmath=False, error_model='numpy')
-def _sigmoid(x):
-    if x >= 0:
-        return 1.0 / (1.0 + math.exp(-x))
-    z = math.exp(x)
-    return z / (1.0 + z)
-
-
-@njit(cache=True, fastmath=False, error_model='numpy')
-def _softplus(x):
-    return max(x, 0.0) + math.log1p(math.exp(-abs(x)))
 
 
 @intrinsic
@@ -454,7 +469,47 @@ def _vexp(x):
     return y if x == x else x
 
 
-@njit(cache=True, fastmath=False, error_model='numpy')
+@njit(cache=True, fastmath=False, error_model='numpy', inline='always')
+def _vlog1p(z):
+    """log1p(z) for 0 <= z <= 1 within about an ulp, branch-free (selects only): u = 1 + z
+    reduced to [sqrt(2)/2, sqrt(2)] by an exact halving, log(u) by fdlibm's e_log.c
+    polynomial in s = f / (2 + f), f = u - 1, plus the rounding correction (z - (u - 1)) / u
+    of forming u."""
+    u = 1.0 + z
+    big = u > 1.4142135623730951
+    x = u * 0.5 if big else u
+    k = 1.0 if big else 0.0
+    f = x - 1.0
+    s = f / (2.0 + f)
+    zz = s * s
+    w = zz * zz
+    t1 = w * (3.999999999940941908e-01 + w * (2.222219843214978396e-01
+                                              + w * 1.531383769920937332e-01))
+    t2 = zz * (6.666666666666735130e-01 + w * (2.857142874366239149e-01
+                                               + w * (1.818357216161805012e-01
+                                                      + w * 1.479819860511658591e-01)))
+    hfsq = 0.5 * f * f
+    lg = k * 6.93147180369123816490e-01 - ((hfsq - (s * (hfsq + (t2 + t1))
+                                                    + k * 1.90821492927058770002e-10)) - f)
+    return lg + (z - (u - 1.0)) / u
+
+
+@njit(cache=True, fastmath=False, error_model='numpy', inline='always')
+def _sigmoid(x):
+    """1 / (1 + e^-x) without overflow: z = e^-|x| <= 1, then 1/(1+z) or z/(1+z); selects
+    only, so loops over samples vectorise."""
+    z = _vexp(-abs(x))
+    r = 1.0 / (1.0 + z)
+    return r if x >= 0 else z * r
+
+
+@njit(cache=True, fastmath=False, error_model='numpy', inline='always')
+def _softplus(x):
+    """log(1 + e^x) = max(x, 0) + log1p(e^-|x|): finite for every finite x, vectorisable."""
+    return max(x, 0.0) + _vlog1p(_vexp(-abs(x)))
+
+
+@njit(cache=True, fastmath=False, error_model='numpy', inline='always')
 def _heaviside(x, at_zero):
     return 1.0 if x > 0 else (0.0 if x < 0 else float(at_zero))
 
@@ -494,13 +549,14 @@ def _block_scratch(H, L, F, K):
             np.empty((L, NB)), np.empty((H, L, NB)), np.empty((H, H, NB)), np.empty((H, NB)),
             np.empty((H, NB)), np.empty((H, NB)), np.empty((H, H, L, NB)),
             np.empty((first_order_block_WORK(H, L), NB)), np.empty((stein_block_WORK(H, L), NB)),
-            np.empty((H, H, NB)), np.empty(NB), np.empty(NB), np.empty(NB), np.empty(NB),
+            np.empty((H, H, NB)), np.empty((H, H, NB)), np.empty((H, H, NB)), np.empty(NB),
+            np.empty(NB), np.empty(NB), np.empty(NB),
             np.empty((H, L, NB)), np.empty((H, L, NB)), np.empty((F, NB)), np.empty((K, NB)))
 
 
 @njit(cache=True, fastmath=False, error_model='numpy')
 def _drift_block(S, zeta, th, M, Q, B, a, b, qdiag, delta, stein, W, D, D2, w, e, Je, JJ,
-                 Ae, Be, Qe, St, work1, work2, gz, m, total, sq, acc, out):
+                 Ae, Be, Qe, St, work1, work2, gz, gs, gj, m, total, sq, acc, out):
     """Per-sample integrands of docs/theory.md §5 for NB samples in structure-of-arrays
     layout: S, zeta (H, L, NB), th (F, NB) -> out (K, NB) (field layout in the module doc).
     Returns False if some normaliser is <= 0."""
@@ -530,14 +586,31 @@ def _drift_block(S, zeta, th, M, Q, B, a, b, qdiag, delta, stein, W, D, D2, w, e
                             acc[j] += St[h, g, l, j] * mgf
                 for j in range(NB):
                     out[h * F + f, j] = acc[j] + Je[h, 0, j] * th[f, j] + 2.0 * Qe[h, j] * M[h, f]
-    else:
-        for h in range(H):
-            for k in range(H):
+    lin = H * F
+    noise = lin + H * H
+    # one pass over the tokens for the three sums over l of J.e times zeta, s and J.e (each
+    # summed in token order, as one sample at a time)
+    for h in range(H):
+        for k in range(H):
+            for j in range(NB):
+                gz[h, k, j] = 0.0
+                gs[h, k, j] = 0.0
+                gj[h, k, j] = 0.0
+            for l in range(L):
                 for j in range(NB):
-                    gz[h, k, j] = 0.0
-                for l in range(L):
-                    for j in range(NB):
-                        gz[h, k, j] += Je[h, l, j] * zeta[k, l, j]
+                    jhl = Je[h, l, j]
+                    gz[h, k, j] += jhl * zeta[k, l, j]
+                    gs[h, k, j] += jhl * S[k, l, j]
+                    gj[h, k, j] += jhl * Je[k, l, j]
+            qhk = Q[h, k]
+            for j in range(NB):
+                gs[h, k, j] += 2.0 * Qe[h, j] * qhk
+    for h in range(H):
+        for k in range(H):
+            for j in range(NB):
+                out[lin + h * H + k, j] = gs[h, k, j] + gs[k, h, j]
+                out[noise + h * H + k, j] = (sq[j] + delta) * JJ[h, k, j] + 2.0 * gj[h, k, j]
+    if not stein:
         for h in range(H):
             for f in range(F):
                 for j in range(NB):
@@ -548,28 +621,6 @@ def _drift_block(S, zeta, th, M, Q, B, a, b, qdiag, delta, stein, W, D, D2, w, e
                         acc[j] += gz[h, k, j] * bfk
                 for j in range(NB):
                     out[h * F + f, j] = acc[j] + Je[h, 0, j] * th[f, j] + 2.0 * Qe[h, j] * M[h, f]
-    lin = H * F
-    noise = lin + H * H
-    for h in range(H):
-        for k in range(H):
-            for j in range(NB):
-                gz[h, k, j] = 0.0
-            for l in range(L):
-                for j in range(NB):
-                    gz[h, k, j] += Je[h, l, j] * S[k, l, j]
-            qhk = Q[h, k]
-            for j in range(NB):
-                gz[h, k, j] += 2.0 * Qe[h, j] * qhk
-    for h in range(H):
-        for k in range(H):
-            for j in range(NB):
-                out[lin + h * H + k, j] = gz[h, k, j] + gz[k, h, j]
-                acc[j] = 0.0
-            for l in range(L):
-                for j in range(NB):
-                    acc[j] += Je[h, l, j] * Je[k, l, j]
-            for j in range(NB):
-                out[noise + h * H + k, j] = (sq[j] + delta) * JJ[h, k, j] + 2.0 * acc[j]
     base = noise + H * H
     for h in range(H):
         for j in range(NB):
@@ -607,16 +658,16 @@ def drift_rows(S, zeta, theta, M, Q, B, a, b, qdiag, delta, stein, start, stop, 
     K = out.shape[1]
     bad = 0
     if True:
-        (W, D, D2, w, e, Je, JJ, Ae, Be, Qe, St, work1, work2, gz, m, total, sq, acc, Sb, zb, th,
-         ob) = _block_scratch(H, L, F, K)
+        (W, D, D2, w, e, Je, JJ, Ae, Be, Qe, St, work1, work2, gz, gs, gj, m, total, sq, acc,
+         Sb, zb, th, ob) = _block_scratch(H, L, F, K)
         for r0 in range(start, stop, NB):
             nb = min(NB, stop - r0)
             _lanes_from_rows(S, r0, nb, Sb)
             _lanes_from_rows(zeta, r0, nb, zb)
             _theta_lanes(theta, r0, nb, th)
             if not _drift_block(Sb, zb, th, M, Q, B, a, b, qdiag, delta, stein, W, D, D2, w,
-                                e, Je, JJ, Ae, Be, Qe, St, work1, work2, gz, m, total, sq, acc,
-                                ob):
+                                e, Je, JJ, Ae, Be, Qe, St, work1, work2, gz, gs, gj, m, total,
+                                sq, acc, ob):
                 bad += 1
             for j in range(nb):
                 for c in range(K):
@@ -625,34 +676,30 @@ def drift_rows(S, zeta, theta, M, Q, B, a, b, qdiag, delta, stein, start, stop, 
 
 
 @njit(cache=True, fastmath=False, error_model='numpy', nogil=True)
-def drift_blocks(g, theta, weights, R, M, Q, B, a, b, qdiag, delta, stein, shape, block,
-                 start, stop, tot, sqr):
-    n_rows, H, L = g.shape
+def drift_blocks(gP, thP, wP, R, M, Q, B, a, b, qdiag, delta, stein, shape, block, per, subs,
+                 n_groups, start, stop, tot, sqr):
+    """The fused pass over packed lanes (``codegen.pack_lanes``): gP (n_sub, H, L, NB),
+    thP (n_sub, F, NB), wP (n_sub, NB); a pass holds ``per`` whole groups of reps rows at
+    positions p = i * per + q (stratum i, group q), over ``subs`` sub-blocks of NB lanes."""
+    H, L = gP.shape[1], gP.shape[2]
     F = M.shape[1]
     K = tot.shape[1]
     reps = 1
     for s in shape:
         reps *= s
-    n_groups = n_rows // reps
-    per = max(1, NB // reps)              # whole groups per pass
+    passes = (block + per - 1) // per     # passes of a full block
     bad = 0
     for blk in range(start, stop):
-        (W, D, D2, w, e, Je, JJ, Ae, Be, Qe, St, work1, work2, gz, m, total, sq, acc, S, zeta,
-         th, ob) = _block_scratch(H, L, F, K)
-        gl = np.empty((H, L, NB))
-        gb = np.empty((K, per * reps))
-        for c in range(K):
-            tot[blk, c] = 0.0
-            sqr[blk, c] = 0.0
+        (W, D, D2, w, e, Je, JJ, Ae, Be, Qe, St, work1, work2, gz, gs, gj, m, total, sq, acc,
+         S, zeta, th, ob) = _block_scratch(H, L, F, K)
+        gb = np.empty((K, subs * NB))
+        at = np.zeros((K, per))
+        asq = np.zeros((K, per))
+        sub = blk * passes * subs
         last = min(n_groups, (blk + 1) * block)
         for q0 in range(blk * block, last, per):
             nq = min(per, last - q0)
-            rows = nq * reps
-            for s0 in range(0, rows, NB):
-                r0 = q0 * reps + s0
-                nb = min(NB, rows - s0)
-                _lanes_from_rows(g, r0, nb, gl)
-                _theta_lanes(theta, r0, nb, th)
+            for s0 in range(subs):
                 # zeta_l = R g_l, s_{:,0} = zeta_0 + M theta (same order as one sample at a time)
                 for h in range(H):
                     for l in range(L):
@@ -661,7 +708,7 @@ def drift_blocks(g, theta, weights, R, M, Q, B, a, b, qdiag, delta, stein, shape
                         for k in range(H):
                             rhk = R[h, k]
                             for j in range(NB):
-                                zeta[h, l, j] += rhk * gl[k, l, j]
+                                zeta[h, l, j] += rhk * gP[sub, k, l, j]
                         for j in range(NB):
                             S[h, l, j] = zeta[h, l, j]
                     for j in range(NB):
@@ -669,34 +716,46 @@ def drift_blocks(g, theta, weights, R, M, Q, B, a, b, qdiag, delta, stein, shape
                     for f in range(F):
                         mhf = M[h, f]
                         for j in range(NB):
-                            acc[j] += mhf * th[f, j]
+                            acc[j] += mhf * thP[sub, f, j]
                     for j in range(NB):
                         S[h, 0, j] += acc[j]
+                for f in range(F):
+                    for j in range(NB):
+                        th[f, j] = thP[sub, f, j]
                 if not _drift_block(S, zeta, th, M, Q, B, a, b, qdiag, delta, stein, W, D, D2,
-                                    w, e, Je, JJ, Ae, Be, Qe, St, work1, work2, gz, m, total,
-                                    sq, acc, ob):
+                                    w, e, Je, JJ, Ae, Be, Qe, St, work1, work2, gz, gs, gj, m,
+                                    total, sq, acc, ob):
                     bad += 1
                 for c in range(K):
-                    for j in range(nb):
-                        gb[c, s0 + j] = ob[c, j] * weights[r0 + j]
-            # per group: the strata summed axis by axis (a sign axis as a pair), then added
-            # to the block's sums in group order
-            for q in range(nq):
-                first = q * reps
-                size = reps
-                for ax in range(shape.shape[0]):
-                    s = shape[ax]
-                    size //= s
-                    for jj in range(size):
-                        for c in range(K):
-                            v = gb[c, first + jj]
-                            for i in range(1, s):
-                                v += gb[c, first + i * size + jj]
-                            gb[c, first + jj] = v
-                for c in range(K):
-                    v = gb[c, first]
-                    tot[blk, c] += v
-                    sqr[blk, c] += v * v
+                    for j in range(NB):
+                        gb[c, s0 * NB + j] = ob[c, j] * wP[sub, j]
+                sub += 1
+            # the strata of each group summed axis by axis (a sign axis as a pair), the
+            # groups of the pass side by side in the lanes q
+            size = reps
+            for ax in range(shape.shape[0]):
+                s = shape[ax]
+                size //= s
+                for jj in range(size):
+                    for c in range(K):
+                        for i in range(1, s):
+                            o = (i * size + jj) * per
+                            for q in range(per):
+                                gb[c, jj * per + q] += gb[c, o + q]
+            for c in range(K):
+                for q in range(nq):
+                    v = gb[c, q]
+                    at[c, q] += v
+                    asq[c, q] += v * v
+        # the block's sums: lane by lane, in lane order
+        for c in range(K):
+            t = 0.0
+            t2 = 0.0
+            for q in range(per):
+                t += at[c, q]
+                t2 += asq[c, q]
+            tot[blk, c] = t
+            sqr[blk, c] = t2
     return bad
 '''
 

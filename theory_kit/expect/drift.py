@@ -126,6 +126,7 @@ class SampleDrift:
     head_symmetric: bool = False
     _cache: mc.Samples | None = None
     _cache_key: tuple | None = None
+    MAX_PACKS = 64   # packed sample sets kept (Sobol replicates: 16 per state)
 
     def sample_set(self, task: Task, H: int) -> mc.Samples:
         """The (θ, g, weights, group) set for this task and H heads."""
@@ -171,7 +172,8 @@ class SampleDrift:
         acc = _Accumulator()
         if hasattr(generated, "group_sums"):
             acc.total, acc.square, acc.groups = generated.group_sums(
-                smp.g, smp.theta, smp.weights, mc.sqrtm_psd(Q), M, Q, a, b, task.delta, shape)
+                None, None, None, mc.sqrtm_psd(Q), M, Q, a, b, task.delta, shape,
+                packed=self._packed(generated, smp, shape))
         else:
             integrand = self.integrand or (lambda _act, *args: generated(*args))
             self._chunked(acc, integrand, smp, reps, shape, task, act, M, Q, a, b)
@@ -181,6 +183,21 @@ class SampleDrift:
         return DriftMeans(acc.total["dM"], acc.total["dQ_lin"], acc.total["dQ_noise"],
                           acc.total["da"], acc.total["db"],
                           task.delta + float(acc.total["sq_err"]), stderr)
+
+    def _packed(self, generated: "codegen.CompiledIntegrand", smp: mc.Samples,
+                shape: tuple[int, ...]) -> "codegen.PackedLanes":
+        """The sample set in the compiled pass's lane layout, packed once per sample set (a
+        fixed set is reused along the whole trajectory; a fresh one is packed at every use)."""
+        if self.fresh:
+            return generated.pack(smp.g, smp.theta, smp.weights, shape)
+        key = (id(smp), tuple(shape), generated.BLOCK, int(generated.module.NB))
+        packs = self.__dict__.setdefault("_packs", {})
+        hit = packs.get(key)
+        if hit is None or hit[0] is not smp:
+            if len(packs) >= self.MAX_PACKS:
+                packs.pop(next(iter(packs)))
+            hit = packs[key] = (smp, generated.pack(smp.g, smp.theta, smp.weights, shape))
+        return hit[1]
 
     @staticmethod
     def _chunked(acc: "_Accumulator", integrand: Integrand, smp: mc.Samples, reps: int,
