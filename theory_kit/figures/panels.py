@@ -41,7 +41,15 @@ from .style import label_axes, new_figure, series_colors
 ODE_COST_PER_ELEMENT = 7e-8     # per drift evaluation and sample row × H × L
 ODE_COST_PER_EVAL = {"mc": 1e-3, "sobol": 5.5e-3}   # fixed cost of one drift evaluation
 ERROR_COST_PER_ELEMENT = 6e-8   # independent MC error: per record and sample row × H × L
-LAPLACE_SECONDS_PER_EVAL = {1: 0.15, 2: 0.5, 3: 4.0}  # CPU s per laplace drift, L = 10 plateau
+# laplace drift: CPU s per evaluation at L >= 8 by H (H = 2 measured along the Fig. 1 curve,
+# 474 calls; H = 1, 3 at single states), times LAPLACE_SHORT_L at L < 8, where fewer of a
+# pattern's tokens are plain and the top cut of its u grid shrinks (L = 4: 0.8 s along the
+# first 165 time units of Fig. 12's H = 2 panel, 4x; L = 5-7 interpolated, not measured)
+LAPLACE_SECONDS_PER_EVAL = {1: 0.05, 2: 0.2, 3: 4.0}
+LAPLACE_SHORT_L = {4: 4.0, 5: 3.0, 6: 2.0, 7: 1.5}
+# adaptive rk45 calls: ~200 through the start (Fig. 1 and Fig. 12's H = 2 panel both), then
+# steps of ~20 time units (6 calls each) through the plateau, plus one per recorded time
+LAPLACE_START_EVALS, LAPLACE_EVALS_PER_TIME = 200, 0.3
 SIM_COST_PER_STEP = 3e-5        # fixed cost of one reduced SGD step, all runs together
 SIM_COST_PER_ELEMENT = 9e-8     # per step and run × H² × L
 QUICK_ERROR_SAMPLES = 4000      # independent error samples per record in the --quick figures
@@ -117,12 +125,14 @@ def error_seconds(setting: Setting, n_samples: int, n_times: int) -> float:
     return n_times * n_rows(setting, n_samples) * setting.H * setting.L * ERROR_COST_PER_ELEMENT
 
 
-def laplace_ode_seconds(setting: Setting) -> float:
-    """Estimated run time of one adaptive (rk45, rtol 1e-6) integration with the deterministic
-    engine: ~1.4 evaluations per unit time over the Fig. 1 plateau, counting the 126 records
-    (benchmarks/bench_ode.py), at the measured CPU time of one evaluation."""
+def laplace_ode_seconds(setting: Setting, n_times: int) -> float:
+    """Estimated CPU time of one adaptive (rk45, rtol 1e-6) integration with the deterministic
+    engine recording ``n_times`` states: (``LAPLACE_START_EVALS`` + ``LAPLACE_EVALS_PER_TIME``
+    T + n_times) evaluations at the measured CPU time of one (by H, and L below 8)."""
     per_eval = LAPLACE_SECONDS_PER_EVAL.get(setting.H, max(LAPLACE_SECONDS_PER_EVAL.values()))
-    return 1.4 * setting.T * per_eval
+    per_eval *= LAPLACE_SHORT_L.get(setting.L, 4.0 if setting.L < 4 else 1.0)
+    evals = LAPLACE_START_EVALS + LAPLACE_EVALS_PER_TIME * setting.T + n_times
+    return evals * per_eval
 
 
 def sim_seconds(setting: Setting, D: int, runs: int) -> float:
@@ -188,7 +198,7 @@ class OdePiece:
     def seconds(self) -> float:
         error = error_seconds(self.setting, self.error_samples, self.n_times)
         if self.engine == "laplace":
-            return laplace_ode_seconds(self.setting) + error
+            return laplace_ode_seconds(self.setting, self.n_times) + error
         copies = len(head_permutations(self.setting.H)) if self.engine.endswith("-sym") else 1
         return ode_seconds(self.setting, self.n_samples * copies, self.dt, self.engine) + error
 
