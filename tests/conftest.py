@@ -1,5 +1,6 @@
 import os
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -53,3 +54,59 @@ def activation_by_name():
             return custom_activation("softplus(s)", norm="per-head", kappa=0.5)
         return get_activation(name)
     return build
+
+
+# ----------------------------------------------------------------------------- CPU time per test
+def _cpu_seconds() -> float:
+    """User + system CPU seconds of this process and of its waited-for children."""
+    import resource
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def _numba_index_files() -> set[str]:
+    """numba's cache index files (one per compiled function) under the run's codegen cache,
+    ``$NUMBA_CACHE_DIR`` and the package (sgd_step's kernels)."""
+    import theory_kit
+    roots = [os.environ.get("THEORY_KIT_TEST_CACHE"), os.environ.get("NUMBA_CACHE_DIR"),
+             os.path.dirname(theory_kit.__file__)]
+    return {str(f) for r in roots if r and os.path.isdir(r) for f in Path(r).rglob("*.nbi")}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """With ``THEORY_KIT_TEST_CPU=FILE``, append ``nodeid<TAB>cpu s<TAB>wall s<TAB>compiled``
+    of every test (setup, call and teardown; children count once they have been waited for;
+    compiled = the numba functions whose cache entry this test created) to FILE.<pid>: the
+    CPU seconds, unlike pytest's wall durations, do not depend on the machine's load, so they
+    are what the default run is balanced and cut by."""
+    target = os.environ.get("THEORY_KIT_TEST_CPU")
+    if not target:
+        yield
+        return
+    import time
+    before, cpu, wall = _numba_index_files(), _cpu_seconds(), time.monotonic()
+    yield
+    cpu, wall = _cpu_seconds() - cpu, time.monotonic() - wall
+    new = sorted(Path(f).name.split(".")[0] + "." + Path(f).name.split(".")[1]
+                 for f in _numba_index_files() - before)
+    with open(f"{target}.{os.getpid()}", "a") as handle:
+        handle.write(f"{item.nodeid}\t{cpu:.3f}\t{wall:.3f}\t{' '.join(new)}\n")
+
+
+# ----------------------------------------------------------------------------- xdist groups
+def _shares_fixtures(item) -> bool:
+    """Whether the test uses a module- or class-scoped fixture (built once per process: on
+    two xdist workers it would be built twice)."""
+    info = getattr(item, "_fixtureinfo", None)
+    defs = info.name2fixturedefs.values() if info is not None else ()
+    return any(d and d[-1].scope in ("module", "class", "package") for d in defs)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under ``--dist loadgroup`` the tests of a module that share a module-scoped fixture go
+    to one worker together (the fixture is built once, as in a serial run); every other test
+    is scheduled on its own, so the two workers stay balanced."""
+    for item in items:
+        if _shares_fixtures(item) and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
