@@ -29,6 +29,9 @@ so a resumed run reproduces an uninterrupted one bit for bit.
 """
 from __future__ import annotations
 
+import functools
+import threading
+
 import numpy as np
 from numba import njit, types
 
@@ -44,6 +47,26 @@ WEIGHTS_SIG = types.boolean(F8_2, F8_1, F8_1, F8_1, F8_2, F8_2, F8_2, F8_1)
 VJP_SIG = types.void(F8_2, F8_2, F8_2, F8_1, F8_1, F8_2, F8_1, F8_1, F8_1)
 WEIGHTS_FN = types.FunctionType(WEIGHTS_SIG)
 VJP_FN = types.FunctionType(VJP_SIG)
+
+
+def _njit_at_first_call(signature):
+    """``njit(signature, cache=True)``, compiled (or loaded from numba's cache) at the first
+    call instead of at import: ``import theory_kit`` imports this module, and compiling these
+    entry points on a cold cache (~12 CPU s) made every process pay for them, also those that
+    never run a reduced simulation (a figure of ODEs, a CLI error call, a test worker).  Only
+    for functions called from Python: compiled code must call a numba dispatcher."""
+    def wrap(fn):
+        compiled, lock = [], threading.Lock()
+
+        @functools.wraps(fn)
+        def call(*args):
+            if not compiled:
+                with lock:
+                    if not compiled:
+                        compiled.append(njit(signature, cache=True)(fn))
+            return compiled[0](*args)
+        return call
+    return wrap
 
 
 # ----------------------------------------------------------------------------- PSD factor
@@ -90,7 +113,7 @@ def factor_into(O: np.ndarray, P: np.ndarray) -> bool:
     return True
 
 
-@njit(types.boolean(F8_3, F8_3), cache=True)
+@_njit_at_first_call(types.boolean(F8_3, F8_3))
 def factor_stack(O: np.ndarray, P: np.ndarray) -> bool:
     """:func:`factor_into` for each matrix of a stack O (n × H × H); False if any is not finite."""
     ok = True
@@ -134,8 +157,8 @@ def _coefficients(weights1, vjp1, S, a, b, qdiag, c, y, rates, bayes,
     return r, ok
 
 
-@njit(types.boolean(WEIGHTS_FN, VJP_FN, F8_3, F8_2, F8_2, F8_2, F8_2, F8_1, F8_1,
-                    types.boolean, F8_3, F8_2, F8_2, F8_2, F8_2), cache=True)
+@_njit_at_first_call(types.boolean(WEIGHTS_FN, VJP_FN, F8_3, F8_2, F8_2, F8_2, F8_2, F8_1,
+                                   F8_1, types.boolean, F8_3, F8_2, F8_2, F8_2, F8_2))
 def coefficients_stack(weights1, vjp1, S, a, b, qdiag, c, y, rates, bayes,
                        beta, rho, da, db, w):
     """:func:`_coefficients` for R runs: S (R, H, L), a, b, qdiag (R, H), c (R, L), y (R,);
@@ -285,7 +308,7 @@ def _wishart_into(tri, chi, gauss, B):
                 B[i, j] = gauss[i, j]
 
 
-@njit(types.void(F8_4, F8_3, I8_2, F8_3, F8_3, F8_4, F8_4, F8_4), cache=True)
+@_njit_at_first_call(types.void(F8_4, F8_3, I8_2, F8_3, F8_3, F8_4, F8_4, F8_4))
 def tokens_stack(coords, theta, eps, tri, chi, gauss, T, B):
     """:func:`_tokens_into` and :func:`_wishart_into` for every step i and run r: the draws
     (m, R, ...) into T (m, R, L, FH) and B (m, R, p, k); what the block loop assembles step by
@@ -297,8 +320,9 @@ def tokens_stack(coords, theta, eps, tri, chi, gauss, T, B):
             _wishart_into(tri[i, r], chi[i, r], gauss[i, r], B[i, r])
 
 
-@njit(types.void(WEIGHTS_FN, VJP_FN, F8_3, F8_3, F8_2, F8_2, F8_4, F8_3, I8_2, F8_3, F8_3,
-                 F8_4, F8_3, F8_2, F8_1, types.boolean, types.float64, F8_1, I8_1), cache=True)
+@_njit_at_first_call(types.void(WEIGHTS_FN, VJP_FN, F8_3, F8_3, F8_2, F8_2, F8_4, F8_3, I8_2,
+                                F8_3, F8_3, F8_4, F8_3, F8_2, F8_1, types.boolean,
+                                types.float64, F8_1, I8_1))
 def reduced_block(weights1, vjp1, K, O, a, b, coords, theta, eps, tri, chi, gauss, c, y,
                   rates, bayes, delta, sq_sum, fault):
     """Advance R runs by m reduced SGD steps, in place.
@@ -346,7 +370,7 @@ def reduced_block(weights1, vjp1, K, O, a, b, coords, theta, eps, tri, chi, gaus
         sq_sum[r] += sq[r]
 
 
-@njit(types.boolean(F8_2, F8_2, F8_2, F8_2, F8_2), cache=True)
+@_njit_at_first_call(types.boolean(F8_2, F8_2, F8_2, F8_2, F8_2))
 def wishart_part(beta, B, BB, C, Y):
     """:func:`_wishart_part` on its own (for tests)."""
     return _wishart_part(beta, B, BB, C, Y)
