@@ -43,6 +43,16 @@ def private_codegen_cache(codegen_cache_root, monkeypatch):
     monkeypatch.setenv("THEORY_KIT_CACHE", codegen_cache_root)
 
 
+@pytest.fixture(autouse=True)
+def numpy_backend_when_marked(request, monkeypatch):
+    """``@pytest.mark.numpy_backend``: the test (and the processes it starts) runs the
+    generated NumPy code, for tests whose object is not the compiled kernel and that would
+    otherwise compile an activation no other default test needs (15-30 CPU s each on a cold
+    cache; the backend-agreement tests keep numba)."""
+    if request.node.get_closest_marker("numpy_backend"):
+        monkeypatch.setenv("THEORY_KIT_BACKEND", "numpy")
+
+
 @pytest.fixture
 def activation_by_name():
     """name -> Activation: a preset, or "softplus", a user activation (softplus(s),

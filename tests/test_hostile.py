@@ -579,6 +579,7 @@ OVERFLOW = ["--phi", "exp(exp(exp(s)))", "--norm", "elementwise", "--L", "2", "-
                                   ["drift", *OVERFLOW, "--gamma", "1", "--engine", "mc",
                                    "--samples", "64", "--json"]], ids=["error mc", "error quad",
                                                                        "drift"])
+@pytest.mark.numpy_backend   # the phi check, not the kernel: no compile of exp(exp(exp(s)))
 def test_overflowing_phi_is_a_phi_error_naming_the_scores(argv, capsys):
     """E and the drifts of exp(exp(exp(s))) (elementwise) diverge: exp(exp(s)) passes 709,
     the largest float64 exponent, at s = log(log(709.78)) = 1.8817."""
