@@ -38,6 +38,9 @@ CAPTION = ("Specialisation time τ_f along the leading principal directions f of
            "(mean over runs); middle, mean ± std of τ_f; right, variance of τ_f; 100 runs "
            "(10 quick), brute-force SGD, t = steps/64.")
 THRESHOLD = 1.0
+ACTIVATIONS = ("softmax",)
+# CPU s on a cold cache: brute-force SGD compiles only the weight and error kernels (Fig. 5)
+COMPILE_SECONDS = 6.0
 MAJORITY = 0.5  # directions where fewer runs specialised are drawn hollow
 
 
@@ -86,6 +89,11 @@ def pieces(p: Plan, setup: DigitSetup, fingerprint: str) -> list[SpreadPiece]:
 
 def estimate_seconds(quick: bool) -> float:
     return float(sum(pc.seconds() for pc in pieces(plan(quick), DigitSetup(), "")))
+
+
+def n_pieces(quick: bool) -> int:
+    """One piece per batch of runs (quick: a single batch, so one core works)."""
+    return plan(quick).batches
 
 
 def compute(quick: bool, workdir: Path, jobs: int = 1, data: str | None = None,

@@ -78,7 +78,9 @@ def save_png(fig: plt.Figure, path: Path) -> Path:
 
 # measured on the 2-core development machine (2026-12-01), CPU seconds: compiling one
 # activation's generated kernels on a cold cache (drift ~16, error ~1, simulation step ~3),
-# and the fixed part of a run (starting Python and importing ~3, JSON, drawing, PNG ~2)
+# and the fixed part of a run (starting Python and importing ~3, JSON, drawing, PNG ~2).  A
+# figure that compiles fewer kernels says so with its own ``COMPILE_SECONDS`` (the digit
+# figures: no drift kernels).
 COMPILE_SECONDS = 20.0
 FIXED_SECONDS = 5.0
 
@@ -107,17 +109,32 @@ def uncompiled(names: set[str]) -> list[str]:
     return sorted(n for n in names if not codegen.cache_path(get_activation(n), "numba").is_file())
 
 
+def figure_pieces(module: ModuleType, quick: bool) -> int | None:
+    """How many independent pieces a figure runs (its ``n_pieces(quick)``, else those of its
+    ``plan(quick)``); None when the figure does not say."""
+    counter = getattr(module, "n_pieces", None)
+    if callable(counter):
+        return int(counter(quick))
+    plan = getattr(module, "plan", None)
+    pieces = getattr(plan(quick), "pieces", None) if callable(plan) else None
+    return len(pieces()) if callable(pieces) else None
+
+
 def estimate(module: ModuleType, quick: bool, jobs: int) -> tuple[float, list[str]]:
     """(seconds, activations to compile) of a figure run on an idle machine: the figure's own
-    cost model (``estimate_seconds``, CPU seconds of its pieces) shared among the workers,
-    plus the compiles of kernels not cached yet (each worker compiles those of its pieces, at
-    the same time as the others) and the fixed cost of a run (start, imports, drawing)."""
+    cost model (``estimate_seconds``, CPU seconds of its pieces) shared among the workers
+    (no more workers than pieces: one piece runs on one core), plus the compiles of kernels
+    not cached yet (each worker compiles those of its pieces, at the same time as the others)
+    and the fixed cost of a run (start, imports, drawing)."""
     seconds = float(module.estimate_seconds(quick))
-    if jobs > 1:
-        seconds /= min(jobs, 2) ** 0.8  # rough: most figures split into independent pieces
+    pieces = figure_pieces(module, quick)
+    workers = min(jobs, 2, pieces or jobs)
+    if workers > 1:
+        seconds /= workers ** 0.8  # rough: the pieces are not all of the same size
     cold = uncompiled(figure_activations(module, quick))
     # the workers compile at the same time, each the activations of its own pieces
-    compiling = COMPILE_SECONDS * math.ceil(len(cold) / min(jobs, 2))
+    per_activation = float(getattr(module, "COMPILE_SECONDS", COMPILE_SECONDS))
+    compiling = per_activation * math.ceil(len(cold) / max(workers, 1))
     return seconds + compiling + FIXED_SECONDS, cold
 
 
