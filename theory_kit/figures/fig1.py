@@ -3,7 +3,7 @@
 Caption: L = 10, H = 2 heads, softmax, F = 2, flipping spike ν1 = ν2 = 2, η = 1, SGD at
 D = 10^4.  Panels: loss, m along f = 1 (constant direction), m along f = 2 (flipping-sign
 direction), orthogonal component diag(Q − MMᵀ).  Our choices: the ODE drift of the full run
-is the deterministic engine ``laplace`` (no sampling error; ~0.2–0.5 CPU s per drift along
+is the deterministic engine ``laplace`` (no sampling error; ~0.22 CPU s per drift along
 the curve, adaptive rk45 steps), the quick run keeps scrambled Sobol points paired with their
 head permutations (a fixed Monte Carlo set of affordable size shifts the plateau of m_{h1} by
 several 0.01 and splits the heads spuriously), γ = 1 (larger γ slows the escape from
