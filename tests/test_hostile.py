@@ -634,3 +634,178 @@ def test_overlaps_whose_product_overflows_are_refused(capsys):
     assert_one_line(err, "error", status, 2, "Q - M M^T (no keys realise these overlaps): must "
                                              "be finite")
     assert out == ""
+
+
+# --------------------------------------------------------------------------- a second fuzz
+# 2026-12-01, written fresh (none of the cases above): a confused newcomer and an attacker.
+# Each case is (argv, exit status); {R} is the test's folder, where _fuzz_files puts the
+# fixtures.  Everything fails (or passes) at validation, before any heavy work.
+F_TASK = ["--L", "2", "--nu", "2,2"]
+F_STATE = ["--M", "[[0.1,0],[0,0.1]]", "--Q", "[[1,0],[0,1]]"]
+F_ERROR = ["error", "--activation", "softmax", *F_TASK, *F_STATE]
+F_ODE = ["ode", "--activation", "softmax", *F_TASK, "--H", "2", "--gamma", "1", "--T", "0.1",
+         "--D", "100", "--samples", "16", "--no-progress"]
+F_SIM = ["simulate", "--activation", "softmax", *F_TASK, "--H", "2", "--gamma", "1",
+         "--T", "0.1", "--D", "40", "--no-progress"]
+F_ESC = ["escape", "--activation", "softmax", *F_TASK, "--H", "2", "--gamma", "1"]
+F_EINF = ["einf", "--activation", "softmax", *F_TASK, "--H", "2"]
+F_DRIFT = ["drift", "--activation", "softmax", *F_TASK, *F_STATE, "--gamma", "1"]
+F_CMP = ["compare", "--activation", "softmax", *F_TASK, "--no-progress", "--out", "{R}/cmp"]
+
+FUZZ_PHI_REFUSED = [
+    "ѕ", "s\x00+1", "\u202es", "😀", "s**1e308", "s**-1e308", "1e309*s", "exp(1e308*s)",
+    "s**(1/3)", "sqrt(Abs(s))", "s**2**2**2**2**2**2", "1" * 5000 + "*s",
+    "(" * 1000 + "s" + ")" * 1000, "s" * 10000, "0*s", "s-s", "nan", "-oo*s", "exp(I)*s",
+    "cosh(1000*s)", "sign(s)", "s, s", "s;", "#comment", "\\x73", "s\u00a0+1", "Abs(s)**-1",
+    "1/(1+exp(-s))**1000", "s.real", "s()", "s(1)", "exp", "exp+s", "2**1000000*s",
+    "s**1000000", "10**-1000000*s", "০*s", "s**True", "sigmoid(s)**0", "softplus(s, 1)",
+    "sigmoid(s, s)", "tanh(s, 2)", "erf()", "exp(s)(s)", "s if s else s", "(s for s in s)",
+]
+FUZZ_PHI_ACCEPTED = ["exp(s)\n", "\ts", "E**s", "Max(s)", "Min(s, 1, 2)*s", "relu(relu(s))",
+                     "s # a comment", "s\r\n", "log(exp(s))", "1_000*s", "log(1+exp(s), 2)"]
+
+
+def _with(base: list[str], flag: str, value: str) -> list[str]:
+    argv = list(base)
+    if flag in argv:
+        argv[argv.index(flag) + 1] = value
+    else:
+        argv += [flag, value]
+    return argv
+
+
+FUZZ_ERROR_FLAGS = [
+    ("--L", "0"), ("--L", "-1"), ("--L", "1"), ("--L", "1e3"), ("--nu", ""), ("--nu", ","),
+    ("--nu", "2,,2"), ("--nu", ",2"), ("--nu", "nan"), ("--nu", "inf"), ("--nu", "-2"),
+    ("--nu", "0"), ("--nu", "1e400"), ("--nu", "2;2"), ("--nu", "０"), ("--delta", "nan"),
+    ("--delta", "-1"), ("--delta", "inf"), ("--delta", "1e400"), ("--M", "[[nan]]"),
+    ("--M", "[[1e400,0],[0,0]]"), ("--M", "[]"), ("--M", "[[]]"), ("--M", "{}"),
+    ("--M", "[[1,2],[3]]"), ("--M", '"x"'), ("--M", "[[true,false],[0,0]]"),
+    ("--M", "[[0.1,0],[0,0.1]],"), ("--M", "[[0.1,0],[0,0.1]] [[1]]"),
+    ("--M", "[[" + "9" * 5000 + ",0],[0,0]]"), ("--M", "[" * 5000 + "]" * 5000),
+    ("--M", "null"), ("--Q", "[[1,0.5],[0,1]]"), ("--Q", "[[-1,0],[0,1]]"),
+    ("--Q", "[[1,2],[2,1]]"), ("--Q", "[[1]]"), ("--Q", "[[1,0],[0,NaN]]"),
+    ("--a", "[nan, 1]"), ("--a", "[1]"), ("--b", "[1e400, 0]"), ("--b", "[[1,2]]"),
+    ("--b", "[false, 0]"), ("--prior", "../etc/passwd"), ("--prior", ""),
+    ("--method", "exec"), ("--method", ""), ("--seed", "-1"), ("--seed", str(2 ** 70)),
+    ("--activation", "__import__"), ("--activation", "softmax;ls"),
+    ("--norm", "per-head;rm"), ("--kappa", "-1"), ("--offset", "bayes"),
+]
+FUZZ_ODE_FLAGS = [
+    ("--gamma", "nan"), ("--gamma", "-1"), ("--gamma", "0"), ("--gamma", "inf"),
+    ("--eta", "nan"), ("--eta", "-1"), ("--T", "nan"), ("--T", "0"), ("--T", "-5"),
+    ("--T", "inf"), ("--dt", "0"), ("--dt", "nan"), ("--dt", "-1"), ("--dt", "1e300"),
+    ("--times", ""), ("--times", "0.1,0"), ("--times", "nan"), ("--times", "0,inf"),
+    ("--times", "-1,0.1"), ("--times", "0,1e9"), ("--times", "a,b"), ("--times", "0;0.1"),
+    ("--times", ",,,"), ("--times", "0x1"), ("--times", "0,,0.1"), ("--H", "0"),
+    ("--H", "-3"), ("--D", "0"), ("--D", "-1"), ("--D", "1"), ("--D", "2"), ("--rtol", "0"),
+    ("--atol", "-1"), ("--method", "euler"), ("--engine", "../x"),
+    ("--M0", "[[0.1,0],[0,0.1]]"), ("--Q0", "[[1,0],[0,1]]"), ("--a0", "[nan,1]"),
+    ("--gamma-a", "nan"), ("--gamma-b", "-1"), ("--norm", "x"), ("--kappa", "-1"),
+    ("--samples", "0"), ("--samples", "-5"), ("--mc-seed", "-1"),
+]
+FUZZ_SIM_FLAGS = [("--runs", "0"), ("--runs", "-1"), ("--D", "0"), ("--T", "nan"),
+                  ("--times", "0.05,0"), ("--times", "nan"), ("--method", "x"),
+                  ("--error-samples", "0"), ("--eta", "inf"), ("--gamma", "nan")]
+FUZZ_DATA = ["fifo.json", "dup.json", "bigint.json", "bignum.json", "bom.json", "utf16.json",
+             "neg_t.json", "neg_gamma.json", "str_gamma.json", "notpsd.json", "onepoint.json",
+             "wrongF.json", "bool.json", "loop.json", "dangling.json", "/dev/zero",
+             "/dev/null", "{R}", "nonexistent.json", "/dev/stdin", "log.txt", "fifo.npz"]
+FUZZ_OTHER = [
+    (_with(F_ODE, "--out", "{R}/outfifo.json"), 3),  # a FIFO nobody reads
+    (_with(F_ODE, "--out", "{R}/sock.json"), 3), (_with(F_ODE, "--out", "/dev/full"), 3),
+    (_with(F_ODE, "--out", "/proc/version"), 3), (_with(F_ODE, "--out", "/"), 3),
+    (_with(F_EINF, "--workdir", "{R}/victim.txt"), 3),
+    *[(["figure", n, "--quick", "--out", "{R}/figs"], 2)
+      for n in ("0", "99", "-1", "abc", "1.5", "1e1", "")],
+    *[([*F_ERROR, "--max-memory", m], 2) for m in ("1e400G", "nan%", "inf", "-0", "1e-30",
+                                                  "8 G B", "½G")],
+    (_with(F_ESC, "--D", "0"), 2), (_with(F_ESC, "--D", "1e3,x"), 2),
+    (_with(F_ESC, "--D", "250.5"), 2), (_with(F_ESC, "--T", "3"), 2),
+    (_with(F_ESC, "--direction", "9"), 2), (_with(F_ESC, "--direction", "0"), 2),
+    (_with(F_ESC, "--H", "1"), 2), (_with(F_ESC, "--delta", "nan"), 2),
+    (_with(F_ESC, "--runs", "1"), 2), (_with(F_ESC, "--points", "0"), 2),
+    (_with(F_ESC, "--label-noise", "nan"), 2), (_with(F_ESC, "--dt", "-2"), 2),
+    ([*F_ESC, "--gradient-flow"], 2),
+    (_with(F_EINF, "--H", "0"), 2), (_with(F_EINF, "--tol", "nan"), 2),
+    (_with(F_EINF, "--chunk", "0"), 2), (_with(F_EINF, "--runs", "0"), 2),
+    (_with(F_EINF, "--engine", "x"), 2), (_with(F_EINF, "--solver-points", "3"), 2),
+    (_with(F_DRIFT, "--gamma", "nan"), 2), (_with(F_DRIFT, "--samples", "0"), 2),
+    (_with(F_DRIFT, "--engine", "bogus"), 2), (_with(F_DRIFT, "--Q", "[[1,0],[0,-1]]"), 2),
+    (["bayes-error", "--L", "2", "--nu", "nan"], 2), (["bayes-error", "--L", "0", "--nu", "2"], 2),
+    (["frobnicate"], 2), ([], 2), (["derive", "--activation", "softmax", "--phi", "s"], 2),
+    (["derive", "--activation", "__import__"], 2), (["derive"], 2),
+]
+FUZZ_CASES = (
+    [(["derive", "--phi", p], 2) for p in FUZZ_PHI_REFUSED]
+    + [(["derive", "--phi", p], 0) for p in FUZZ_PHI_ACCEPTED]
+    + [(_with(F_ERROR, f, v), 2) for f, v in FUZZ_ERROR_FLAGS]
+    + [(_with(F_ODE, f, v) + ["--out", "{R}/o"], 2) for f, v in FUZZ_ODE_FLAGS]
+    + [(_with(F_SIM, f, v) + ["--out", "{R}/s"], 2) for f, v in FUZZ_SIM_FLAGS]
+    + [(F_CMP + ["--data", d], 2) for d in FUZZ_DATA]
+    + FUZZ_OTHER
+)
+LOG = {"t": [0, 1], "M": [[[0.1, 0], [0, 0.1]]] * 2, "Q": [[[1, 0], [0, 1]]] * 2, "D": 100,
+       "gamma": 1}
+
+
+def _fuzz_files(root: Path) -> None:
+    """The fixture files of FUZZ_DATA / FUZZ_OTHER under ``root``."""
+    def log(**changes) -> str:
+        return json.dumps({**LOG, **changes})
+    os.mkfifo(root / "fifo.json")
+    os.mkfifo(root / "fifo.npz")
+    os.mkfifo(root / "outfifo.json")
+    (root / "dup.json").write_text(log()[:-1] + ', "gamma": -5}')  # the key gamma twice
+    (root / "bigint.json").write_text(log()[:-1] + ', "D": ' + "9" * 5000 + "}")
+    (root / "bignum.json").write_text(log(t=[0, "X"]).replace('"X"', "1e999999"))
+    (root / "bom.json").write_bytes(b"\xef\xbb\xbf" + log().encode())
+    (root / "utf16.json").write_bytes(log().encode("utf-16"))
+    (root / "neg_t.json").write_text(log(t=[1, 0]))
+    (root / "neg_gamma.json").write_text(log(gamma=-1))
+    (root / "str_gamma.json").write_text(log(gamma="1; rm -rf /"))
+    (root / "notpsd.json").write_text(log(Q=[[[-1, 0], [0, 1]], [[1, 0], [0, 1]]]))
+    (root / "onepoint.json").write_text(log(t=[0], M=LOG["M"][:1], Q=LOG["Q"][:1]))
+    (root / "wrongF.json").write_text(log(M=[[[0.1, 0, 0], [0, 0.1, 0]]] * 2))
+    (root / "bool.json").write_text(log(t=[False, True], D=True))
+    (root / "log.txt").write_text(log())
+    os.symlink(root / "loop.json", root / "loop.json")
+    os.symlink(root / "nowhere" / "x.json", root / "dangling.json")
+    (root / "victim.txt").write_text("keep me")
+    import socket
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(root / "sock.json"))
+    sock.close()
+
+
+def _fuzz_id(case: tuple) -> str:
+    argv, code = case
+    return f"{code}:" + " ".join(a[:24] for a in argv[:1] + argv[-2:])[:70]
+
+
+@pytest.mark.parametrize("case", FUZZ_CASES, ids=[_fuzz_id(c) for c in FUZZ_CASES])
+def test_second_fuzz(case, tmp_path, capsys, monkeypatch):
+    """Exit status as listed, one stderr line (argparse's usage + error for its own refusals),
+    no traceback, nothing created outside the run's --out, the victim file untouched."""
+    argv, code = case
+    _fuzz_files(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("theory_kit.results.FIFO_WAIT", 0.2)  # a FIFO nobody reads: refused
+    argv = [a.replace("{R}", str(tmp_path)) for a in argv]
+    before = sorted(p.name for p in tmp_path.iterdir())
+    status, out, err = run_cli(argv, capsys)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert status == code, err
+    assert "Traceback" not in err, err
+    if code != 0:
+        usage = (lines[0].startswith("usage:")  # argparse's own refusal: usage, one error
+                 and sum(": error: " in line for line in lines) == 1
+                 and lines[-1].startswith("theory-kit"))
+        assert usage or len(lines) == 1 and lines[0].startswith("theory-kit "), err
+    created = sorted(set(p.name for p in tmp_path.iterdir()) - set(before))
+    assert created in ([], ["o"], ["s"], ["cmp"], ["figs"]), created
+    assert (tmp_path / "victim.txt").read_text() == "keep me"
+
+
+def test_second_fuzz_has_over_200_cases():
+    assert len(FUZZ_CASES) >= 200 and len({repr(c) for c in FUZZ_CASES}) == len(FUZZ_CASES)

@@ -289,7 +289,8 @@ def integration_grid(t_out: np.ndarray) -> tuple[np.ndarray, bool]:
     return t_out, True
 
 
-def _positive(value: float, param: str) -> float:
+def check_positive(value: float, param: str) -> float:
+    """``value`` as a finite float > 0, else the ``param`` error."""
     v = float(as_finite_array(value, param))
     if v <= 0:
         fail(param, "must be > 0", v)
@@ -301,9 +302,9 @@ def build_system(task: Task, act: Activation, H: int, engine: DriftEngine, gamma
                  gamma_b: float | None, gradient_flow: bool, rescale_time: bool
                  ) -> tuple[OdeSystem, dict]:
     """The ODE system and the resolved rate parameters (for ``params``)."""
-    gamma = _positive(gamma, "gamma")
-    gamma_a = gamma if gamma_a is None else _positive(gamma_a, "gamma_a")
-    gamma_b = gamma if gamma_b is None else _positive(gamma_b, "gamma_b")
+    gamma = check_positive(gamma, "gamma")
+    gamma_a = gamma if gamma_a is None else check_positive(gamma_a, "gamma_a")
+    gamma_b = gamma if gamma_b is None else check_positive(gamma_b, "gamma_b")
     train_a = act.train_a if train_a is None else bool(train_a)
     train_b = act.train_b if train_b is None else bool(train_b)
     if rescale_time and not gradient_flow:
@@ -363,8 +364,8 @@ def integrate_ode(task: Task, act: Activation, ic: InitialCondition, gamma: floa
     if method != "rk4" and engine.fresh:
         fail("engine", "fresh samples give a noisy right-hand side; use method='rk4' with them",
              "fresh")
-    dt = _positive(dt, "dt")
-    rtol, atol = _positive(rtol, "rtol"), _positive(atol, "atol")
+    dt = check_positive(dt, "dt")
+    rtol, atol = check_positive(rtol, "rtol"), check_positive(atol, "atol")
     checkpoint_every = check_int(checkpoint_every, "checkpoint_every", 1)
     t_out = output_times(T, times)
     system, rates = build_system(task, act, ic.state.H, engine, gamma, train_a, train_b,

@@ -318,6 +318,10 @@ def check_tree(expr: sp.Expr, symbol: sp.Symbol, functions: tuple[type, ...], te
             fail("phi", "must use only numbers, s, pi, E, + - * / ** and the functions "
                         + ", ".join(sorted(f.__name__ for f in functions)),
                  f"{text} (contains {node.func})")
+        if (isinstance(node, sp.Function) and len(node.args) != 1
+                and node.func is not sp.Heaviside):
+            # softplus(s, 1) passed here and failed in the generated kernels (exit 1)
+            fail("phi", f"{node.func.__name__} takes exactly one argument", text)
         stack.extend(node.args)
 
 

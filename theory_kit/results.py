@@ -10,6 +10,7 @@ Files get mode 0666 minus the umask (0644 by default), like any other program's 
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
@@ -21,7 +22,7 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, BinaryIO, Callable
 
 import numpy as np
 
@@ -153,7 +154,33 @@ def _special_target(path: Path) -> bool:
         raise OutputError(f"out: cannot write {path} ({exc.strerror})") from exc
     if stat.S_ISDIR(mode):
         raise OutputError(f"out: {path} is a directory, not a file")
+    if stat.S_ISSOCK(mode):
+        raise OutputError(f"out: {path} is a socket; results go to a regular file, a FIFO "
+                          "or a device such as /dev/null")
     return not stat.S_ISREG(mode)
+
+
+FIFO_WAIT = 5.0
+
+
+def _open_in_place(path: Path) -> BinaryIO:
+    """A device or FIFO opened for writing; a FIFO that no process opens for reading within
+    :data:`FIFO_WAIT` seconds is refused (a blocking open would wait forever for a mistyped
+    --out; a reader started together with the run gets the time to open its end)."""
+    deadline = time.monotonic() + FIFO_WAIT
+    while True:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+            break
+        except OSError as exc:
+            if exc.errno != errno.ENXIO:
+                raise
+            if time.monotonic() > deadline:
+                raise OutputError(f"out: {path} is a FIFO that no process is reading "
+                                  f"(waited {FIFO_WAIT:g} s)") from exc
+            time.sleep(0.05)
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "wb")
 
 
 def atomic_replace(path: Path, write: Callable[[Any], Any], suffix: str) -> None:
@@ -168,7 +195,7 @@ def atomic_replace(path: Path, write: Callable[[Any], Any], suffix: str) -> None
         if str(path) in ("", "."):
             raise OutputError("out: must be a file name (got an empty path)")
         if _special_target(path):
-            with open(path, "wb") as handle:
+            with _open_in_place(path) as handle:
                 write(handle)
             return
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -205,15 +232,31 @@ def write_json(path: str | os.PathLike, data: dict) -> Path:
 MAX_JSON_BYTES = 2 * 1024 ** 3
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
+    """A JSON object whose keys are all different (``json`` would keep the last of a repeated
+    key silently; a file whose meaning depends on the reader is refused)."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set = set()
+        dup = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise ValueError(f"the key {dup[:40]!r} appears twice in one object")
+    return out
+
+
 def read_json(path: str | os.PathLike, param: str = "file") -> dict:
     """Reload a JSON result; unreadable, non-UTF-8, malformed, too deeply nested or
     non-object content raises ValidationError ``<param>: ...`` (one line)."""
     path = Path(path)
     try:
-        if path.stat().st_size > MAX_JSON_BYTES:
+        info = path.stat()
+        if stat.S_ISREG(info.st_mode) and info.st_size > MAX_JSON_BYTES:
             raise ValidationError(f"{param}: {path} is larger than 2 GiB; not a result file")
+        if not stat.S_ISREG(info.st_mode) and not stat.S_ISDIR(info.st_mode):
+            # a FIFO or a terminal would block the read forever, /dev/zero never ends
+            raise ValidationError(f"{param}: {path} is not a regular file (a FIFO, device or "
+                                  "socket); give a JSON file")
         with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
+            data = json.load(handle, object_pairs_hook=_unique_keys)
     except FileNotFoundError:
         raise ValidationError(f"{param}: {path} does not exist")
     except IsADirectoryError:
@@ -227,6 +270,10 @@ def read_json(path: str | os.PathLike, param: str = "file") -> dict:
                               f"{exc.lineno}, column {exc.colno})")
     except RecursionError:
         raise ValidationError(f"{param}: {path} is nested too deeply to be a result file")
+    except OSError as exc:  # a symlink loop, a name too long, an I/O error
+        raise ValidationError(f"{param}: {path} cannot be read ({exc.strerror or exc})")
+    except ValueError as exc:  # an integer of more than 4300 digits, a duplicated key
+        raise ValidationError(f"{param}: {path} is not a result file ({exc})")
     if not isinstance(data, dict):
         raise ValidationError(f"{param}: {path} must hold a JSON object, not a "
                               f"{type(data).__name__}")
@@ -292,6 +339,8 @@ class OutputLock:
         if not str(out_path).strip():
             raise OutputError("out: must be a file or folder name (got an empty path)")
         out = Path(out_path).absolute()
+        if not out.name:  # the root folder
+            raise OutputError(f"out: must name a file or a folder below / (got {out_path!r})")
         self.out = out
         self.path = out.with_name(out.name + ".lock")
         self.held = False

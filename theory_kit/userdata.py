@@ -35,7 +35,6 @@ Q not symmetric positive semi-definite or Q − M Mᵀ not positive semi-definit
 from __future__ import annotations
 
 import csv
-import json
 import zipfile
 import zlib
 from dataclasses import dataclass, field
@@ -44,6 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from .model import State, ValidationError, as_finite_array, check_int, check_psd, fail
+from .results import read_json
 
 FORMATS = (".npz", ".json", ".csv")
 TIME_UNITS = ("t", "steps")
@@ -109,6 +109,8 @@ def read_fields(path: str | Path) -> dict[str, object]:
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"data: no such file: {path}")
+    if not path.is_file():  # a FIFO or terminal would block the read, /dev/zero never ends
+        fail("data", "must be a regular file (not a folder, FIFO, device or socket)", str(path))
     suffix = path.suffix.lower()
     if suffix == ".npz":
         return _read_npz(path)
@@ -133,14 +135,8 @@ def _read_npz(path: Path) -> dict[str, object]:
 
 
 def _read_json(path: Path) -> dict[str, object]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValidationError(f"data: {path} is not valid JSON ({exc})")
-    except RecursionError:
-        raise ValidationError(f"data: {path} is nested too deeply to be a training log")
-    if not isinstance(data, dict):
-        fail("data", "a JSON log must be one object with fields t, M, Q, ...", type(data).__name__)
+    # strict: one object, UTF-8, no repeated keys, integers of at most 4300 digits
+    data = read_json(path, "data")
     if "loss" not in data and "error" in data:
         data["loss"] = data["error"]
     return data

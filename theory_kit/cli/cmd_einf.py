@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from .. import einf
 from ..expect.drift import ENGINES
-from ..model import check_int, fail
+from ..model import OutputError, check_int, fail
 from ..resources import check_einf
 from .common import (add_activation_args, add_executor_args, add_progress_arg, add_task_args,
                      build_activation, build_task, print_json, strata_of, sweep_executor)
@@ -86,6 +87,9 @@ def run_einf(args: argparse.Namespace) -> int:
     task = build_task(args)
     act = build_activation(args)
     settings = settings_from_args(args)
+    if args.workdir is not None and Path(args.workdir).exists() and not Path(
+            args.workdir).is_dir():  # found only when the first run is saved, minutes later
+        raise OutputError(f"workdir: {args.workdir} exists and is not a folder")
     check_int(args.min_starts, "min-starts", 1)
     H, runs = check_int(args.H, "H", 1), check_int(args.runs, "runs", 1)
     D = check_int(args.D, "D", task.F + args.H)

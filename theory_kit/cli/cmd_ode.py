@@ -9,7 +9,8 @@ import numpy as np
 from ..activations import Activation
 from ..expect.engines import ENGINE_NAMES, DriftEngine, build_engine
 from ..model import State, Task, check_int, fail
-from ..ode import METHODS, Trajectory, build_system, initial_condition, integrate_ode
+from ..ode import (METHODS, Trajectory, build_system, check_positive, initial_condition,
+                   integrate_ode)
 from ..resources import check_ode
 from .common import (add_activation_args, add_out_arg, add_progress_arg, add_task_args,
                      build_activation, build_task, out_json, parse_float_list, parse_json_array,
@@ -88,7 +89,7 @@ def engine_from_args(args: argparse.Namespace, task: Task, act: Activation,
                      state: State) -> DriftEngine:
     """The engine of --engine (``auto`` probes at ``state``)."""
     return build_engine(args.engine, task, act, state.H, samples=args.samples,
-                        seed=args.mc_seed, fresh=args.fresh, head_symmetric=args.symmetric_heads,
+                        seed=check_int(args.mc_seed, "mc-seed", 0), fresh=args.fresh, head_symmetric=args.symmetric_heads,
                         state=state)
 
 
@@ -102,6 +103,7 @@ def run_ode(args: argparse.Namespace) -> int:
                            a0=parse_json_array(args.a0, "a0", 1),
                            b0=parse_json_array(args.b0, "b0", 1), D=args.D, eta=args.eta,
                            seed=args.seed)
+    check_positive(args.T, "T")  # before the engine (building it may compile kernels)
     times = None if args.times is None else parse_float_list(args.times, "times")
     out = out_json(args.out, "ode.json")
     request = request_of(args)
@@ -112,6 +114,7 @@ def run_ode(args: argparse.Namespace) -> int:
         check_ode(args.samples, ic.state.H, task.L, strata_of(task), args.T, args.dt)
     engine = engine_from_args(args, task, act, ic.state)
     if args.method == "rk4":
+        check_positive(args.dt, "dt")  # before the step check, which would print 'a step of nan'
         check_step_resolved(task, act, ic, engine, args)
     traj = integrate_ode(task, act, ic, args.gamma, args.T, times=times, method=args.method,
                          dt=args.dt, rtol=args.rtol, atol=args.atol,

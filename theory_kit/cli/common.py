@@ -20,20 +20,42 @@ def parse_json_array(text: str | None, param: str, ndim: int) -> np.ndarray | No
     """A JSON list (e.g. '[[1,0],[0,1]]') as a finite float array of the given rank."""
     if text is None:
         return None
+    shown = text if len(text) <= 60 else text[:57] + "..."
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ValidationError(f"{param}: must be a JSON array such as '[[1,0],[0,1]]' "
-                              f"(got {text!r}: {exc.msg})")
+                              f"(got {shown!r}: {exc.msg})")
+    except (RecursionError, ValueError) as exc:  # nested too deeply; an int of > 4300 digits
+        why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)[:80]
+        raise ValidationError(f"{param}: must be a JSON array such as '[[1,0],[0,1]]' "
+                              f"(got {shown!r}: {why})")
+    if _has_bool(value):
+        raise ValidationError(f"{param}: entries must be numbers, not true/false (got {shown!r})")
     return as_finite_array(value, param, ndim=ndim)
+
+
+def _has_bool(value: object, depth: int = 0) -> bool:
+    """Whether a parsed JSON value holds true/false (NumPy would read them as 1/0)."""
+    if isinstance(value, bool):
+        return True
+    if isinstance(value, list) and depth < 64:
+        return any(_has_bool(v, depth + 1) for v in value)
+    return False
 
 
 def parse_float_list(text: str, param: str) -> np.ndarray:
     """A comma-separated list of numbers, e.g. '2,2'."""
+    items = text.split(",")
+    if items and not items[-1].strip():
+        items = items[:-1]  # one trailing comma ('2,2,') is harmless
     try:
-        values = [float(x) for x in text.split(",") if x.strip()]
+        if not items or any(not x.strip() for x in items):
+            raise ValueError
+        values = [float(x) for x in items]
     except ValueError:
-        raise ValidationError(f"{param}: must be comma-separated numbers such as '2,2' (got {text!r})")
+        raise ValidationError(f"{param}: must be comma-separated numbers such as '2,2', none "
+                              f"empty (got {text!r})")
     return as_finite_array(values, param, ndim=1)
 
 
@@ -79,7 +101,12 @@ def build_activation(args: argparse.Namespace) -> Activation:
         return custom_activation(args.phi, norm=args.norm, kappa=args.kappa, offset=args.offset)
     if args.activation is None:
         raise ValidationError("activation: --activation NAME or --phi EXPR is required")
-    return get_activation(args.activation)
+    act = get_activation(args.activation)
+    for name, default in (("norm", "per-head"), ("kappa", 0.0), ("offset", "none")):
+        if getattr(args, name, default) != default:  # silently ignored before
+            raise ValidationError(f"{name}: only with --phi (the preset {args.activation} has "
+                                  f"its own; got --{name} {getattr(args, name)!r})")
+    return act
 
 
 def add_state_args(parser: argparse.ArgumentParser, example: str) -> None:
