@@ -18,6 +18,9 @@ printed with ratios to the oracle measured in the same run.
 ns/sample is for the compiled kernel, against an estimated flop count per evaluated row
 (``flops_per_row``: the loops of the generated code, counting exp as one flop).  The compiled
 kernels run on ``numba.get_num_threads()`` threads (set ``NUMBA_NUM_THREADS=1`` for one).
+The oracle and the compiled kernel are also timed in CPU time (``time.process_time``, every
+thread): on a machine shared with other jobs the wall times measure the wait for a core as
+much as the work, and the CPU ratio is the ratio of the work.
 
     python benchmarks/bench_engine.py [--repeats 3] [--cases 2x4,2x10,4x5,8x5]
 """
@@ -35,7 +38,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from oracle import reference_drift_integrands  # noqa: E402
 
-from bench_codegen import best_time  # noqa: E402  (benchmarks/ is on sys.path as the script dir)
+from bench_codegen import best_cpu, best_time  # noqa: E402  (benchmarks/ is on sys.path as the script dir)
 
 from theory_kit import codegen  # noqa: E402
 from theory_kit.activations import custom_activation, get_activation  # noqa: E402
@@ -176,7 +179,7 @@ def run_case(label: str, act, H: int, L: int, repeats: int) -> list[str]:
         engines["numexpr"] = MonteCarloDrift(N_DRAWS, integrand=ne_integrand)
     ref = engines["oracle"].evaluate(*args)
     rows = len(engines["oracle"]._samples(task, H).weights)
-    times, warm = {}, {}
+    times, warm, cpu = {}, {}, {}
     for name, engine in engines.items():
         start = time.perf_counter()
         got = engine.evaluate(*args)
@@ -184,6 +187,8 @@ def run_case(label: str, act, H: int, L: int, repeats: int) -> list[str]:
         worst = max(np.max(np.abs(getattr(got, f) - getattr(ref, f))) for f in FIELDS)
         assert worst < 1e-10, (name, worst)
         times[name] = best_time(lambda: engine.evaluate(*args), repeats)
+        if name in ("oracle", "compiled"):
+            cpu[name] = best_cpu(lambda: engine.evaluate(*args), repeats)
     jfn = jax_drift(act, task, engines["oracle"], H)
     if jfn is not None:
         start = time.perf_counter()
@@ -196,8 +201,10 @@ def run_case(label: str, act, H: int, L: int, repeats: int) -> list[str]:
     flops = flops_per_row(H, L, task.F)
     cells = [f"{times[k] * 1e3:8.1f} ({times['oracle'] / times[k]:5.1f}x)" if k in times else f"{'-':>17s}"
              for k in ("oracle", "numpy", "compiled", "jax", "numexpr")]
+    cpu_ns = cpu["compiled"] / rows * 1e9
     return [f"{label:16s} {H:2d} {L:3d} " + " ".join(cells)
-            + f" {ns:8.0f} {flops:6d} {flops / ns:6.2f}   first call: compiled {warm['compiled']:.1f} s"
+            + f" {ns:8.0f} {flops:6d} {flops / ns:6.2f} {cpu_ns:8.0f} "
+            f"{cpu['oracle'] / cpu['compiled']:7.1f}x   first call: compiled {warm['compiled']:.1f} s"
             + (f", jax {warm['jax']:.1f} s" if "jax" in warm else "")]
 
 
@@ -211,11 +218,12 @@ def main() -> None:
           f"{platform.processor() or platform.platform()}, {os.cpu_count()} cores; python "
           f"{platform.python_version()}; load average {os.getloadavg()[0]:.1f}; compiled kernels "
           f"on {codegen.compute_threads()} threads")
-    print(f"# one RHS = {2 * N_DRAWS} rows; ms per RHS (ratio to the oracle); "
-          "ns/row and GFlop/s of the compiled kernel")
+    print(f"# one RHS = {2 * N_DRAWS} rows; ms per RHS, wall (ratio to the oracle); "
+          "ns/row and GFlop/s of the compiled kernel, wall; CPU ns: its CPU time per row "
+          "(all threads); CPU x: the oracle's CPU time over the compiled kernel's")
     print(f"{'activation':16s} {'H':>2s} {'L':>3s} " + " ".join(
         f"{k:>17s}" for k in ("oracle", "numpy", "compiled", "jax", "numexpr"))
-        + f" {'ns/row':>8s} {'flops':>6s} {'GF/s':>6s}")
+        + f" {'ns/row':>8s} {'flops':>6s} {'GF/s':>6s} {'CPU ns':>8s} {'CPU x':>8s}")
     for label, act in activations().items():
         for H, L in cases:
             for line in run_case(label, act, H, L, args.repeats):

@@ -24,6 +24,7 @@ cache works.  Array layouts are stated in the generated module's docstring.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from dataclasses import dataclass, field
 
 import sympy as sp
@@ -142,16 +143,20 @@ class _LoopLowering:
         body = self.lower(expr.function)
         free = sorted((body.free_symbols & dv.INDEX_SYMBOLS) - {dummy}, key=str)
         holders = tuple(sp.Symbol(f"_p{j}", integer=True) for j in range(len(free)))
-        rename = {**dict(zip(free, holders)), dummy: sp.Symbol("_d", integer=True)}
-        canon = body.xreplace(rename)
-        kinds = tuple(_kind(v) for v in free)
-        key = (canon, kinds, _kind(dummy))
+        # a sum equal to a known one up to the order of its free indices (Σ_l W_hl W_gl² is
+        # Σ_l W_gl² W_hl with h, g swapped) reads that slot transposed instead of a new one
+        candidates = []
+        for order in itertools.permutations(free):   # the identity first
+            rename = {**dict(zip(order, holders)), dummy: sp.Symbol("_d", integer=True)}
+            key = (body.xreplace(rename), tuple(_kind(v) for v in order), _kind(dummy))
+            candidates.append((key, order))
+        key, order = next((c for c in candidates if c[0] in self._memo), candidates[0])
         if key not in self._memo:
             name = f"r{len(self.reductions)}"
-            self.reductions.append(Reduction(name, holders, kinds, _kind(dummy), canon))
+            self.reductions.append(Reduction(name, holders, key[1], key[2], key[0]))
             self._memo[key] = name
         name = self._memo[key]
-        return sp.IndexedBase(name)[tuple(free)] if free else sp.Symbol(name)
+        return sp.IndexedBase(name)[tuple(order)] if free else sp.Symbol(name)
 
     def layout(self) -> str:
         """Assign offsets in ``work``; return the total size expression (in H, L)."""
@@ -689,12 +694,16 @@ def drift_blocks(gP, thP, wP, R, M, Q, B, a, b, qdiag, delta, stein, shape, bloc
         reps *= s
     passes = (block + per - 1) // per     # passes of a full block
     bad = 0
+    (W, D, D2, w, e, Je, JJ, Ae, Be, Qe, St, work1, work2, gz, gs, gj, m, total, sq, acc,
+     S, zeta, th, ob) = _block_scratch(H, L, F, K)
+    gb = np.empty((K, subs * NB))
+    at = np.empty((K, per))
+    asq = np.empty((K, per))
     for blk in range(start, stop):
-        (W, D, D2, w, e, Je, JJ, Ae, Be, Qe, St, work1, work2, gz, gs, gj, m, total, sq, acc,
-         S, zeta, th, ob) = _block_scratch(H, L, F, K)
-        gb = np.empty((K, subs * NB))
-        at = np.zeros((K, per))
-        asq = np.zeros((K, per))
+        for c in range(K):
+            for q in range(per):
+                at[c, q] = 0.0
+                asq[c, q] = 0.0
         sub = blk * passes * subs
         last = min(n_groups, (blk + 1) * block)
         for q0 in range(blk * block, last, per):
