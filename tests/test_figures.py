@@ -253,10 +253,11 @@ def test_quick_fig6_relative_spread_falls_with_D(out_dir):
 
 
 def test_full_runs_use_the_deterministic_drift_where_it_applies():
-    """Issue #12 "then": the full Figs. 1, 9, 11 and the H = 2 panel of Fig. 12 integrate on
-    the laplace engine (adaptive rk45), the H > 2 panels of Fig. 12 and all of Fig. 2 (H = 4,
-    outside laplace's per-head class) fall back to Sobol points, and every quick run keeps
-    its sample engine (its < 60 s budget); the plan records the engine of each setting."""
+    """Issue #12 "then": the full Figs. 1, 9 and the H = 2 panel of Fig. 12 integrate on the
+    laplace engine (adaptive rk45), the H > 2 panels of Fig. 12 and all of Fig. 2 (H = 4,
+    outside laplace's per-head class) fall back to Sobol points, Fig. 11 stays on them (cost),
+    and every quick run keeps its sample engine (its < 60 s budget); the plan records the
+    engine of each setting."""
     from theory_kit.figures import fig1, fig2, fig9, fig11, fig12
 
     def kinds(pieces):
@@ -264,7 +265,7 @@ def test_full_runs_use_the_deterministic_drift_where_it_applies():
 
     assert kinds(fig1.FIGURE.plan(False).pieces()) == ["laplace"]
     assert kinds(fig9.FIGURE.plan(False).pieces()) == ["laplace"] * 3
-    assert set(kinds(fig11.pieces(False))) == {"laplace"}
+    assert set(kinds(fig11.pieces(False))) == {"sobol"}
     full12 = fig12.FIGURE.plan(False)
     assert kinds(full12.pieces()) == ["laplace", "sobol", "sobol", "sobol"]      # H = 2, 4, 5, 8
     assert full12.params()["ode_engine"]["per_setting"] == kinds(full12.pieces())

@@ -41,12 +41,13 @@ from .style import label_axes, new_figure, series_colors
 ODE_COST_PER_ELEMENT = 7e-8     # per drift evaluation and sample row × H × L
 ODE_COST_PER_EVAL = {"mc": 1e-3, "sobol": 5.5e-3}   # fixed cost of one drift evaluation
 ERROR_COST_PER_ELEMENT = 6e-8   # independent MC error: per record and sample row × H × L
-# laplace drift: CPU s per evaluation at L >= 8 by H (H = 2 measured along the Fig. 1 curve,
-# 474 calls; H = 1, 3 at single states), times LAPLACE_SHORT_L at L < 8, where fewer of a
-# pattern's tokens are plain and the top cut of its u grid shrinks (L = 4: 0.8 s along the
-# first 165 time units of Fig. 12's H = 2 panel, 4x; L = 5-7 interpolated, not measured)
+# laplace drift: CPU s per evaluation at L >= 8 by H (H = 2: the mean along the Fig. 1 curve,
+# 474 calls, Q up to ~5; H = 1, 3 at single states), times LAPLACE_SHORT_L at L < 8, where
+# fewer of a pattern's tokens are plain and the top cut of its u grid shrinks (softmax at
+# plateau states with Q ≈ 3.5-5.5: 0.9-3.4 s at L = 4, 5 against 0.19-0.38 s at L = 10;
+# L = 6, 7 interpolated, not measured).  The cost grows like the cube of the score scale √Q.
 LAPLACE_SECONDS_PER_EVAL = {1: 0.05, 2: 0.2, 3: 4.0}
-LAPLACE_SHORT_L = {4: 4.0, 5: 3.0, 6: 2.0, 7: 1.5}
+LAPLACE_SHORT_L = {4: 12.0, 5: 9.0, 6: 5.0, 7: 2.5}
 # adaptive rk45 calls: ~200 through the start (Fig. 1 and Fig. 12's H = 2 panel both), then
 # steps of ~20 time units (6 calls each) through the plateau, plus one per recorded time
 LAPLACE_START_EVALS, LAPLACE_EVALS_PER_TIME = 200, 0.3
@@ -130,7 +131,7 @@ def laplace_ode_seconds(setting: Setting, n_times: int) -> float:
     engine recording ``n_times`` states: (``LAPLACE_START_EVALS`` + ``LAPLACE_EVALS_PER_TIME``
     T + n_times) evaluations at the measured CPU time of one (by H, and L below 8)."""
     per_eval = LAPLACE_SECONDS_PER_EVAL.get(setting.H, max(LAPLACE_SECONDS_PER_EVAL.values()))
-    per_eval *= LAPLACE_SHORT_L.get(setting.L, 4.0 if setting.L < 4 else 1.0)
+    per_eval *= LAPLACE_SHORT_L.get(setting.L, 12.0 if setting.L < 4 else 1.0)
     evals = LAPLACE_START_EVALS + LAPLACE_EVALS_PER_TIME * setting.T + n_times
     return evals * per_eval
 
