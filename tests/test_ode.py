@@ -341,3 +341,52 @@ def test_ode_at_huge_gamma_stops_during_the_run_not_only_at_the_start():
                                         r"at t = [1-9]"):
         integrate_ode(task, SOFTMAX, ic, gamma=1e3, T=20.0, dt=2.0, engine=engine,
                       times=np.arange(0.0, 20.1, 2.0), progress=False)
+
+
+class _Slow(MonteCarloDrift):
+    """The same engine (same params), 4 ms slower per evaluation."""
+
+    def evaluate(self, *args):
+        import time
+        time.sleep(0.004)
+        return super().evaluate(*args)
+
+
+def test_killed_every_half_second_a_run_still_finishes_with_the_same_numbers(tmp_path,
+                                                                            monkeypatch):
+    """"Save at least every 10 s, so that a kill every 20 s still makes progress", at 1/20 the
+    time scale: checkpoints every 0.25 s of wall time (``checkpoint_every`` beyond the run's
+    steps, so only the clock saves), a SIGKILL 0.5 s into each of two runs (forked, as a
+    killed command), then a run to the end: every kill left a checkpoint further on, and the
+    result equals the uninterrupted run's bit for bit."""
+    import os
+    import signal
+    import time
+
+    import theory_kit.ode as ode_module
+    from theory_kit.results import read_json
+    monkeypatch.setattr(ode_module, "CHECKPOINT_SECONDS", 0.25)
+    kw = dict(gamma=1.0, T=4.0, times=[0, 2.0, 4.0], dt=0.05, progress=False,
+              checkpoint_every=10 ** 6)
+    full = integrate_ode(TASK, SOFTMAX, _ic(), engine=MonteCarloDrift(300, 7), **kw)
+    out, partial = tmp_path / "run.json", tmp_path / "run.json.partial.json"
+    steps = []
+    for _ in range(2):
+        pid = os.fork()
+        if pid == 0:
+            try:
+                integrate_ode(TASK, SOFTMAX, _ic(), engine=_Slow(300, 7), out=out, **kw)
+            finally:
+                os._exit(0)
+        time.sleep(0.5)
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        assert not out.exists() and partial.exists()
+        steps.append(read_json(partial)["progress"]["stats"]["steps"])
+    assert 0 < steps[0] < steps[1] < 80, steps  # each killed run moved the checkpoint on
+    engine = _Counting(300, 7)
+    resumed = integrate_ode(TASK, SOFTMAX, _ic(), engine=engine, out=out, **kw)
+    assert engine.calls < 4 * (80 - steps[1]) + 4
+    for key in ("t", "M", "Q", "a", "b", "error"):
+        assert np.array_equal(getattr(full, key), getattr(resumed, key)), key
+    assert not partial.exists()
