@@ -525,3 +525,38 @@ def test_cli_bad_scheduler_exit_2(capsys):
     assert main(EINF + ["--scheduler", "my-cluster"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "scheduler" in err
+
+
+def test_the_sweep_bar_is_redrawn_while_no_piece_arrives(monkeypatch, tmp_path):
+    """Pieces in worker processes show no bar: the sweep's own is redrawn every
+    HEARTBEAT_SECONDS (here 0.05 s) while it waits, so the display moves at least every 10 s
+    (a full Fig. 1 once sat at 0/2 for 4.5 minutes).  Counted on the bar's refresh calls."""
+    monkeypatch.delenv("THEORY_KIT_NO_PROGRESS", raising=False)
+    monkeypatch.setattr(ex, "HEARTBEAT_SECONDS", 0.05)
+    bars = []
+    real = ex.progress_bar
+
+    def counting_bar(*args, **kwargs):
+        import io
+        bar = real(*args, **kwargs)
+        bar.fp = io.StringIO()
+        times = []
+        refresh = bar.refresh
+
+        def counted(*a, **k):
+            times.append(time.monotonic())
+            return refresh(*a, **k)
+        bar.refresh, bar.beats = counted, times
+        bars.append(bar)
+        return bar
+    monkeypatch.setattr(ex, "progress_bar", counting_bar)
+    start = time.monotonic()
+    out = ex.run_sweep(sigint_piece, [(k, str(tmp_path)) for k in range(2)], ["a", "b"],
+                       jobs=2)
+    took = time.monotonic() - start
+    assert [o["key"] for o in out] == [0, 1]
+    # no piece can arrive before 0.3 s (each sleeps that long): redraws before it are beats
+    early = [t for t in bars[0].beats if t < start + 0.28]
+    assert len(early) >= 2, (bars[0].beats, start, took)
+    gaps = np.diff([start, *bars[0].beats])
+    assert gaps.max() < 0.05 + 1.0, gaps  # generous for a loaded machine; the rule is 10 s
