@@ -2,6 +2,7 @@
 work, partial structure-of-arrays blocks, and the vectorisable exp they use."""
 import numpy as np
 import pytest
+import sympy as sp
 
 from theory_kit import codegen
 from theory_kit.activations import custom_activation, get_activation
@@ -165,3 +166,34 @@ def test_branch_free_softplus_and_sigmoid_are_within_two_ulps():
     z = np.concatenate([rng.uniform(0, 1, 3000), np.geomspace(1e-320, 1, 300)])
     got = np.array([mod._vlog1p(v) for v in z])
     assert np.max(np.abs(got - np.log1p(z)) / np.log1p(z)) <= 2.3e-16
+
+
+def test_packed_copies_of_replaced_sample_sets_are_dropped():
+    """An engine keeps the packed copies of the sample sets it holds, not of sets it has
+    replaced (a new task or H), so the packed memory does not grow along a sweep."""
+    act = get_activation("softmax")
+    engine = MonteCarloDrift(64, seed=2)
+    for L in (3, 4, 3):
+        task = Task(L, make_prior("flipping", nu=[2.0, 2.0]))
+        M, Q = _state(np.random.default_rng(L), 2, task.F)
+        engine.evaluate(task, act, M, Q, act.a_default(2, L), act.b_default(2, L))
+        assert [v[0] for v in engine._packs.values()] == [engine._cache]
+
+
+def test_reductions_fused_in_order_and_shared_up_to_index_order():
+    """Sums of one shape share a loop nest only when none reads another of its nest, and a sum
+    equal to another with its free indices swapped reads that slot transposed."""
+    from theory_kit import codegen_numba as nb, derive as dv
+    low = nb._LoopLowering()
+    W, h, g, x, m = dv.W_, dv.h, dv.g, dv.x, dv.m
+    a = low.lower(sp.Sum(W[h, x] ** 2 * W[g, x], (x, 0, 5)))
+    b = low.lower(sp.Sum(W[h, x] * W[g, x] ** 2, (x, 0, 5)))
+    assert len(low.reductions) == 1 and a.base == b.base
+    assert tuple(a.indices) == (g, h) or tuple(b.indices) == (g, h)
+    assert tuple(a.indices) != tuple(b.indices)
+    low.lower(sp.Sum(W[h, m], (m, 0, 5)))                                   # r1: (h), over tokens
+    low.lower(sp.Sum(W[g, x] * W[g, x] * sp.Sum(W[g, m], (m, 0, 5)), (x, 0, 5)))  # r2 reads r1
+    low.lower(sp.Sum(W[h, x] * W[h, x] * W[h, x], (x, 0, 5)))               # r3: like r1
+    assert [r.name for r in low.reductions] == ["r0", "r1", "r2", "r3"]
+    groups = [[r.name for r in grp] for grp in nb._fused_groups(low.reductions)]
+    assert groups == [["r0"], ["r1"], ["r2", "r3"]]

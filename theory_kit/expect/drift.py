@@ -194,10 +194,17 @@ class SampleDrift:
         packs = self.__dict__.setdefault("_packs", {})
         hit = packs.get(key)
         if hit is None or hit[0] is not smp:
+            live = {id(x) for x in self._live_sets()}
+            for old in [k for k, v in packs.items() if id(v[0]) not in live]:
+                del packs[old]   # packed copies of sample sets the engine has replaced
             if len(packs) >= self.MAX_PACKS:
                 packs.pop(next(iter(packs)))
             hit = packs[key] = (smp, generated.pack(smp.g, smp.theta, smp.weights, shape))
         return hit[1]
+
+    def _live_sets(self) -> list[mc.Samples]:
+        """The sample sets this engine currently holds (their packed copies are kept)."""
+        return [self._cache] if self._cache is not None else []
 
     @staticmethod
     def _chunked(acc: "_Accumulator", integrand: Integrand, smp: mc.Samples, reps: int,
@@ -346,6 +353,9 @@ class QuadratureDrift(SampleDrift):
 
     def _samples(self, task: Task, H: int) -> mc.Samples:
         return self._node_sets(task, H)[self._current]
+
+    def _live_sets(self) -> list[mc.Samples]:
+        return list(self._sets)
 
     def _node_sets(self, task: Task, H: int) -> list[mc.Samples]:
         key = (repr(task.params()), H)
