@@ -93,12 +93,24 @@ def check_time(seconds: float, what: str, hint: str) -> None:
 # seconds per elementary operation, measured on this project's 2-core machine (rounded up)
 SECONDS_PER_SCORE = 5e-8  # one (sample, head, token) score with its weight
 SECONDS_PER_KEY_FLOP = 2e-9  # one multiply-add of a D-dimensional SGD step
-# one (sample, stratum, head, token) score of a sampled drift: 5e-8 (softmax) to 3.3e-7
-# (bsoftmax) measured; the larger, rounded down a little
-SECONDS_PER_DRIFT_SCORE = 2.5e-7
-SECONDS_PER_EVALUATION = 2e-3  # fixed cost of one drift evaluation (measured 1.2 ms)
+# One (sample, stratum, head, token) score of a sampled drift, per activation class, and the
+# fixed cost of one evaluation.  Measured 2026-12-01 on the block-compiled kernels (CPU time
+# by time.process_time over repeated evaluations at 2000 and 20000 samples, H = 2, L = 5,
+# flipping prior: 2 strata; slope = per score, intercept = fixed):
+#   softmax 1.69e-8 s (fixed 1.1 ms), softmax1 2.01e-8 (1.05 ms), bsoftmax 1.87e-8 (0.36 ms),
+#   relu 1.57e-8 (1.3 ms), user phi per-head 1.68e-8 (1.1 ms), joint 1.54e-8 (1.7 ms),
+#   elementwise 2.07e-8 (0.47 ms).
+# The classes differ by 1.35x at most, so one constant (the largest, rounded up) serves all:
+# whole `theory-kit ode` runs (20000 samples, --times 0,T, T = 4 against 40: the slope per
+# evaluation) measured 7.7 ms (softmax), 6.3 ms (bsoftmax), 8.4 ms (phi joint) per evaluation
+# where the estimate below gives 10.3 ms: estimates are 1.2-1.6x the measured CPU time, never
+# below it.  (The constant was 2.5e-7 before the kernel rewrite: ode estimates were 13x long.)
+SECONDS_PER_DRIFT_SCORE = 2.2e-8
+SECONDS_PER_EVALUATION = 1.5e-3  # fixed cost of one drift evaluation (0.4-1.7 ms measured)
+ESTIMATE_FACTOR = 2.0  # measured CPU time <= estimate <= ESTIMATE_FACTOR x measured
 SECONDS_PER_REDUCED_STEP = 6e-5  # one run-step of the reduced simulation, H + L = 6 (53 us)
 EINF_EVALS_PER_TIME = 2.1  # adaptive ODE evaluations per unit time (291 to T = 140)
+EINF_SECONDS_PER_DRIFT_SCORE = 2.5e-7  # einf's calibration (not re-measured on new kernels)
 EINF_TYPICAL_T = 200.0  # where einf typically hands over to the solver (T = 140 measured)
 SOLVER_EVALUATIONS = 150  # objective + gradient evaluations of one solve (L-BFGS, Newton)
 
@@ -148,7 +160,9 @@ def drift_bytes(samples: int, H: int, L: int, strata: int) -> float:
 
 
 def check_ode(samples: int, H: int, L: int, strata: int, T: float, dt: float) -> None:
-    """The ODE with a sampled drift: four evaluations per RK4 step of at most dt."""
+    """The ODE with a sampled drift: four evaluations per RK4 step of at most dt (within
+    :data:`ESTIMATE_FACTOR` of the measured CPU time for every activation class; more
+    requested times than T/dt add steps the estimate does not count)."""
     check_memory(drift_bytes(samples, H, L, strata), f"the drift with {samples} samples x "
                  f"{strata} theta strata x H = {H} x L = {L}", "lower --samples")
     steps = max(1.0, float(T) / float(dt))
@@ -164,9 +178,13 @@ def einf_seconds(runs: int, samples: int, H: int, L: int, strata: int, T_min: fl
     sooner, T_min when later), then the solver (:data:`SOLVER_EVALUATIONS` objective and
     gradient evaluations on solver_points × strata × H × L scores, twice with the shift check),
     and the global minimum (``minimum_starts`` solver runs).  Calibrated on the README's
-    B-softmax run (H = 2, L = 5: 291 drift evaluations to T = 140, 25.6 CPU s in all)."""
+    B-softmax run (H = 2, L = 5: 291 drift evaluations to T = 140, 25.6 CPU s in all), with
+    the ODE's cost per score at :data:`EINF_SECONDS_PER_DRIFT_SCORE` (the value it was
+    calibrated with, which covers einf's per-chunk records and checks)."""
     horizon = min(float(T_max), max(float(T_min), EINF_TYPICAL_T))
-    ode = EINF_EVALS_PER_TIME * horizon * drift_seconds(samples, H, L, strata)
+    per_evaluation = (float(samples) * strata * H * L * EINF_SECONDS_PER_DRIFT_SCORE
+                      + SECONDS_PER_EVALUATION)
+    ode = EINF_EVALS_PER_TIME * horizon * per_evaluation
     solve_once = SOLVER_EVALUATIONS * float(solver_points) * strata * H * L * SECONDS_PER_SCORE
     solver = solve_once * (2 if shift_check else 1) if solve else 0.0
     return runs * (ode + solver) + minimum_starts * solve_once
