@@ -263,3 +263,23 @@ def test_estimates_are_calibrated_on_the_measured_runs():
     ode = 720 * rs.drift_seconds(20_000, 2, 5, 2)
     for name, measured in MEASURED_ODE_CPU.items():
         assert measured <= ode <= rs.ESTIMATE_FACTOR * measured, (name, ode, measured)
+
+
+def test_an_unconverged_einf_has_no_error_bar(capsys):
+    """--T-max far too short for --tol: the runs stop unconverged, E is at the last state, and
+    the CLI says so (abs_err null with a reason in --json; 'unknown' in the table) instead of
+    the tiny error of evaluating E there (8.9e-16 was printed)."""
+    argv = ["einf", "--activation", "softmax", "--L", "2", "--nu", "2,2", "--H", "2",
+            "--runs", "1", "--samples", "64", "--no-global-min", "--no-solve", "--T-max", "20",
+            "--chunk", "10", "--tol", "1e-9", "--error-method", "mc", "--error-samples", "1000",
+            "--no-progress"]
+    assert main(argv + ["--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["converged"] == [False]
+    assert data["abs_err"] is None and "not converged" in data["abs_err_reason"]
+    run = data["runs"][0]
+    assert run["abs_err"] is None and run["abs_err_total"] is None and run["abs_err_reason"]
+    assert main(argv) == 0
+    text = capsys.readouterr().out.splitlines()
+    assert text[0].startswith("E_inf = ") and "+/- unknown (not converged)" in text[0]
+    assert "+/- unknown (not converged)" in text[1]
