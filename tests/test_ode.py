@@ -310,17 +310,18 @@ def test_stage_estimate_of_h_lambda_is_the_local_rate():
 
 
 def test_a_trajectory_that_stiffens_later_is_stopped_naming_the_time():
-    """h = 0.5 resolves t = 0 (hλ = 0.5) but not t ≳ 1.4; the exact solution decays as
-    exp(-t - t³/3) while unchecked RK4 at hλ ≈ 5 grows (|R(-5)| = 13)."""
+    """h = 0.5 resolves t = 0 (hλ = 0.5) but RK4 is unstable from t ≈ 2.1 (hλ > 2.785); the
+    exact solution decays as exp(-t - t³/3) while unchecked RK4 at hλ ≈ 5 grows
+    (|R(-5)| = 13)."""
     from theory_kit.ode import MAX_STEP_RATE, StepError, StepWatch, rk4_step
     y, t, h = np.array([1.0]), 0.0, 0.5
     watch = StepWatch(_StiffeningSystem)
     with pytest.raises(StepError, match=r"^dt: the RK4 step 0.5 does not resolve the dynamics "
-                                        r"at t = (1\.5|2): ") as info:
+                                        r"at t = (2\.5|3): ") as info:
         while t < 5:
             y = watch.step(t, y, h)
             t += h
-    assert 1.0 < t <= 2.0 and "dt <= " in str(info.value)
+    assert 2.0 < t <= 3.0 and "dt <= " in str(info.value)
     # what the refusal prevents: unchecked RK4 grows where the solution decays
     y = np.array([1.0])
     for k in range(8):
