@@ -18,24 +18,20 @@ from theory_kit import codegen, derive
 from theory_kit.activations import get_activation
 
 
-def best_time(fn, repeats: int = 5) -> float:
+def best_time(fn, repeats: int = 5, clock=time.perf_counter) -> float:
+    """Least ``clock`` time over ``repeats`` calls of ``fn`` (wall time by default)."""
     best = np.inf
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = clock()
         fn()
-        best = min(best, time.perf_counter() - start)
+        best = min(best, clock() - start)
     return best
 
 
 def best_cpu(fn, repeats: int = 5) -> float:
     """Least CPU time (``time.process_time``: every thread of this process) over ``repeats``
     calls: on a shared machine it counts the work done, not the time waited for a core."""
-    best = np.inf
-    for _ in range(repeats):
-        start = time.process_time()
-        fn()
-        best = min(best, time.process_time() - start)
-    return best
+    return best_time(fn, repeats, time.process_time)
 
 
 def main() -> None:

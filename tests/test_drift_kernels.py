@@ -197,3 +197,20 @@ def test_reductions_fused_in_order_and_shared_up_to_index_order():
     assert [r.name for r in low.reductions] == ["r0", "r1", "r2", "r3"]
     groups = [[r.name for r in grp] for grp in nb._fused_groups(low.reductions)]
     assert groups == [["r0"], ["r1"], ["r2", "r3"]]
+
+
+@pytest.mark.parametrize("shape, n", [((2,), 1554), ((6, 2, 2), 24 * 300), ((2,) * 7, 128 * 3)])
+def test_compiled_gather_packs_the_same_lanes_as_numpy_indexing(shape, n):
+    """``pack_rows`` (one compiled pass) and NumPy fancy indexing give the same packed lanes."""
+    mod = codegen.load_numba_module(get_activation("softmax"))
+    rng = np.random.default_rng(n)
+    g, theta, w = rng.standard_normal((n, 3, 4)), rng.standard_normal((n, 2)), rng.random(n)
+    ref = codegen.pack_lanes(g, theta, w, shape, 256, int(mod.NB))
+    got = codegen.pack_lanes(g, theta, w, shape, 256, int(mod.NB), mod.pack_rows)
+    for name in ("g", "theta", "weights"):
+        assert np.array_equal(getattr(got, name), getattr(ref, name)), name
+    # stratum i of group q sits at position i * per + q of its pass (sub-block, lane)
+    nb, per, reps = int(mod.NB), ref.per, int(np.prod(shape))
+    assert np.array_equal(ref.g[per // nb, :, :, per % nb], g[1])    # group 0, stratum 1
+    if per > 1:
+        assert np.array_equal(ref.g[0, :, :, 1], g[reps])           # group 1, stratum 0

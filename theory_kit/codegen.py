@@ -634,7 +634,8 @@ class CompiledIntegrand:
              shape: tuple[int, ...]) -> "PackedLanes":
         """The sample set in the lane layout of :meth:`group_sums` (see :func:`pack_lanes`);
         pack once, reuse for every state of a trajectory."""
-        return pack_lanes(g, theta, weights, shape, self.BLOCK, int(self.module.NB))
+        return pack_lanes(g, theta, weights, shape, self.BLOCK, int(self.module.NB),
+                          self.module.pack_rows)
 
     def group_sums(self, g: np.ndarray | None, theta: np.ndarray | None,
                    weights: np.ndarray | None, R: np.ndarray, M: np.ndarray, Q: np.ndarray,
@@ -694,10 +695,11 @@ class PackedLanes:
 
 
 def pack_lanes(g: np.ndarray, theta: np.ndarray, weights: np.ndarray, shape: tuple[int, ...],
-               block: int, nb: int) -> PackedLanes:
+               block: int, nb: int, gather: Callable | None = None) -> PackedLanes:
     """Gather rows (g (n, H, L), θ (n, F), weights (n,); groups of reps = Π shape consecutive
     rows) into the lanes of :class:`PackedLanes`: ``per`` = max(1, nb // reps) groups per pass,
-    ``subs`` = ⌈per·reps / nb⌉ sub-blocks of nb lanes per pass."""
+    ``subs`` = ⌈per·reps / nb⌉ sub-blocks of nb lanes per pass.  ``gather(X, rows, out)``: the
+    compiled one-pass gather ``pack_rows`` of the numba module (else NumPy indexing)."""
     g = np.asarray(g, dtype=float)
     n, H, L = g.shape
     reps = int(np.prod(shape, dtype=int))
@@ -714,10 +716,20 @@ def pack_lanes(g: np.ndarray, theta: np.ndarray, weights: np.ndarray, shape: tup
     p = np.minimum(np.arange(subs * nb), positions - 1)
     stratum, q = p // per, p % per
     rows = (q0[:, None] + np.minimum(q[None, :], nq[:, None] - 1)) * reps + stratum[None, :]
-    rows = rows.reshape(-1, nb)
-    gP = np.ascontiguousarray(g[rows].transpose(0, 2, 3, 1))
-    thP = np.ascontiguousarray(np.asarray(theta, dtype=float)[rows].transpose(0, 2, 1))
-    wP = np.ascontiguousarray(np.asarray(weights, dtype=float)[rows])
+    rows = np.ascontiguousarray(rows.reshape(-1, nb), dtype=np.int64)
+    theta = np.ascontiguousarray(theta, dtype=float)
+    weights = np.ascontiguousarray(weights, dtype=float)
+    if gather is None:
+        gP = np.ascontiguousarray(g[rows].transpose(0, 2, 3, 1))
+        thP = np.ascontiguousarray(theta[rows].transpose(0, 2, 1))
+        wP = np.ascontiguousarray(weights[rows])
+    else:
+        gP, thP, wP = (np.empty((len(rows), x, y, nb)) for x, y in ((H, L), (theta.shape[1], 1),
+                                                                    (1, 1)))
+        for X, out in ((np.ascontiguousarray(g), gP), (theta[:, :, None], thP),
+                       (weights[:, None, None], wP)):
+            gather(X, rows, out)
+        thP, wP = thP.reshape(len(rows), -1, nb), wP.reshape(len(rows), nb)
     return PackedLanes(gP, thP, wP, tuple(int(x) for x in shape), int(block), per, subs,
                        n_groups)
 

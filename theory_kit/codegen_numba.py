@@ -648,6 +648,17 @@ def _lanes_from_rows(X, r0, nb, out):
                 out[x, y, j] = X[r, x, y]
 
 
+@njit(cache=True, fastmath=False, error_model='numpy', nogil=True)
+def pack_rows(X, rows, out):
+    """out[s, x, y, j] = X[rows[s, j], x, y]: rows (n_sub, NB) gathered into lanes (one pass)."""
+    A, B = X.shape[1], X.shape[2]
+    for s in range(rows.shape[0]):
+        for x in range(A):
+            for y in range(B):
+                for j in range(NB):
+                    out[s, x, y, j] = X[rows[s, j], x, y]
+
+
 @njit(cache=True, fastmath=False, error_model='numpy')
 def _theta_lanes(theta, r0, nb, th):
     for j in range(NB):
