@@ -267,6 +267,71 @@ def test_stop_rule_and_settings_validate():
     assert not rule.converged(60.0, [5e-4, 2.5e-4])           # too few chunks to judge
 
 
+@pytest.mark.parametrize("name", ["softmax1", "bsoftmax"])
+def test_sampled_flow_is_the_gradient_flow_ode(name):
+    """The hand-over flow on K = [M | P] (``einf.SampledFlow``: −½ ∂E_n/∂K from the sample
+    kernels' vector-Jacobian products) against the ODE's own right-hand side (generated drift
+    integrands, Monte Carlo engine, γ² term dropped, τ = γ t) at a generic state: dM/dτ,
+    dQ/dτ = K̇ Kᵀ + K K̇ᵀ and db/dτ (softmax-1 trains b) agree within the two estimates'
+    sampling errors."""
+    from theory_kit.ode import build_system
+    act = get_activation(name)
+    H = 2
+    M = np.array([[0.9, 0.3], [-0.2, 0.7]])
+    Q = M @ M.T + np.array([[0.5, 0.1], [0.1, 0.4]])
+    b = act.b_default(H, TASK.L) + np.array([0.3, -0.2])
+    state = State(M, Q, act.a_default(H, TASK.L), b)
+    obj = einf.SampledError(TASK, act, H, state.a, b, act.train_a, act.train_b, n=2 ** 13,
+                            seed=3)                         # b0 = b where b is not trained
+    flow = einf.SampledFlow(obj, FAST)
+    x = flow.obj.pack_state(state)
+    xdot = flow.rate(0.0, x)
+    K, Kdot = flow.obj.unpack(x)[0], flow.obj.unpack(xdot)[0]
+    engine = einf.RunSettings(n_samples=50_000, mc_seed=5).engine()
+    system, _ = build_system(TASK, act, H, engine, 1.0, None, None, None, None, True, True)
+    dM, dQ, _, db = system.split(system.rhs(0.0, system.join(M, Q, state.a, b)))
+    assert np.allclose(Kdot[:, :2], dM, atol=3e-3, rtol=0.02)
+    assert np.allclose(Kdot @ K.T + K @ Kdot.T, dQ, atol=3e-3, rtol=0.02)
+    if act.train_b:
+        assert np.allclose(flow.obj.unpack(xdot)[2], db, atol=1e-3, rtol=0.02)
+    assert np.max(np.abs(dM)) > 0.05                       # the test point is not stationary
+    end, e_end = flow(state, 5.0)                          # and the flow lowers E_n
+    assert e_end < flow.obj.value_and_grad(x)[0]
+
+
+def test_uncertified_einf_carries_no_error_bar():
+    """An unconverged or uncertified run must not report the tiny error of *evaluating* E at
+    its last point as the error of E∞ (issue #13: ``einf --T-max 40`` printed abs_err 8.9e-16):
+    the API gives inf with a reason, strict JSON null; a certified run keeps its finite one."""
+    act = get_activation("bsoftmax")
+    ic = InitialCondition.draw(act, 2, 2, 5, 10_000, 1.0, seed=0)
+    short = einf.RunSettings(gradient_flow=True, n_samples=100, rule=einf.StopRule(
+        tol=1e-3, chunk=2.0, window=2, T_max=4.0), error_method="quad", solve=False)
+    run = einf.run_to_convergence(TASK, act, ic, short, progress=False)
+    assert not run.converged and run.error.abs_err < 1e-6        # E itself is precise there
+    assert run.abs_err_total == np.inf and "not converged" in run.abs_err_reason
+    res = einf.EinfResult([run], [[0]], None, None, {"settings": short.params()})
+    d = json.loads(json.dumps(res.to_dict(), allow_nan=False))     # strict JSON
+    assert d["abs_err"] is None and "not certified" in d["abs_err_reason"]
+    assert d["runs"][0]["abs_err"] is None and d["runs"][0]["evaluation_abs_err"] < 1e-6
+    assert "no error bar" in einf.summary(res)
+    again = einf.EinfRun.from_dict(res.to_dict()["runs"][0])
+    assert again.error.abs_err == run.error.abs_err and again.abs_err_total == np.inf
+    # a solver that ends at a saddle: not certified either, whatever its drift norm
+    saddle = fp_certificate("saddle")
+    fixed = einf.FixedPoint(run.state, saddle, "test", 0.1, [], 0, 0.0)
+    bad = einf.EinfRun(0, run.state, run.error, 4.0, saddle.certified, [], {}, fixed=fixed)
+    assert bad.abs_err_total == np.inf and "saddle" in bad.abs_err_reason
+    good_cert = fp_certificate("minimum")
+    good = einf.EinfRun(0, run.state, run.error, 4.0, good_cert.certified, [], {},
+                        fixed=einf.FixedPoint(run.state, good_cert, "test", 0.1, [], 0, 0.0))
+    assert good.abs_err_total == run.error.abs_err and good.abs_err_reason is None
+
+
+def fp_certificate(kind: str) -> "einf.Certificate":
+    return einf.Certificate(1e-12, 1e-8, -0.5 if kind == "saddle" else 0.5, 1e-7, kind, 0)
+
+
 # ----------------------------------------------------------------------------- CLI
 def test_cli_einf_json(capsys):
     code = main(["einf", "--activation", "bsoftmax", "--H", "2", "--L", "5", "--nu", "2,2",

@@ -275,6 +275,28 @@ def test_bsoftmax_with_fewer_heads_than_atoms_stays_above_the_bayes_error():
     assert abs(paired.value - gap) < 4 * (paired.abs_err + run.abs_err_total) + 1e-3 * gap
 
 
+@pytest.mark.slow
+def test_bsoftmax_f4_nu10_with_fewer_heads_than_atoms_stays_above_the_bayes_error():
+    """F = 4, flipping ν_f = 10 (8 atoms), H = 2 < 8, L = 5 (Fig. 4 left at H = 2): the
+    certified E∞ stays far above E_Bayes ≈ 1.5e-4 — by many error bars of both — and the
+    gap agrees with the paired estimate E‖w − p‖² (``einf.bayes_excess``, second method)."""
+    task = Task(5, make_prior("flipping", nu=[10.0] * 4))
+    act = get_activation("bsoftmax")
+    s = einf.RunSettings(gradient_flow=True, n_samples=100, rule=einf.StopRule(
+        tol=0.1, chunk=10.0, window=2, T_max=40.0), rtol=1e-4, error_method="mc",
+        error_samples=20_000, solver_points=2 ** 10, shift_check=False)
+    ic = InitialCondition.draw(act, 2, 4, 5, 10_000, 1.0, seed=0)
+    run = einf.run_to_convergence(task, act, ic, s, progress=False)
+    assert run.certificate.certified
+    floor = einf.bayes_floor(task, "mc", 100_000)
+    gap = run.error.value - floor.value
+    assert gap > 1e-3 and gap > 10 * np.hypot(run.abs_err_total, floor.abs_err)
+    paired = einf.bayes_excess(task, act, run.state, n=50_000)
+    assert paired.value > 1e-3 and paired.value > 20 * paired.abs_err
+    assert abs(paired.value - gap) < 4 * np.hypot(paired.abs_err, np.hypot(run.abs_err_total,
+                                                                          floor.abs_err))
+
+
 def test_json_of_a_run_round_trips_with_its_certificate(small_run):
     d = small_run.to_dict()
     for key in ("certified", "drift_norm", "min_eigenvalue", "solver", "T_handoff"):

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
-from scipy import optimize
+from scipy import integrate, optimize
 from scipy.optimize import linear_sum_assignment
 
 from .activations import Activation, activation_from_params, get_activation
@@ -49,6 +49,7 @@ from .progress import progress_bar
 from .results import Checkpoint, read_json, to_jsonable, write_json
 
 MAX_SIGN_PATTERNS = 256
+FLOWS = ("ode", "sampled")
 
 
 # ----------------------------------------------------------------------------- precise E
@@ -307,15 +308,37 @@ class EinfRun:
 
     @property
     def abs_err_total(self) -> float:
-        """hypot(evaluation error, sample shift) — the error bar to use for E∞ of this run."""
+        """hypot(evaluation error, sample shift) — the error bar to use for E∞ of this run;
+        inf when the run is not certified (or, without solver, not converged): E is then known
+        at a point that is not the fixed point, and the small error of evaluating E there says
+        nothing about E∞ (``abs_err_reason`` says why)."""
+        if not self.converged:
+            return float("inf")
         shift = 0.0 if not np.isfinite(self.sample_shift) else self.sample_shift
         return float(np.hypot(self.error.abs_err, shift))
 
+    @property
+    def abs_err_reason(self) -> str | None:
+        """None for a certified run, else why its E∞ carries no error bar."""
+        if self.converged:
+            return None
+        cert = self.certificate
+        if cert is None:
+            return f"not converged: the stop rule did not hold by T = {self.T:g}"
+        return (f"not certified ({cert.kind}; drift norm {cert.drift_norm:.2g}, tolerance "
+                f"{cert.drift_tol:.2g}): E is evaluated at a point that is not a certified "
+                "fixed point")
+
     def to_dict(self) -> dict:
+        """The run as JSON: ``abs_err`` is the error bar of E∞ (evaluation error ⊕ sample
+        shift), null when the run is not certified (``abs_err_reason``); ``evaluation_abs_err``
+        is the error of evaluating E at the reported state, whatever that state is."""
         cert = self.certificate
         fixed = None if self.fixed is None else {k: v for k, v in self.fixed.to_dict().items()
                                                  if k != "state"}
-        return {"seed": self.seed, "einf": self.error.value, "abs_err": self.error.abs_err,
+        return {"seed": self.seed, "einf": self.error.value, "abs_err": self.abs_err_total,
+                "abs_err_reason": self.abs_err_reason,
+                "evaluation_abs_err": self.error.abs_err,
                 "method": self.error.method, "sample_shift": self.sample_shift,
                 "abs_err_total": self.abs_err_total, "T": self.T, "T_handoff": self.T,
                 "converged": self.converged,
@@ -331,7 +354,7 @@ class EinfRun:
 
     @classmethod
     def from_dict(cls, d: dict) -> "EinfRun":
-        err = ErrorResult(d["einf"], d["abs_err"], d["method"])
+        err = ErrorResult(d["einf"], d.get("evaluation_abs_err", d["abs_err"]), d["method"])
         speeds = d["history"]["speed"]
         state = State(d["M"], d["Q"], d["a"], d["b"])
         fixed = (None if d.get("fixed_point") is None
@@ -382,7 +405,15 @@ class RunSettings:
     saddles may be passed.  With ``shift_check`` the fixed point is solved again on an
     independent sample set to measure the shift of E (``EinfRun.sample_shift``).  A gradient-flow
     solution whose sampled E disagrees with the precise E is solved again with 4x the points,
-    up to ``solver_refine`` times (:func:`solve_checked`)."""
+    up to ``solver_refine`` times (:func:`solve_checked`).
+
+    ``flow`` is how the state gets to the hand-over: ``ode`` integrates the order-parameter ODE
+    on the drift engine ``drift`` (``n_samples`` draws); ``sampled`` (gradient flow only)
+    integrates the same gradient flow dK/dτ = −½ ∂E/∂K (and −½ ∂E/∂b, ∂E/∂a for trained
+    scalars) on K = [M | P] with E the solver's objective (:func:`flow_objective`).  The two are one
+    flow (Q = K Kᵀ, M = K[:, :F]) with different estimates of the expectations; ``sampled`` needs
+    only the sample kernels the solver compiles anyway, not the drift kernels (≈ 15–30 s of
+    numba compilation per activation, the dominant cost of a short cold run)."""
 
     gamma: float = 1.0
     gradient_flow: bool = False
@@ -405,6 +436,7 @@ class RunSettings:
     max_escapes: int = 4
     shift_check: bool = True
     solver_refine: int = 2
+    flow: str = "ode"
 
     def __post_init__(self) -> None:
         for name in ("gamma", "dt", "rtol", "atol", "drift_tol"):
@@ -422,6 +454,11 @@ class RunSettings:
         check_int(self.solver_refine, "solver_refine", 0)
         if self.drift not in ENGINES:
             fail("drift", f"must be one of {', '.join(ENGINES)}", self.drift)
+        if self.flow not in FLOWS:
+            fail("flow", f"must be one of {', '.join(FLOWS)}", self.flow)
+        if self.flow == "sampled" and not self.gradient_flow:
+            fail("flow", "'sampled' integrates gradient flow only (needs gradient_flow=True)",
+                 self.flow)
         if self.solver_sampling not in POINTS:
             fail("solver_sampling", f"must be one of {', '.join(POINTS)}", self.solver_sampling)
 
@@ -461,13 +498,17 @@ def run_to_convergence(task: Task, act: Activation, ic: InitialCondition,
     hist: dict = {"t": [0.0], "error_ode": [], "speed": []}
     if saved:
         state, t, hist = State(**saved["state"]), saved["t"], saved["history"]
-    engine, rule = settings.engine(task, act, ic.state.H), settings.rule
+    rule = settings.rule
+    engine = None if settings.flow == "sampled" else settings.engine(task, act, ic.state.H)
+    advance = (SampledFlow(flow_objective(task, act, ic.state.H, settings), settings)
+               if engine is None else
+               lambda st, span: _advance(task, act, st, span, settings, engine))
     bar = (progress_bar(rule.T_max, f"einf seed {ic.seed}", unit="t", initial=t)
            if progress else None)
     try:
         while t < rule.T_max and not rule.converged(t, hist["speed"]):
             span = min(rule.chunk, rule.T_max - t)
-            new, error_ode = _advance(task, act, state, span, settings, engine)
+            new, error_ode = advance(state, span)
             speed = relative_speed(state, new, span)
             state, t = new, t + span
             for key, val in (("t", t), ("error_ode", error_ode), ("speed", speed)):
@@ -594,6 +635,48 @@ def _advance(task: Task, act: Activation, state: State, span: float, settings: R
     return end, float(traj.error[-1])
 
 
+def flow_objective(task: Task, act: Activation, H: int, settings: RunSettings) -> SampledError:
+    """The sampled gradient flow's E: the solver's own objective (same points), so the flow
+    hands over a point on the descent path of the very function the solver minimises.
+    Measured on Fig. 4 quick: this flow handed 2 of 12 runs (B-softmax F = 4, H = 2; softmax-1
+    F = 2, ν = 8) over to saddles the solver did not leave, the ``ode`` flow none, so Fig. 4
+    keeps ``ode``; on 100 points of its own (seed apart) it was 1 of 12."""
+    return solver_objective(task, act, H, settings)
+
+
+class SampledFlow:
+    """Gradient flow on x = (K, trained a, b) of a :class:`SampledError`:
+
+        dx/dτ = −½ ∂E_n/∂x,
+
+    which is the order-parameter ODE of docs/theory.md §5 without the γ² term (clock τ = γ t,
+    γ_a = γ_b = γ): with k_h ∈ R^D moving by −(γ/D)∇ ½(y − ŷ)², the keys' components in the
+    span of U and the keys themselves move by −½ ∂E/∂K, and M = K[:, :F], Q = K Kᵀ follow.
+    Integrated by ``solve_ivp`` (RK45 at the settings' rtol, atol).  Called with the state it
+    returned last, it continues from its own x (re-factorising Q − M Mᵀ would rotate P, and
+    the sampled E is gauge invariant only as n → ∞)."""
+
+    def __init__(self, obj: SampledError, settings: RunSettings) -> None:
+        self.obj, self.settings = obj, settings
+        self.last: tuple[State, np.ndarray] | None = None
+
+    def rate(self, _t: float, x: np.ndarray) -> np.ndarray:
+        return -0.5 * self.obj.value_and_grad(x)[1]
+
+    def __call__(self, state: State, span: float) -> tuple[State, float]:
+        """(state after ``span`` time units, sampled E there)."""
+        x0 = self.last[1] if self.last is not None and self.last[0] is state else \
+            self.obj.pack_state(state)
+        sol = integrate.solve_ivp(self.rate, (0.0, span), x0, method="RK45",
+                                  rtol=self.settings.rtol, atol=self.settings.atol)
+        if not sol.success:
+            fail("flow", "the sampled gradient flow failed (" + sol.message + ")", "sampled")
+        x = sol.y[:, -1]
+        end = self.obj.state(x)
+        self.last = (end, x)
+        return end, float(self.obj.value_and_grad(x)[0])
+
+
 def run_params(task: Task, act: Activation, ic: InitialCondition,
                settings: RunSettings) -> dict:
     """Everything that fixes a run of :func:`run_to_convergence` (stored with its result)."""
@@ -676,12 +759,22 @@ class EinfResult:
         independent sample sets (at a minimum any shift raises E, by O(1/n))."""
         return float(np.sqrt(np.sum([r.abs_err_total ** 2 for r in self.runs])) / len(self.runs))
 
+    @property
+    def abs_err_reason(self) -> str | None:
+        """None when every run is certified (``abs_err`` finite), else which runs are not."""
+        bad = [r.seed for r in self.runs if not r.converged]
+        if not bad:
+            return None
+        return (f"runs with seed {', '.join(map(str, bad))} not certified: the mean includes "
+                "E at points that are not certified fixed points, so it has no error bar")
+
     def to_dict(self) -> dict:
         values = [r.error.value for r in self.runs]
         best = self.runs[int(np.argmin(values))]
         group_of = {i: k for k, g in enumerate(self.groups) for i in g}
         runs = [{**r.to_dict(), "group": group_of[i]} for i, r in enumerate(self.runs)]
         out = {"einf": self.mean, "einf_runs": values, "abs_err": self.abs_err,
+               "abs_err_reason": self.abs_err_reason,
                "einf_std": float(np.std(values, ddof=1)) if len(values) > 1 else 0.0,
                "converged": [r.converged for r in self.runs],
                "certified": [r.converged for r in self.runs],
@@ -798,14 +891,19 @@ def _run_status(run: dict) -> str:
             f"{run['min_eigenvalue']:.2g}{saddles}; solver from T = {run['T']:g}")
 
 
+def _plus_minus(abs_err: float | None) -> str:
+    """'+/- err', or the absence of an error bar said in words (uncertified runs)."""
+    return "(no error bar: not certified)" if abs_err is None else f"+/- {abs_err:.2g}"
+
+
 def summary(result: EinfResult) -> str:
     """A few lines for people: E∞ per run and group, the floors, γ."""
     d = result.to_dict()
     mode = "gradient flow" if d["gradient_flow"] else f"gamma = {d['gamma']:g}"
-    lines = [f"E_inf = {d['einf']:.6g} +/- {d['abs_err']:.2g} (mean of {len(d['einf_runs'])} runs, "
-             f"spread {d['einf_std']:.2g}; {mode})"]
+    lines = [f"E_inf = {d['einf']:.6g} {_plus_minus(d['abs_err'])} (mean of "
+             f"{len(d['einf_runs'])} runs, spread {d['einf_std']:.2g}; {mode})"]
     for run in d["runs"]:
-        lines.append(f"  run seed {run['seed']}: {run['einf']:.6g} +/- {run['abs_err_total']:.2g} "
+        lines.append(f"  run seed {run['seed']}: {run['einf']:.6g} {_plus_minus(run['abs_err'])} "
                      f"{_run_status(run)}")
     if len(d["groups"]) > 1:
         lines.append(f"  {len(d['groups'])} different end points: " + "; ".join(

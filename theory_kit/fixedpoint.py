@@ -505,15 +505,28 @@ def solve_gradient_flow(obj: SampledError, state: State, tol: float = DRIFT_TOL,
             if local.kind == "minimum":
                 x = _newton(obj, x, local.Z, local.Hq, tol)
             break
-        saddles.append({"sampled_error": obj.value_and_grad(x)[0],
-                        "min_eigenvalue": float(local.eigs[0]),
+        value = obj.value_and_grad(x)[0]
+        saddles.append({"sampled_error": value, "min_eigenvalue": float(local.eigs[0]),
                         "state": obj.state(x).to_dict()})
+        if _stalled(saddles):
+            break
         if attempt < max_escapes:
             x = escape(obj, x, local.vecs[:, 0])
     cert = _certificate(obj, x, local, tol)
     return FixedPoint(obj.state(x), cert, "L-BFGS + Newton on K = [M | P] (quotient Hessian)",
                       float(obj.value_and_grad(x)[0]), saddles, obj.evaluations - evals0,
                       time.perf_counter() - start)
+
+
+def _stalled(saddles: list[dict], rtol: float = 1e-9) -> bool:
+    """Whether the last escape gained nothing: the saddle it reached lies within
+    rtol·max(1, |E|) of the one it left.  Measured at F = 4, ν = 10, H = 4 on 2^11 points: four
+    escapes lowered E by 3e-11 in all while the keys ran off to |K| ~ 500 (a sampled objective
+    flat at large keys); further escapes only cost (~10 s each) and the point stays a saddle."""
+    if len(saddles) < 2:
+        return False
+    before, after = saddles[-2]["sampled_error"], saddles[-1]["sampled_error"]
+    return before - after <= rtol * max(1.0, abs(before))
 
 
 def escape(obj: SampledError, x: np.ndarray, v: np.ndarray) -> np.ndarray:

@@ -251,7 +251,14 @@ class EinfResult(Result):
 
     @property
     def abs_err(self) -> float:
-        return float(self.data["abs_err"])
+        """The error bar of the mean E∞; inf when a run is not certified (JSON null, the
+        reason in ``abs_err_reason``)."""
+        err = self.data["abs_err"]
+        return float("inf") if err is None else float(err)
+
+    @property
+    def abs_err_reason(self) -> str | None:
+        return self.data.get("abs_err_reason")
 
     @property
     def runs(self) -> list[dict]:
@@ -261,9 +268,10 @@ class EinfResult(Result):
         d = self.data
         bayes = d.get("bayes")
         floor = f", E_Bayes={bayes:.6g}" if bayes is not None else ""
+        bar = (f"+/- {self.abs_err:.2g}" if np.isfinite(self.abs_err)
+               else "(no error bar: not certified)")
         return (f"EinfResult({_setting_text(self.params)}; {len(self.runs)} runs, "
-                f"{len(d.get('groups', []))} group(s); E_inf={self.value:.6g} +/- "
-                f"{self.abs_err:.2g}{floor})")
+                f"{len(d.get('groups', []))} group(s); E_inf={self.value:.6g} {bar}{floor})")
 
     def plot(self, other: "Result | None" = None, ax: Any = None) -> Any:
         """E∞ of each run (dots), the mean, and the Bayes floor (dashed)."""

@@ -7,7 +7,9 @@ every f, E∞ against the number of heads H; right: F = 2, H = 4, against the si
 minimum and E∞ depends on γ (docs/theory.md §6); initial overlaps drawn at D = 10^4; Monte Carlo
 drift with fixed samples until ``einf.StopRule`` hands over (the state has left the plateau
 and its speed falls) or T_max; then the fixed point is solved for and certified
-(``theory_kit.fixedpoint``: local minimum of E on ``solver_points`` importance-tilted Sobol
+(``theory_kit.fixedpoint``: local minimum of E on ``solver_points`` (``solver_points_left`` at
+F = 4, ν = 10, where 2^11 points let the keys of B-softmax and softmax-1 at H = 4 run off to
+|K| ~ 500 on a sample-fitting saddle) importance-tilted Sobol
 points with the Bayes posterior as control variate, drift norm ≤ 1e-8, quotient Hessian
 positive, saddles escaped, sampled E consistent with the precise one, else solved again with
 more points).  Runs that fail the certificate are drawn hollow; runs of one point
@@ -60,6 +62,7 @@ class Plan:
     T_max: float
     chunk: float
     solver_points: int = 2 ** 11
+    solver_points_left: int = 2 ** 11
     L: int = 5
     eta: float = 1.0
     D: int = 10_000
@@ -68,12 +71,15 @@ class Plan:
     H_right: int = 2 * 2
     F_right: int = 2
 
-    def settings(self) -> einf.RunSettings:
+    def settings(self, point: dict | None = None) -> einf.RunSettings:
+        """The run settings of ``point`` (the left panel's solver points for F = F_left)."""
         rule = einf.StopRule(tol=self.tol, chunk=self.chunk, window=2, T_max=self.T_max)
+        left = point is not None and point["panel"] == "H"
         return einf.RunSettings(gamma=1.0, gradient_flow=True, rule=rule, rtol=1e-4,
                                 n_samples=self.n_samples, error_method="mc",
                                 error_samples=self.error_samples,
-                                solver_points=self.solver_points, shift_check=False)
+                                solver_points=self.solver_points_left if left
+                                else self.solver_points, shift_check=False)
 
     def points(self) -> list[dict]:
         """One dict per (panel, x): the task parameters and H."""
@@ -89,9 +95,11 @@ class Plan:
 
 # The ODE only has to leave the plateau: hand-over at a 10% geometric tail, T_max 100.
 FULL = Plan(H_values=(1, 2, 4, 8), nu_values=(0.5, 1.0, 2.0, 4.0, 8.0), runs=5, n_samples=400,
-            error_samples=40_000, tol=0.1, T_max=100.0, chunk=20.0, solver_points=2 ** 11)
+            error_samples=40_000, tol=0.1, T_max=100.0, chunk=20.0, solver_points=2 ** 11,
+            solver_points_left=2 ** 12)
 QUICK = Plan(H_values=(1, 2), nu_values=(2.0, 8.0), runs=1, n_samples=100,
-             error_samples=20_000, tol=0.1, T_max=40.0, chunk=10.0, solver_points=2 ** 10)
+             error_samples=20_000, tol=0.1, T_max=40.0, chunk=10.0, solver_points=2 ** 10,
+             solver_points_left=2 ** 10)
 
 
 def plan(quick: bool) -> Plan:
@@ -102,26 +110,42 @@ def task_of(point: dict, p: Plan) -> Task:
     return Task(p.L, make_prior("flipping", nu=[point["nu"]] * point["F"]))
 
 
+# Measured CPU costs (single core, kernels compiled): a solver evaluation of E and its
+# gradient costs EVAL_FIXED + EVAL_ROW per sample row × head × token (rows = points × atoms,
+# the θ strata; 48 ms at F = 4, H = 8, 2^11 points), a run takes ≈ 40 + 3·dim of them
+# (L-BFGS, the quotient Hessian by central differences, probes: 31–213 measured on the quick
+# plan), the ODE until hand-over ≈ 1.6 drift evaluations per time unit.
+EVAL_FIXED = 2e-3
+EVAL_ROW = 7e-8
+
+
+def run_seconds(point: dict, p: Plan, points: int) -> float:
+    """CPU seconds of one run of ``point`` (ODE to hand-over, solver, E by Monte Carlo)."""
+    atoms, H, F = 2 ** (point["F"] - 1), point["H"], point["F"]
+    ode = 1.6 * p.T_max * (4e-8 * p.n_samples * atoms * H ** 2 * p.L + 2e-3)
+    evals = 40 + 3 * H * (F + H + 1)
+    solver = evals * (EVAL_FIXED + EVAL_ROW * points * atoms * H * p.L)
+    return ode + solver + 1e-6 * p.error_samples * atoms * H * p.L
+
+
 def estimate_seconds(quick: bool) -> float:
-    """Rough single-core cost: ODE drift evaluations ∝ T_max · samples · atoms · H², solver
-    evaluations (≈ 150 L-BFGS + 2·dim for the Hessian) ∝ points · atoms · H · L each."""
+    """Single-core CPU seconds of the figure (the runner shares them among the workers and
+    adds kernel compiles and start-up): every run (:func:`run_seconds`) and the Bayes floor of
+    every point."""
     p = plan(quick)
     cost = 0.0
     for pt in p.points():
-        atoms, H = 2 ** (pt["F"] - 1), pt["H"]
-        per_eval = 4e-8 * p.n_samples * atoms * H ** 2 * p.L + 2e-3
-        solver = (150 + 2 * H * (pt["F"] + H)) * (1.5e-7 * p.solver_points * atoms * H * p.L
-                                                   + 1e-3)
-        cost += len(ACTIVATIONS) * p.runs * (1.6 * p.T_max * per_eval + solver + 1e-6
-                                             * p.error_samples * atoms * H * p.L)
-    return 5.0 + cost
+        points = p.settings(pt).solver_points
+        cost += len(ACTIVATIONS) * p.runs * run_seconds(pt, p, points)
+        cost += 2e-6 * p.error_samples * 2 ** (pt["F"] - 1) * p.L
+    return cost
 
 
 def _run(job: tuple) -> einf.EinfRun:
     point, name, seed, p, out = job
     task, act = task_of(point, p), get_activation(name)
     ic = InitialCondition.draw(act, point["H"], task.F, task.L, p.D, p.eta, seed)
-    return einf.run_to_convergence(task, act, ic, p.settings(), out=out, progress=False)
+    return einf.run_to_convergence(task, act, ic, p.settings(point), out=out, progress=False)
 
 
 def compute(quick: bool, workdir: Path, jobs: int = 1, executor: object | None = None) -> dict:
@@ -146,6 +170,7 @@ def compute(quick: bool, workdir: Path, jobs: int = 1, executor: object | None =
             row["activations"][name] = summarise_runs(mine, task)
         rows.append(row)
     return {"rows": rows, "plan": p.params(), "settings": p.settings().params(),
+            "settings_left": p.settings(p.points()[0]).params(),
             "activations": list(ACTIVATIONS)}
 
 
