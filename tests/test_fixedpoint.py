@@ -297,6 +297,34 @@ def test_bsoftmax_f4_nu10_with_fewer_heads_than_atoms_stays_above_the_bayes_erro
                                                                           floor.abs_err))
 
 
+def test_a_saddle_left_by_the_solver_is_solved_again_on_more_points(monkeypatch):
+    """solve_checked: a solve that ends at a saddle is repeated once from the hand-over point
+    with 4x the points (the sample-fitting saddles of F = 4, ν = 10); a second saddle is
+    reported as it is, never as certified."""
+    act = get_activation("bsoftmax")
+    start = State(np.array([[1.0, 0.2], [0.3, -0.9]]), np.eye(2) * 1.2, np.ones(2), np.zeros(2))
+    calls = []
+
+    def fake_solve(task, act_, state, s, engine=None, offset=0):
+        calls.append(s.solver_points)
+        kind = "saddle" if s.solver_points == 256 or always_saddle else "minimum"
+        cert = fp.Certificate(1e-12, 1e-8, -0.1 if kind == "saddle" else 0.1, 1e-7, kind, 1)
+        obj = einf.solver_objective(task, act_, state.H, s)
+        return fp.FixedPoint(state, cert, "fake", obj.value_and_grad(obj.pack_state(state))[0],
+                             [], 0, 0.0)
+
+    monkeypatch.setattr(einf, "solve_fixed_point", fake_solve)
+    s = settings(solver_points=256, error_method="mc", error_samples=20_000)
+    always_saddle = False
+    fixed, _, used = einf.solve_checked(TASK, act, start, s)
+    assert calls == [256, 1024] and used.solver_points == 1024 and fixed.certificate.certified
+    calls.clear()
+    always_saddle = True
+    fixed, _, used = einf.solve_checked(TASK, act, start, s)
+    assert calls == [256, 1024] and fixed.certificate.kind == "saddle"
+    assert not fixed.certificate.certified
+
+
 def test_json_of_a_run_round_trips_with_its_certificate(small_run):
     d = small_run.to_dict()
     for key in ("certified", "drift_norm", "min_eigenvalue", "solver", "T_handoff"):

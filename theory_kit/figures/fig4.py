@@ -112,9 +112,10 @@ def task_of(point: dict, p: Plan) -> Task:
 
 # Measured CPU costs (single core, kernels compiled): a solver evaluation of E and its
 # gradient costs EVAL_FIXED + EVAL_ROW per sample row × head × token (rows = points × atoms,
-# the θ strata; 48 ms at F = 4, H = 8, 2^11 points), a run takes ≈ 40 + 3·dim of them
-# (L-BFGS, the quotient Hessian by central differences, probes: 31–213 measured on the quick
-# plan), the ODE until hand-over ≈ 1.6 drift evaluations per time unit.
+# the θ strata; 48 ms at F = 4, H = 8, 2^11 points), a run takes ≈ 20 + 4.5·dim of them
+# (L-BFGS, the quotient Hessian by central differences, probes: 31–310 measured on the quick and
+# full plans), the ODE until hand-over ≈ 1.6 drift evaluations per time unit, E by Monte Carlo
+# 2.5e-7 s per draw × atom × head × token (0.2–0.4 s measured at 20 000 draws, F = 4).
 EVAL_FIXED = 2e-3
 EVAL_ROW = 7e-8
 
@@ -123,9 +124,9 @@ def run_seconds(point: dict, p: Plan, points: int) -> float:
     """CPU seconds of one run of ``point`` (ODE to hand-over, solver, E by Monte Carlo)."""
     atoms, H, F = 2 ** (point["F"] - 1), point["H"], point["F"]
     ode = 1.6 * p.T_max * (4e-8 * p.n_samples * atoms * H ** 2 * p.L + 2e-3)
-    evals = 40 + 3 * H * (F + H + 1)
+    evals = 20 + 4.5 * H * (F + H + 1)
     solver = evals * (EVAL_FIXED + EVAL_ROW * points * atoms * H * p.L)
-    return ode + solver + 1e-6 * p.error_samples * atoms * H * p.L
+    return ode + solver + 2.5e-7 * p.error_samples * atoms * H * p.L
 
 
 def estimate_seconds(quick: bool) -> float:
