@@ -49,6 +49,7 @@ from .progress import progress_bar
 from .results import Checkpoint, read_json, to_jsonable, write_json
 
 MAX_SIGN_PATTERNS = 256
+UNKNOWN_ERROR = "+/- unknown (not converged)"   # the text of a run without an error bar
 FLOWS = ("ode", "sampled")
 
 
@@ -897,7 +898,7 @@ def _run_status(run: dict) -> str:
 
 def _plus_minus(abs_err: float | None) -> str:
     """'+/- err', or the absence of an error bar said in words (uncertified runs)."""
-    return "(no error bar: not certified)" if abs_err is None else f"+/- {abs_err:.2g}"
+    return UNKNOWN_ERROR if abs_err is None else f"+/- {abs_err:.2g}"
 
 
 def summary(result: EinfResult) -> str:

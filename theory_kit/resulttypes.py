@@ -269,7 +269,7 @@ class EinfResult(Result):
         bayes = d.get("bayes")
         floor = f", E_Bayes={bayes:.6g}" if bayes is not None else ""
         bar = (f"+/- {self.abs_err:.2g}" if np.isfinite(self.abs_err)
-               else "(no error bar: not certified)")
+               else "+/- unknown (not converged)")
         return (f"EinfResult({_setting_text(self.params)}; {len(self.runs)} runs, "
                 f"{len(d.get('groups', []))} group(s); E_inf={self.value:.6g} {bar}{floor})")
 

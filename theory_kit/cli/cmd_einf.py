@@ -139,6 +139,8 @@ def _honest_text(text: str, data: dict) -> str:
     unknown = "+/- unknown (not converged)"
     for i, line in enumerate(lines):
         seed = re.match(r"\s*run seed (-?\d+):", line)
+        if "+/- unknown" in line:     # einf.summary already says so (einf.UNKNOWN_ERROR)
+            continue
         if (i == 0 and data["abs_err"] is None) or (seed and int(seed.group(1)) in bad_seeds):
             lines[i] = re.sub(r"\+/- \S+", unknown, line, count=1)
     return "\n".join(lines)
