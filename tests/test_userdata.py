@@ -102,6 +102,8 @@ MALFORMED = {
     "times not increasing": (lambda f: f["t"].__setitem__(2, f["t"][1]),
                              r"^t: times must be strictly increasing"),
     "Q not PSD": (lambda f: f["Q"].__setitem__((1, 0, 0), -1.0), r"^Q at t=.*positive semi-definite"),
+    # NumPy reads booleans as 1.0 / 0.0: a boolean array must be refused, not used as numbers
+    "boolean a": (lambda f: f.update(a=np.ones_like(f["a"], dtype=bool)), r"^a: entries must be numbers"),
 }
 
 
@@ -161,6 +163,10 @@ def test_malformed_csv_and_json(tmp_path):
     write_json(tmp_path / "nan.json", {**fields, "loss": [1.0, None, 0.5, 0.4]})
     with pytest.raises(ValidationError, match=r"^loss: must be finite"):
         load_training_log(tmp_path / "nan.json")
+    raw = {k: np.asarray(v).tolist() for k, v in fields.items()}
+    (tmp_path / "bool.json").write_text(json.dumps({**raw, "loss": [1.0, True, 0.5, 0.4]}))
+    with pytest.raises(ValidationError, match=r"^loss: entries must be numbers, not true/false"):
+        load_training_log(tmp_path / "bool.json")
     (tmp_path / "log.txt").write_text("")
     with pytest.raises(ValidationError, match=r"^data: file must end in one of"):
         load_training_log(tmp_path / "log.txt")

@@ -41,8 +41,31 @@ def fail(param: str, allowed: str, got: object) -> None:
     raise ValidationError(f"{param}: {allowed} (got {' '.join(text.split())})")
 
 
+def _holds_bool(x: object) -> bool:
+    """Whether x (a scalar, an array or nested lists from JSON) holds a boolean anywhere.
+
+    NumPy converts True/False to 1.0/0.0, so a log file or a flag with ``true`` in place of a
+    number would otherwise be read silently.  Walked with a stack, not recursion: a file can
+    nest lists thousands deep."""
+    stack = [x]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, (bool, np.bool_)):
+            return True
+        if isinstance(item, np.ndarray):
+            if item.dtype.kind == "b":
+                return True
+            if item.dtype.kind == "O":
+                stack.extend(item.ravel().tolist())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return False
+
+
 def as_finite_array(x: object, param: str, ndim: int | None = None) -> np.ndarray:
-    """Convert to a float array, rejecting NaN/inf and wrong dimensionality."""
+    """Convert to a float array, rejecting booleans, NaN/inf and wrong dimensionality."""
+    if _holds_bool(x):
+        fail(param, "entries must be numbers, not true/false", x)
     try:
         arr = np.array(x, dtype=float)
     except (TypeError, ValueError):

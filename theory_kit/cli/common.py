@@ -30,18 +30,7 @@ def parse_json_array(text: str | None, param: str, ndim: int) -> np.ndarray | No
         why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)[:80]
         raise ValidationError(f"{param}: must be a JSON array such as '[[1,0],[0,1]]' "
                               f"(got {shown!r}: {why})")
-    if _has_bool(value):
-        raise ValidationError(f"{param}: entries must be numbers, not true/false (got {shown!r})")
     return as_finite_array(value, param, ndim=ndim)
-
-
-def _has_bool(value: object, depth: int = 0) -> bool:
-    """Whether a parsed JSON value holds true/false (NumPy would read them as 1/0)."""
-    if isinstance(value, bool):
-        return True
-    if isinstance(value, list) and depth < 64:
-        return any(_has_bool(v, depth + 1) for v in value)
-    return False
 
 
 def parse_float_list(text: str, param: str) -> np.ndarray:
