@@ -274,3 +274,44 @@ def test_full_runs_use_the_deterministic_drift_where_it_applies():
     for quick in (kinds(f.FIGURE.plan(True).pieces()) for f in (fig1, fig2, fig9, fig12)):
         assert "laplace" not in quick
     assert "laplace" not in kinds(fig11.pieces(True))
+
+
+# ----------------------------------------------------------------------------- readability
+def _readability_problems(fig) -> list[str]:
+    """Text under 9 pt, and legends that overlap a data panel, at the saved size."""
+    from matplotlib.text import Text
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    small = [f"{t.get_text()!r} at {t.get_fontsize():g} pt" for t in fig.findobj(Text)
+             if t.get_visible() and t.get_text().strip() and t.get_fontsize() < 9]
+    legends = list(fig.legends) + [ax.get_legend() for ax in fig.axes if ax.get_legend()]
+    covering = [f"legend over panel {i}" for leg in legends for i, ax in enumerate(fig.axes)
+                if ax.get_visible() and leg.get_window_extent(renderer).overlaps(
+                    ax.get_window_extent(renderer))]
+    return small + covering
+
+
+def _styles(fig, prefix: str) -> list[tuple]:
+    return [(line.get_linestyle(), line.get_marker()) for ax in fig.axes
+            for line in ax.get_lines() if line.get_label().startswith(prefix)]
+
+
+def test_fig1_is_readable_heads_differ_by_style_legend_outside(quick_fig1):
+    from theory_kit.figures import fig1
+    fig = fig1.draw(quick_fig1["data"])
+    assert _readability_problems(fig) == []
+    theory = set(_styles(fig, "theory h ="))
+    assert len({ls for ls, _ in theory}) == 2, theory  # the two heads: two line styles
+    sgd = set(_styles(fig, "SGD h ="))
+    assert len({m for _, m in sgd}) == 2, sgd  # and two markers for their SGD runs
+
+
+def test_head_figures_are_readable_with_one_legend_outside():
+    t = np.linspace(0.0, 100.0, 50)
+    M = np.stack([np.outer(t / 100, [1.0, s]) for s in (1.0, -1.0, 0.5, -0.5)], axis=1)
+    traj = {"t": t, "M": M, "tau": [np.inf, 40.0]}
+    fig = panels.heads_draw({"trajectories": [traj, traj]}, ["left", "right"], "heads", 2)
+    assert _readability_problems(fig) == []
+    heads = _styles(fig, "head ")
+    assert len({ls for ls, _ in heads}) == 4  # four heads, four line styles
+    assert len(fig.legends) == 1

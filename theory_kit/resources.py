@@ -110,7 +110,10 @@ SECONDS_PER_EVALUATION = 1.5e-3  # fixed cost of one drift evaluation (0.4-1.7 m
 ESTIMATE_FACTOR = 2.0  # measured CPU time <= estimate <= ESTIMATE_FACTOR x measured
 SECONDS_PER_REDUCED_STEP = 6e-5  # one run-step of the reduced simulation, H + L = 6 (53 us)
 EINF_EVALS_PER_TIME = 2.1  # adaptive ODE evaluations per unit time (291 to T = 140)
-EINF_SECONDS_PER_DRIFT_SCORE = 2.5e-7  # einf's calibration (not re-measured on new kernels)
+# einf's own constant (its per-chunk records and checks cost more per score than a bare
+# drift).  Re-checked 2026-12-01 on the block-compiled kernels against the README's einf run
+# (B-softmax H = 2, L = 5, 2 runs, warm cache): estimate 23 s, measured 17-31 CPU s.
+EINF_SECONDS_PER_DRIFT_SCORE = 2.5e-7
 EINF_TYPICAL_T = 200.0  # where einf typically hands over to the solver (T = 140 measured)
 SOLVER_EVALUATIONS = 150  # objective + gradient evaluations of one solve (L-BFGS, Newton)
 

@@ -20,6 +20,7 @@ from matplotlib.figure import Figure
 from pathlib import Path
 
 from .escape_pieces import EscapePiece, draw_band_in_time
+from .style import legend_right
 from .panels import (QUICK_ERROR_SAMPLES, OverlayPlan, PlannedFigure, Setting, overlay_draw,
                      run_pieces)
 
@@ -62,5 +63,5 @@ def draw(data: dict) -> Figure:
     if data.get("theory") is not None:
         ax = fig.axes[M_F2_PANEL]
         draw_band_in_time(ax, data["theory"])
-        ax.legend(fontsize=6.5, loc="upper left", framealpha=0.6)
+        legend_right(fig.axes[M_F2_PANEL + 1], source=ax)  # the band joins the row's legend
     return fig

@@ -28,7 +28,7 @@ from matplotlib.figure import Figure
 from .. import analysis
 from .escape_pieces import EscapePiece, predicted
 from .panels import QUICK_ERROR_SAMPLES, OdePiece, Setting, pieces_seconds, run_pieces
-from .style import new_figure
+from .style import SMALL, new_figure
 
 NUMBER = 11
 CAPTION = ("Cosine similarity of the two softmax heads at the end of training (ODE, T = 1500) over "
@@ -112,12 +112,12 @@ def _draw_escape(fig: Figure, ax: Axes, data: dict) -> None:
             text = f"{mean[i, j]:.0f}" if np.isfinite(shown[i, j]) else "> T"
             text += f"\n({ode[i, j]:.0f})" if np.isfinite(ode[i, j]) else "\n(–)"
             dark = np.isfinite(shown[i, j]) and shown[i, j] > np.sqrt(low * high)
-            ax.text(i, j, text, ha="center", va="center", fontsize=6.5,
+            ax.text(i, j, text, ha="center", va="center", fontsize=SMALL,
                     color="white" if dark else "0.1")
     _grid_axes(ax, nu1, nu2)
     fig.colorbar(image, ax=ax,
                  label=rf"predicted $\langle\tau_2\rangle$ of SGD at D = {esc['D']:g}")
-    ax.set_title("how long specialisation takes (theory; ODE's τ₂ in brackets)", fontsize=8)
+    ax.set_title("how long specialisation takes (theory; ODE's τ₂ in brackets)", fontsize=SMALL)
 
 
 def draw(data: dict) -> Figure:
@@ -130,7 +130,7 @@ def draw(data: dict) -> Figure:
                       vmax=1.0, aspect="auto")
     for i in range(len(nu1)):
         for j in range(len(nu2)):
-            ax.text(i, j, f"{cos[i, j]:.2f}", ha="center", va="center", fontsize=7,
+            ax.text(i, j, f"{cos[i, j]:.2f}", ha="center", va="center", fontsize=SMALL,
                     color="white" if cos[i, j] < 0.6 else "black")
     _grid_axes(ax, nu1, nu2)
     fig.colorbar(image, ax=ax, label=r"$k_1\cdot k_2/\sqrt{Q_{11}Q_{22}}$ at $t = T$")

@@ -30,7 +30,7 @@ from ..error import population_error_mc
 from ..model import State
 from .digitsim import DigitSetup, DigitSimPiece, data_fingerprint
 from .panels import ACT_LABELS, run_pieces
-from .style import RC, label_axes, series_colors
+from .style import RC, SMALL, label_axes, series_colors
 
 NUMBER = 5
 CAPTION = ("Digit-detection task (UCI 8×8 digits offline, or --data): left, the learned keys "
@@ -147,7 +147,7 @@ def _image(ax: plt.Axes, pixels: np.ndarray, shape: tuple[int, ...], title: str 
     ax.set_yticks([])
     ax.grid(False)
     if title is not None:
-        ax.set_title(title, fontsize=6, pad=2)
+        ax.set_title(title, fontsize=SMALL, pad=2)
 
 
 def _draw_keys(fig: Figure, spec: object, data: dict) -> None:
@@ -166,13 +166,13 @@ def _draw_keys(fig: Figure, spec: object, data: dict) -> None:
             _image(ax, keys[h], shape, None if match is None else
                    f"{match['classes'][0][h]} ({match['cosines'][0][h]:.2f})")
             if h == 0:
-                ax.set_ylabel(row["label"], fontsize=7)
+                ax.set_ylabel(row["label"], fontsize=SMALL)
     for c in range(n_templates):
         ax = fig.add_subplot(grid[len(rows), c])
         _image(ax, np.asarray(templates["images"][c], dtype=float), shape,
                f"class {templates['classes'][c]}")
         if c == 0:
-            ax.set_ylabel("templates", fontsize=7)
+            ax.set_ylabel("templates", fontsize=SMALL)
 
 
 def _draw_curves(ax: plt.Axes, data: dict) -> None:
@@ -192,9 +192,9 @@ def _draw_einf(ax: plt.Axes, data: dict) -> None:
         ax.plot(np.full(len(row["E_inf"]), x[i]), row["E_inf"], "k.", ms=4)
         ax.annotate(f"{row['E_inf_mean']:.3f}", (x[i], row["E_inf_mean"] + row["E_inf_sem"]),
                     ha="center",
-                    va="bottom", fontsize=7, xytext=(0, 6), textcoords="offset points")
+                    va="bottom", fontsize=SMALL, xytext=(0, 6), textcoords="offset points")
     ax.axhline(data["chance_error"], color="0.5", ls=":", lw=1)
-    ax.set_xticks(x, [r["label"] for r in rows], fontsize=7)
+    ax.set_xticks(x, [r["label"] for r in rows], fontsize=SMALL)
     lo = min(min(r["E_inf"]) for r in rows)
     ax.set_ylim(max(0.0, lo - 0.1), data["chance_error"] + 0.05)
     label_axes(ax, "activation", r"$E^\sigma_\infty$", "achieved error", legend=False)
@@ -202,7 +202,7 @@ def _draw_einf(ax: plt.Axes, data: dict) -> None:
 
 def draw(data: dict) -> Figure:
     with plt.rc_context(RC):
-        fig = plt.figure(figsize=(13.0, 4.6))
+        fig = plt.figure(figsize=(15.0, 5.2))
         outer = fig.add_gridspec(1, 3, width_ratios=[3.0, 1.15, 1.0], wspace=0.28, left=0.03,
                                  right=0.99, bottom=0.15, top=0.84)
         _draw_keys(fig, outer[0], data)
@@ -213,5 +213,5 @@ def draw(data: dict) -> Figure:
         extra = f"; random keys: mean max-cosine {base:.2f}" if base is not None else ""
         fig.suptitle(f"Fig. 5: digit detection, H = {p['H']}, L = {p['L']}, ν = {p['nu']:g}, "
                      f"D = {p['D']}, γ = {p['gamma']:g}, T = {p['T']:g}, {p['runs']} runs; keys "
-                     f"(run 1) titled by nearest class template (cosine){extra}", fontsize=8)
+                     f"(run 1) titled by nearest class template (cosine){extra}", fontsize=SMALL)
     return fig

@@ -30,7 +30,7 @@ from matplotlib.ticker import FormatStrFormatter, FuncFormatter, NullLocator
 from .. import analysis
 from .escape_pieces import EscapePiece, draw_band_over_d, predicted
 from .panels import Setting, SimPiece, pieces_seconds, run_pieces
-from .style import label_axes, new_figure
+from .style import SMALL, label_axes, new_figure
 
 NUMBER = 6
 DELTA = 0.2
@@ -183,7 +183,7 @@ def _draw_runs(ax: Axes, data: dict) -> None:
     ax.set_ylim(0, 1.45 * params["T"])   # room for the legend above the runs
     label_axes(ax, r"$D$", r"$\tau_2$", f"{params['runs']} runs per D, T = {params['T']:g}",
                legend=False)
-    ax.legend(fontsize=6.5, loc="upper center", ncol=2, framealpha=0.7)
+    ax.legend(fontsize=SMALL, loc="upper center", ncol=2, framealpha=0.7)
 
 
 def draw(data: dict) -> Figure:
@@ -218,7 +218,7 @@ def draw(data: dict) -> Figure:
     _log_d_axis(ax_rel, D)
     label_axes(ax_rel, r"$D$", "relative spread of $\\tau_2$", "crossed by T: " +
                ", ".join(f"{f:.2f}" for f in fraction), legend=False)
-    ax_rel.legend(fontsize=6.5, loc="lower left", framealpha=0.7)
+    ax_rel.legend(fontsize=SMALL, loc="lower left", framealpha=0.7)
     fig.suptitle("Fig. 6: concentration of the specialisation time (SGD, softmax, L = 5, H = 2, "
                  "F = 2, flipping ν = (2, 2))", fontsize=9)
     fig.tight_layout()

@@ -29,7 +29,7 @@ from .. import analysis
 from ..digits import DigitTask
 from .digitsim import DigitSetup, DigitSimPiece, data_fingerprint
 from .panels import run_pieces
-from .style import new_figure, label_axes, series_colors
+from .style import SMALL, label_axes, new_figure, series_colors
 
 NUMBER = 7
 CAPTION = ("Specialisation time τ_f along the leading principal directions f of the digit "
@@ -135,7 +135,7 @@ def draw(data: dict) -> Figure:
     ax_s.axhline(p["threshold"], color="k", ls="--", lw=1, label="threshold")
     label_axes(ax_s, r"$t$ = steps / D", r"$\|m_{:,f} - \bar m_f 1_H\|_2$ (mean)",
                "head spread along PC f")
-    ax_s.legend(fontsize=6, ncol=2)
+    ax_s.legend(fontsize=SMALL, ncol=2)
     # solid: most runs specialised by T; hollow: the mean over the few that did (biased low)
     most = np.isfinite(mean) & (frac >= MAJORITY)
     few = np.isfinite(mean) & (frac < MAJORITY)
@@ -144,7 +144,7 @@ def draw(data: dict) -> Figure:
     ax_m.plot(f[few], mean[few], "o", mfc="none", color="0.5",
               label=f"< {MAJORITY:.0%} of runs specialised")
     for k in np.flatnonzero(np.isfinite(mean) & (frac < 1)):
-        ax_m.annotate(f"{frac[k]:.0%}", (f[k], mean[k]), fontsize=6, xytext=(4, -10),
+        ax_m.annotate(f"{frac[k]:.0%}", (f[k], mean[k]), fontsize=SMALL, xytext=(4, -10),
                       textcoords="offset points")
     label_axes(ax_m, "direction f (principal component)", r"$\tau_f$",
                f"mean over {p['runs']} runs (% = share specialised by T = {p['T']:g})")

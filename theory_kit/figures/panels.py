@@ -31,7 +31,8 @@ from ..executor import FolderStore, run_sweep, runs_in_process
 from ..results import to_jsonable
 from ..simulate import SimConfig, simulate_to_file
 from . import compare
-from .style import label_axes, new_figure, series_colors
+from .style import (LEGEND_WIDTH, SMALL, head_style, label_axes, legend_right,
+                    legend_under_figure, new_figure, series_colors)
 
 # CPU costs measured on the 2-core development machine (2026-12-01, the block-compiled
 # generated kernels), along the quick figures' trajectories: a drift evaluation costs a fixed
@@ -337,6 +338,7 @@ def overlay_summary(ode: dict, sim: dict, delta: float = analysis.DEFAULT_DELTA)
 
 
 # ----------------------------------------------------------------------------- drawing
+M_F2_INDEX = compare.PANELS.index("m_f2")  # the overlay panel that shows every head's series
 def _mark_taus(ax: Axes, taus: Sequence[float], style: str = "--", color: str = "0.35",
                label: str | None = None) -> None:
     """Vertical lines at the finite specialisation times."""
@@ -346,14 +348,16 @@ def _mark_taus(ax: Axes, taus: Sequence[float], style: str = "--", color: str = 
 
 
 def _sim_points(ax: Axes, t: np.ndarray, mean: np.ndarray, spread: np.ndarray,
-                runs_values: np.ndarray | None, color: object, label: str) -> None:
-    """SGD as dots: every run (faint) when given, else mean ± std over runs."""
+                runs_values: np.ndarray | None, color: object, label: str,
+                marker: str = "o") -> None:
+    """SGD as markers: every run (faint) when given, else mean ± std over runs."""
     if runs_values is not None:
         for r, run in enumerate(runs_values):
-            ax.plot(t, run, "o", ms=2.2, color=color, alpha=0.45, label=label if r == 0 else None)
+            ax.plot(t, run, marker, ls="none", ms=2.4, color=color, alpha=0.45,
+                    label=label if r == 0 else None)
         return
-    ax.errorbar(t, mean, yerr=np.nan_to_num(spread), fmt="o", ms=3, color=color, capsize=1.5,
-                elinewidth=0.8, alpha=0.85, label=label)
+    ax.errorbar(t, mean, yerr=np.nan_to_num(spread), fmt=marker, ms=3, color=color,
+                capsize=1.5, elinewidth=0.8, alpha=0.85, label=label)
 
 
 def draw_overlay_row(axes: Sequence[Axes], overlay: dict, row_title: str | None = None) -> None:
@@ -370,23 +374,21 @@ def draw_overlay_row(axes: Sequence[Axes], overlay: dict, row_title: str | None 
         colors = series_colors(ode.shape[-1])
         for j in range(ode.shape[-1]):
             head = "" if name == "error" else f" h = {j + 1}"
-            ax.plot(t_ode, ode[:, j], color=colors[j], label=f"theory{head}")
+            style = head_style(j)
+            ax.plot(t_ode, ode[:, j], color=colors[j], ls=style["ls"], label=f"theory{head}")
             runs_j = None if per_run is None else np.asarray(per_run)[:, :, j]
             what = "each run" if runs_j is not None else "mean ± std"
             _sim_points(ax, t_sim, mean[:, j], spread[:, j], runs_j, colors[j],
-                        f"SGD{head} ({what})")
+                        f"SGD{head} ({what})", style["marker"])
         if name != "error" and len(overlay["tau_ode"]) > 1:
             _mark_taus(ax, [overlay["tau_ode"][1]], "--", label=r"$\tau_2$ theory")
             _mark_taus(ax, [overlay["tau_sim_mean"][1]], ":", "0.6", label=r"$\tau_2$ SGD mean")
         title = row_title if (row_title and name == names[0]) else None
         label_axes(ax, r"$t$ = steps / $D$", compare.PANEL_LABELS[name], title, legend=False)
-        if name in ("error", "m_f2"):
-            ax.legend(fontsize=6.5, loc="upper right" if name == "error" else "upper left",
-                      framealpha=0.6)
 
 
-def draw_head_panels(axes: Sequence[Axes], traj: dict, title: str | None = None,
-                     show_legend: bool = True) -> None:
+
+def draw_head_panels(axes: Sequence[Axes], traj: dict, title: str | None = None) -> None:
     """Head trajectories: one panel per direction f with m_{hf}(t) for every head; the
     unspecialised phase (t < min_f τ_f) shaded, and the specialisation time τ_f (dashed,
     value written at the top) where the heads part along f."""
@@ -399,14 +401,12 @@ def draw_head_panels(axes: Sequence[Axes], traj: dict, title: str | None = None,
         ax.axvspan(t[0], first, color="0.9", lw=0, zorder=0,
                    label="unspecialised" if f == 0 else None)
         for h in range(H):
-            ax.plot(t, M[:, h, f], color=colors[h], label=f"head {h + 1}")
+            ax.plot(t, M[:, h, f], color=colors[h], ls=head_style(h)["ls"], label=f"head {h + 1}")
         _mark_taus(ax, [taus[f]])
         if np.isfinite(taus[f]):
             ax.annotate(rf" $\tau_{f + 1}$ = {taus[f]:.3g}", (taus[f], 0.97),
-                        xycoords=("data", "axes fraction"), va="top", fontsize=7, color="0.3")
+                        xycoords=("data", "axes fraction"), va="top", fontsize=SMALL, color="0.3")
         label_axes(ax, r"$t$", rf"$m_{{h{f + 1}}}$", title if f == 0 else None, legend=False)
-        if show_legend and f == 0:
-            ax.legend(fontsize=6.5, loc="best", framealpha=0.7, frameon=True, ncol=2 if H > 3 else 1)
 
 
 def artist_data(fig: object) -> list[np.ndarray]:
@@ -513,10 +513,13 @@ def overlay_draw(data: dict, what: str) -> object:
     ``what`` followed by the SGD dimension and number of runs."""
     rows = data["rows"]
     fig, axes = new_figure(len(rows), 4, panel_size=(3.3, 2.6))
+    fig.set_size_inches(4 * 3.3 + LEGEND_WIDTH, 2.6 * len(rows))
     for r, row in enumerate(rows):
         s = row["setting"]
         draw_overlay_row(axes[4 * r:4 * r + 4], row,
                          ACT_LABELS.get(s["activation"], s["activation"]))
+        # one legend per row, right of it: the m_f2 panel has every head's line and markers
+        legend_right(axes[4 * r + 3], source=axes[4 * r + M_F2_INDEX])
     fig.suptitle(f"{what}; theory vs SGD at D = {rows[0]['D']} ({rows[0]['runs']} runs)",
                  fontsize=9)
     fig.tight_layout()
@@ -566,14 +569,19 @@ def heads_draw(data: dict, titles: Sequence[str], suptitle: str, columns: int) -
     grid = np.array(axes, dtype=object).reshape(rows * F, columns)
     for g, (tr, title) in enumerate(zip(trajs, titles)):
         r, c = divmod(g, columns)
-        draw_head_panels(list(grid[r * F:(r + 1) * F, c]), tr, title,
-                         show_legend=np.asarray(tr["M"]).shape[1] <= 5)
+        draw_head_panels(list(grid[r * F:(r + 1) * F, c]), tr, title)
     for g in range(n_groups, rows * columns):
         r, c = divmod(g, columns)
         for ax in grid[r * F:(r + 1) * F, c]:
             ax.set_visible(False)
     fig.suptitle(suptitle, fontsize=9)
-    fig.tight_layout()
+    shown = [g for g, tr in enumerate(trajs) if np.asarray(tr["M"]).shape[1] <= 5]
+    if shown:  # one legend under the figure, from the shown group with the most heads
+        widest = max(shown, key=lambda g: np.asarray(trajs[g]["M"]).shape[1])
+        r, c = divmod(widest, columns)
+        legend_under_figure(fig, grid[r * F, c])
+    else:
+        fig.tight_layout()
     return fig
 
 

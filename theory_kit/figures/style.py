@@ -12,7 +12,13 @@ from matplotlib.figure import Figure  # noqa: E402
 
 RC = {"figure.dpi": 110, "savefig.dpi": 150, "font.size": 9, "axes.grid": True,
       "grid.alpha": 0.3, "axes.spines.top": False, "axes.spines.right": False,
-      "legend.frameon": False, "legend.fontsize": 8, "lines.linewidth": 1.6}
+      "legend.frameon": False, "legend.fontsize": 9, "lines.linewidth": 1.6}
+# the smallest text any figure writes (legends, annotations, cell labels), in points at the
+# saved size: below 9 pt a figure is not readable when printed at its natural size
+SMALL = 9
+# heads are told apart by line style and marker as well as colour (grey print, colour blindness)
+HEAD_LINESTYLES = ("-", "--", "-.", ":")
+HEAD_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 
 
 def new_figure(nrows: int = 1, ncols: int = 1, panel_size: tuple[float, float] = (3.2, 2.6)
@@ -37,6 +43,38 @@ def label_axes(ax: Axes, xlabel: str, ylabel: str, title: str | None = None,
         ax.set_title(title, fontsize=RC["font.size"])
     if legend and ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=RC["legend.fontsize"], frameon=False)
+
+
+def head_style(j: int) -> dict:
+    """Line style and marker of head (or series) j, cycling independently of its colour."""
+    return {"ls": HEAD_LINESTYLES[j % len(HEAD_LINESTYLES)],
+            "marker": HEAD_MARKERS[j % len(HEAD_MARKERS)]}
+
+
+LEGEND_WIDTH = 2.3  # inches kept right of a row of panels for its legend
+
+
+def legend_right(ax: Axes, source: Axes | None = None) -> None:
+    """A legend right of ax, outside the data, of the labelled artists of ``source``
+    (default ax itself); the figure keeps :data:`LEGEND_WIDTH` for it."""
+    handles, labels = (source or ax).get_legend_handles_labels()
+    ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.04, 1.0), fontsize=SMALL,
+              frameon=False, borderaxespad=0.0)
+
+
+def legend_under_figure(fig: Figure, source: Axes, ncol: int = 6) -> None:
+    """One legend for the whole figure under its panels, of ``source``'s labelled artists;
+    the figure grows by the legend's height and ``tight_layout`` keeps the panels above it."""
+    handles, labels = source.get_legend_handles_labels()
+    if not handles:
+        fig.tight_layout()
+        return
+    lines = -(-len(handles) // ncol)
+    extra = 0.28 * lines + 0.15
+    width, height = fig.get_size_inches()
+    fig.set_size_inches(width, height + extra)
+    fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=SMALL, frameon=False)
+    fig.tight_layout(rect=(0.0, extra / (height + extra), 1.0, 1.0))
 
 
 def series_colors(n: int) -> Sequence:
