@@ -214,3 +214,19 @@ def test_compiled_gather_packs_the_same_lanes_as_numpy_indexing(shape, n):
     assert np.array_equal(ref.g[per // nb, :, :, per % nb], g[1])    # group 0, stratum 1
     if per > 1:
         assert np.array_equal(ref.g[0, :, :, 1], g[reps])           # group 1, stratum 0
+
+
+def test_one_head_compiles_no_read_only_twin():
+    """At H = 1, np.diag(Q) and broadcast a, b are read-only contiguous views; passed as they
+    are, numba compiles a second version of every kernel (≈ 14 CPU s per activation)."""
+    from theory_kit import api, codegen
+    for H, M, Q in ((2, [[0.6, 0.15], [0.5, -0.1]], [[1.3, 0.2], [0.2, 1.1]]),
+                    (1, [[0.6, 0.15]], [[1.3]])):
+        api.drift(activation="softmax", L=3, prior="flipping", nu=[2.0, 2.0], gamma=1.0,
+                  M=M, Q=Q, engine="mc")
+    kernels = [getattr(m, name) for m in codegen._MODULES.values()
+               for name in ("drift_blocks", "weights_block") if hasattr(m, name)]
+    assert kernels
+    for kernel in kernels:
+        read_only = [str(t) for sig in kernel.signatures for t in sig if "readonly" in str(t)]
+        assert read_only == [], read_only

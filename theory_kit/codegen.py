@@ -411,10 +411,11 @@ def resolve_backend(backend: str | None = None) -> str:
 
 
 def _heads_array(x: object, shape: tuple[int, ...], name: str) -> np.ndarray:
-    """``x`` broadcast to ``shape`` (leading sample axes, H) as a C-contiguous float array."""
+    """``x`` broadcast to ``shape`` (leading sample axes, H) as an owned C-ordered float array
+    (a broadcast view is read-only, and numba would compile a read-only twin of each kernel)."""
     arr = np.asarray(0.0 if x is None else x, dtype=float)
     try:
-        return np.ascontiguousarray(np.broadcast_to(arr, shape))
+        return np.array(np.broadcast_to(arr, shape), order="C")
     except ValueError:
         fail(name, f"must broadcast to {shape} (samples, H)", arr.shape)
 
@@ -601,6 +602,14 @@ def run_ranges(fn: Callable[[int, int], int], n_items: int, min_items: int = 1) 
     return sum(pool.map(lambda i: int(fn(edges[i], edges[i + 1])), range(parts)))
 
 
+def _parameter(x: np.ndarray) -> np.ndarray:
+    """A small state array as the compiled kernels take it: an owned, writeable, C-ordered
+    float copy.  numba compiles one version per array type and the read-only flag is part of
+    it: np.diag(Q) is a read-only view, and at H = 1 np.ascontiguousarray keeps it as it is,
+    so every kernel compiled twice (about 14 CPU s per activation)."""
+    return np.array(x, dtype=float, order="C")
+
+
 class CompiledIntegrand:
     """The numba drift integrand: per-sample ``__call__`` and the fused :meth:`group_sums`.
 
@@ -624,7 +633,7 @@ class CompiledIntegrand:
         F = M.shape[1]
         out = np.empty((n, sum(int(np.prod(s, dtype=int)) for s in field_sizes(H, F).values())))
         B = np.ascontiguousarray(projection_matrix(M, Q))
-        qdiag = np.ascontiguousarray(np.diag(Q))
+        qdiag = _parameter(np.diag(Q))
         self._fail_if_bad(run_ranges(lambda start, stop: self.module.drift_rows(
             S, zeta, theta, M, Q, B, a, b, qdiag, delta, self.stein, start, stop, out),
             n, self.MIN_ROWS))
@@ -656,10 +665,9 @@ class CompiledIntegrand:
         K = sum(int(np.prod(s, dtype=int)) for s in field_sizes(H, F).values())
         blocks = packed.blocks
         tot, sqr = np.empty((blocks, K)), np.empty((blocks, K))
-        c = np.ascontiguousarray
-        args = (packed.g, packed.theta, packed.weights, c(R, dtype=float), c(M, dtype=float),
-                c(Q, dtype=float), c(projection_matrix(M, Q)), c(a, dtype=float),
-                c(b, dtype=float), c(np.diag(Q)), float(delta), self.stein,
+        c = _parameter
+        args = (packed.g, packed.theta, packed.weights, c(R), c(M), c(Q),
+                c(projection_matrix(M, Q)), c(a), c(b), c(np.diag(Q)), float(delta), self.stein,
                 np.asarray(shape, dtype=np.int64), self.BLOCK, packed.per, packed.subs,
                 packed.n_groups)
         rows_per_block = self.BLOCK * int(np.prod(shape, dtype=int))
