@@ -353,14 +353,19 @@ def test_ctrl_c_stops_the_sweep_after_saving_and_the_rerun_does_the_rest(tmp_pat
 def test_a_first_ctrl_c_is_deferred_to_the_sweep_and_the_handler_restored():
     """While a sweep waits, SIGINT only sets a flag (raised by executor.arrivals after the
     finished futures were handed on); outside it Python's handler is back."""
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    with ex.deferred_interrupts() as pending:
-        handler = signal.getsignal(signal.SIGINT)
-        handler(signal.SIGINT, None)           # a first Ctrl-C: no exception here
-        assert pending.count == 1
-        with pytest.raises(KeyboardInterrupt):  # a second one: at once
-            handler(signal.SIGINT, None)
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    # a pytest-xdist worker ignores SIGINT (SIG_IGN), and an ignored SIGINT is left alone by
+    # deferred_interrupts: give this test the handler an interactive session has
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with ex.deferred_interrupts() as pending:
+            handler = signal.getsignal(signal.SIGINT)
+            handler(signal.SIGINT, None)           # a first Ctrl-C: no exception here
+            assert pending.count == 1
+            with pytest.raises(KeyboardInterrupt):  # a second one: at once
+                handler(signal.SIGINT, None)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def finished_runs(work: Path) -> dict[str, int]:
