@@ -410,12 +410,20 @@ def resolve_backend(backend: str | None = None) -> str:
     return name
 
 
+def _parameter(x: np.ndarray) -> np.ndarray:
+    """A small state array as the compiled kernels take it: an owned, writeable, C-ordered
+    float copy.  numba compiles one version per array type and the read-only flag is part of
+    it: np.diag(Q) is a read-only view, and at H = 1 np.ascontiguousarray keeps it as it is,
+    so every kernel compiled twice (about 14 CPU s per activation)."""
+    return np.array(x, dtype=float, order="C")
+
+
 def _heads_array(x: object, shape: tuple[int, ...], name: str) -> np.ndarray:
-    """``x`` broadcast to ``shape`` (leading sample axes, H) as an owned C-ordered float array
-    (a broadcast view is read-only, and numba would compile a read-only twin of each kernel)."""
+    """``x`` broadcast to ``shape`` (leading sample axes, H) as a :func:`_parameter` copy
+    (a broadcast view is read-only)."""
     arr = np.asarray(0.0 if x is None else x, dtype=float)
     try:
-        return np.array(np.broadcast_to(arr, shape), order="C")
+        return _parameter(np.broadcast_to(arr, shape))
     except ValueError:
         fail(name, f"must broadcast to {shape} (samples, H)", arr.shape)
 
@@ -600,14 +608,6 @@ def run_ranges(fn: Callable[[int, int], int], n_items: int, min_items: int = 1) 
     if pool is None:
         pool = _POOLS[key] = ThreadPoolExecutor(threads, thread_name_prefix="theory_kit")
     return sum(pool.map(lambda i: int(fn(edges[i], edges[i + 1])), range(parts)))
-
-
-def _parameter(x: np.ndarray) -> np.ndarray:
-    """A small state array as the compiled kernels take it: an owned, writeable, C-ordered
-    float copy.  numba compiles one version per array type and the read-only flag is part of
-    it: np.diag(Q) is a read-only view, and at H = 1 np.ascontiguousarray keeps it as it is,
-    so every kernel compiled twice (about 14 CPU s per activation)."""
-    return np.array(x, dtype=float, order="C")
 
 
 class CompiledIntegrand:

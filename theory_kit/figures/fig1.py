@@ -25,7 +25,8 @@ from .panels import (QUICK_ERROR_SAMPLES, OverlayPlan, PlannedFigure, Setting, o
                      run_pieces)
 
 NUMBER = 1
-CAPTION = ("ODE (lines) against SGD (dots, mean ± std over runs): softmax, L = 10, H = 2, F = 2, "
+CAPTION = ("ODE (lines; one style per head) against SGD (markers, one shape per "
+           "head; mean ± std over runs): softmax, L = 10, H = 2, F = 2, "
            "flipping spike ν = (2, 2), η = 1, γ = 1; same initial overlaps for all.")
 FULL = OverlayPlan((Setting("softmax", 10, 2, "flipping", (2.0, 2.0), gamma=1.0, T=250.0,
                             D_init=10_000),), D=10_000, runs=8, n_samples=8192, dt=1.0,

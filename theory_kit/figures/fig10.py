@@ -12,7 +12,8 @@ from .panels import Setting, activation_rows_figure, overlay_draw
 
 NUMBER = 10
 BASE = Setting("softmax", 5, 4, "gaussian", (8.0, 2.0), gamma=1.0, eta=1.0)
-CAPTION = ("ODE (lines) against SGD (dots): L = 5, H = 4, F = 2, Gaussian ν = (8, 2), η = 1, "
+CAPTION = ("ODE (lines; one style per head) against SGD (markers, one shape per "
+           "head): L = 5, H = 4, F = 2, Gaussian ν = (8, 2), η = 1, "
            "γ = 1; rows softmax, softmax-1, B-softmax.")
 FIGURE = activation_rows_figure(BASE, T_full=150.0, T_quick=60.0, n_full=1024, n_quick=256,
                                 engine="sobol")

@@ -339,6 +339,8 @@ def overlay_summary(ode: dict, sim: dict, delta: float = analysis.DEFAULT_DELTA)
 
 # ----------------------------------------------------------------------------- drawing
 M_F2_INDEX = compare.PANELS.index("m_f2")  # the overlay panel that shows every head's series
+
+
 def _mark_taus(ax: Axes, taus: Sequence[float], style: str = "--", color: str = "0.35",
                label: str | None = None) -> None:
     """Vertical lines at the finite specialisation times."""
@@ -362,8 +364,8 @@ def _sim_points(ax: Axes, t: np.ndarray, mean: np.ndarray, spread: np.ndarray,
 
 def draw_overlay_row(axes: Sequence[Axes], overlay: dict, row_title: str | None = None) -> None:
     """One row of the Fig. 1 layout: error, m_{h1}, m_{h2}, diag(Q − MMᵀ); ODE lines, SGD
-    dots (mean ± std over runs; every run for m_{h2}, whose sign differs between runs);
-    dashed line at the ODE's τ_2, dotted at the runs' mean τ_2."""
+    markers, one line style and marker per head (mean ± std over runs; every run for m_{h2},
+    whose sign differs between runs); dashed line at the ODE's τ_2, dotted at the runs' mean τ_2."""
     comp = overlay["comparison"]
     t_ode, t_sim = np.asarray(comp["t_ode"]), np.asarray(comp["t_sim"])
     names = [p for p in compare.PANELS if p in comp["sim_mean"]]
@@ -385,7 +387,6 @@ def draw_overlay_row(axes: Sequence[Axes], overlay: dict, row_title: str | None 
             _mark_taus(ax, [overlay["tau_sim_mean"][1]], ":", "0.6", label=r"$\tau_2$ SGD mean")
         title = row_title if (row_title and name == names[0]) else None
         label_axes(ax, r"$t$ = steps / $D$", compare.PANEL_LABELS[name], title, legend=False)
-
 
 
 def draw_head_panels(axes: Sequence[Axes], traj: dict, title: str | None = None) -> None:
@@ -512,8 +513,7 @@ def overlay_draw(data: dict, what: str) -> object:
     """Rows of four panels (one row per setting), ODE lines against SGD dots; the title is
     ``what`` followed by the SGD dimension and number of runs."""
     rows = data["rows"]
-    fig, axes = new_figure(len(rows), 4, panel_size=(3.3, 2.6))
-    fig.set_size_inches(4 * 3.3 + LEGEND_WIDTH, 2.6 * len(rows))
+    fig, axes = new_figure(len(rows), 4, panel_size=(3.3, 2.6), extra_width=LEGEND_WIDTH)
     for r, row in enumerate(rows):
         s = row["setting"]
         draw_overlay_row(axes[4 * r:4 * r + 4], row,
@@ -575,13 +575,11 @@ def heads_draw(data: dict, titles: Sequence[str], suptitle: str, columns: int) -
         for ax in grid[r * F:(r + 1) * F, c]:
             ax.set_visible(False)
     fig.suptitle(suptitle, fontsize=9)
+    # one legend under the figure, from the group with the most heads among those of <= 5
     shown = [g for g, tr in enumerate(trajs) if np.asarray(tr["M"]).shape[1] <= 5]
-    if shown:  # one legend under the figure, from the shown group with the most heads
-        widest = max(shown, key=lambda g: np.asarray(trajs[g]["M"]).shape[1])
-        r, c = divmod(widest, columns)
-        legend_under_figure(fig, grid[r * F, c])
-    else:
-        fig.tight_layout()
+    widest = max(shown, key=lambda g: np.asarray(trajs[g]["M"]).shape[1], default=None)
+    legend_under_figure(fig, None if widest is None else grid[widest // columns * F,
+                                                               widest % columns])
     return fig
 
 

@@ -21,12 +21,14 @@ HEAD_LINESTYLES = ("-", "--", "-.", ":")
 HEAD_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 
 
-def new_figure(nrows: int = 1, ncols: int = 1, panel_size: tuple[float, float] = (3.2, 2.6)
-               ) -> tuple[Figure, list[Axes]]:
-    """A figure with a grid of panels (flattened list of axes) in the shared style."""
+def new_figure(nrows: int = 1, ncols: int = 1, panel_size: tuple[float, float] = (3.2, 2.6),
+               extra_width: float = 0.0) -> tuple[Figure, list[Axes]]:
+    """A figure with a grid of panels (flattened list of axes) in the shared style,
+    ``extra_width`` inches wider than the panels (room for a legend right of them)."""
     with plt.rc_context(RC):
         fig, axes = plt.subplots(nrows, ncols, squeeze=False,
-                                 figsize=(panel_size[0] * ncols, panel_size[1] * nrows))
+                                 figsize=(panel_size[0] * ncols + extra_width,
+                                          panel_size[1] * nrows))
     for ax in axes.flat:
         ax.grid(True, alpha=RC["grid.alpha"])
         for side in ("top", "right"):
@@ -56,16 +58,18 @@ LEGEND_WIDTH = 2.3  # inches kept right of a row of panels for its legend
 
 def legend_right(ax: Axes, source: Axes | None = None) -> None:
     """A legend right of ax, outside the data, of the labelled artists of ``source``
-    (default ax itself); the figure keeps :data:`LEGEND_WIDTH` for it."""
+    (default ax itself); make the figure :data:`LEGEND_WIDTH` wider for it
+    (``new_figure(..., extra_width=LEGEND_WIDTH)``)."""
     handles, labels = (source or ax).get_legend_handles_labels()
     ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.04, 1.0), fontsize=SMALL,
               frameon=False, borderaxespad=0.0)
 
 
-def legend_under_figure(fig: Figure, source: Axes, ncol: int = 6) -> None:
+def legend_under_figure(fig: Figure, source: Axes | None, ncol: int = 6) -> None:
     """One legend for the whole figure under its panels, of ``source``'s labelled artists;
-    the figure grows by the legend's height and ``tight_layout`` keeps the panels above it."""
-    handles, labels = source.get_legend_handles_labels()
+    the figure grows by the legend's height and ``tight_layout`` keeps the panels above it.
+    Without a source (or labelled artists) only the layout is tightened."""
+    handles, labels = source.get_legend_handles_labels() if source is not None else ([], [])
     if not handles:
         fig.tight_layout()
         return
