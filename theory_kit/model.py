@@ -10,6 +10,7 @@ style: ``<parameter>: <what is allowed> (got <value>)``.
 from __future__ import annotations
 
 import itertools
+import reprlib
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -64,8 +65,9 @@ def _holds_bool(x: object) -> bool:
 
 def as_finite_array(x: object, param: str, ndim: int | None = None) -> np.ndarray:
     """Convert to a float array, rejecting booleans, NaN/inf and wrong dimensionality."""
-    if _holds_bool(x):
-        fail(param, "entries must be numbers, not true/false", x)
+    if _holds_bool(x):  # shown as given: converted, True would read as 1.0 in the message too
+        fail(param, "entries must be numbers, not true/false",
+             x if isinstance(x, np.ndarray) else reprlib.repr(x))
     try:
         arr = np.array(x, dtype=float)
     except (TypeError, ValueError):
