@@ -114,12 +114,15 @@ def part_curve(T: float, engine_name: str, sgd_T: float, save: str | None
                               out=out("tight"))
     dm, dq = deviation(traj, tight)
     n = traj.stats["rhs_evaluations"]
+    n_rec, n_err = traj.stats["record_evaluations"], traj.stats.get("error_evaluations", 0)
     print(f"[curve] {engine_name} engine, {METHOD} rtol {rtol:g} atol {atol:g}, T = {T:g}: {secs:.1f} s, "
-          f"{n} RHS calls ({secs / n:.2f} s each), largest drift error estimate along the "
+          f"{n} RHS calls ({n - n_rec} stepping + {n_rec} recording) + {n_err} E-only records "
+          f"({secs / (n + n_err):.3f} s per call), largest drift error estimate along the "
           f"curve {np.max(traj.drift_err):.1e}")
     ok = "met" if max(dm, dq) < ACCURACY_GOAL else "NOT met"
-    print(f"  tolerances tightened tenfold ({tight.stats['rhs_evaluations']} RHS calls, "
-          f"{tight_secs:.1f} s): |dm| {dm:.1e}, |dQ| {dq:.1e} (goal < 1e-6: {ok})")
+    print(f"  tolerances tightened tenfold ({tight.stats['rhs_evaluations']} RHS calls + "
+          f"{tight.stats.get('error_evaluations', 0)} E-only, {tight_secs:.1f} s): "
+          f"|dm| {dm:.1e}, |dQ| {dq:.1e} (goal < 1e-6: {ok})")
     measured = sgd_seconds(sgd_T)
     sgd_full = measured * T / sgd_T
     how = "measured in full" if sgd_T >= T else (

@@ -290,3 +290,36 @@ def test_cut_and_stretched_u_grid_change_nothing(monkeypatch):
     plain = _fields(LaplaceDrift().evaluate(task, act, M, Q, a, b))
     for f, x in fast.items():
         assert np.all(np.abs(x - plain[f]) < 1e-13), (f, x - plain[f])
+
+
+def _largest(stderr):
+    return max(float(np.max(v)) for v in stderr.values())
+
+
+def test_resolution_ladder_refines_while_abs_err_is_above_tol():
+    """The default accepts the first rung (level 0.75 against 0.5625) when its abs_err is
+    < 1e-8; an unreachable tol climbs to the finest rung (1.33 against 1), whose estimate is
+    smaller, and whose fields stay within the first rung's abs_err."""
+    act = get_activation("softmax")
+    task = Task(4, make_prior("flipping", nu=[2.0, 1.5]))
+    M, Q, a, b = _state(act, 2, 4, scale=1.5)
+    first = LaplaceDrift().evaluate(task, act, M, Q, a, b)
+    finest = LaplaceDrift(tol=1e-300).evaluate(task, act, M, Q, a, b)
+    assert _largest(finest.stderr) < 0.1 * _largest(first.stderr) < 1e-9
+    for f, x in _fields(first).items():
+        assert np.all(np.abs(np.asarray(_fields(finest)[f]) - x) <= first.stderr[f]), f
+    with pytest.raises(ValidationError, match="tol"):
+        LaplaceDrift(tol=0.0)
+
+
+def test_error_only_evaluation_matches_the_drift_and_the_quadrature():
+    """``evaluate_error`` (the patterns of E alone) against ``evaluate().error`` and against
+    the error engine's quadrature (an independent route)."""
+    act = get_activation("softmax")
+    task = Task(6, make_prior("flipping", nu=[2.0, 1.5]))
+    M, Q, a, b = _state(act, 2, 6)
+    E, err = LaplaceDrift().evaluate_error(task, act, M, Q, a, b)
+    d = LaplaceDrift().evaluate(task, act, M, Q, a, b)
+    assert 0 < err < 1e-8
+    assert abs(E - d.error) <= err + d.stderr["error"]
+    assert abs(E - _error(task, act, M, Q, a, b)) < 1e-9

@@ -391,3 +391,25 @@ def test_killed_every_half_second_a_run_still_finishes_with_the_same_numbers(tmp
     for key in ("t", "M", "Q", "a", "b", "error"):
         assert np.array_equal(getattr(full, key), getattr(resumed, key)), key
     assert not partial.exists()
+
+
+def test_dense_records_take_e_from_the_error_only_evaluation():
+    """Adaptive runs with the laplace engine record E at interpolated times from its E-only
+    evaluation (``evaluate_error``): each recorded E must match a full drift at the recorded
+    state within the two error estimates, and drift_err is that of the step's drifts."""
+    from theory_kit.expect.laplace import LaplaceDrift
+    task = Task(3, make_prior("flipping", nu=[2.0, 1.0]))
+    act = get_activation("softmax1")
+    ic = _ic(act, task, M=[[0.3, 0.1]], Q=[[1.0]])
+    traj = integrate_ode(task, act, ic, gamma=1.0, T=2.0, times=np.linspace(0, 2, 6),
+                         method="dop853", rtol=1e-8, atol=1e-11, engine=LaplaceDrift(),
+                         progress=False)
+    assert traj.stats["error_evaluations"] >= 3     # the interior times
+    lap = LaplaceDrift()
+    for i in range(len(traj.t)):
+        s = traj.state(i)
+        d = lap.evaluate(task, act, s.M, s.Q, s.a, s.b)
+        assert abs(traj.error[i] - d.error) <= traj.error_stderr[i] + d.stderr["error"]
+        # drift_err of dQ/dt adds the estimates of its linear and noise parts (each < 1e-8)
+        assert 0 < traj.error_stderr[i] < 1e-8 and 0 < traj.drift_err[i] < 2e-8
+    assert np.ptp(traj.error) > 1e-3                 # E moves: the comparison has power

@@ -28,8 +28,11 @@ trajectory is recorded (the start is in the output only when 0 is requested).  A
 recorded time the population error and the engine's error estimates are recorded from the
 same engine: ``error_stderr`` (of E) and ``drift_err`` (the largest error estimate of the
 right-hand side dy/dt there: a standard error for Monte Carlo, an absolute error bound for a
-deterministic engine, 0 for nodes without an estimate).  ``stats`` counts the right-hand-side
-evaluations and the steps.  A state that is non-finite or whose Q is not positive
+deterministic engine, 0 for nodes without an estimate).  At times read off an adaptive step's
+interpolant no step reuses a drift, so an engine with an E-only evaluation (``laplace``:
+``evaluate_error``) records E from it, and ``drift_err`` there is the largest estimate among
+the drifts of the step that covers the time.  ``stats`` counts the right-hand-side
+evaluations, the E-only ones and the steps.  A state that is non-finite or whose Q is not positive
 semi-definite raises :class:`BlowUpError`, naming the time; so does (:class:`StepError`) a
 fixed RK4 step that stops resolving the dynamics (h·λ beyond RK4's stability limit
 :data:`MAX_STEP_RATE`, estimated at every step from its own stages, :func:`rk4_stages`), at
@@ -76,7 +79,7 @@ class Trajectory:
     right-hand side at each time ``drift_err`` (n,), every input in ``params`` and the
     integrator's counts in ``stats`` (``rhs_evaluations``: engine evaluations in all,
     ``record_evaluations``: those made only to record E at requested times off the step
-    grid, ``steps``)."""
+    grid, ``error_evaluations``: E-only evaluations made there instead, ``steps``)."""
 
     t: np.ndarray
     M: np.ndarray
@@ -127,6 +130,8 @@ class OdeSystem:
     rate_a: float         # 0 when a is fixed
     rate_b: float         # 0 when b is fixed
     evaluations: int = 0
+    error_evaluations: int = 0   # E-only evaluations (``error_at``)
+    step_err: float = 0.0        # largest ``rhs_error`` of the evaluations since the last reset
     _last: tuple | None = None
 
     def split(self, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -149,9 +154,22 @@ class OdeSystem:
         check_admissible(t, M, Q, a, b)
         self.evaluations += 1
         result = self.engine.evaluate(self.task, self.act, M, 0.5 * (Q + Q.T), a, b)
+        self.step_err = max(self.step_err, self.rhs_error(result))
         if not self.engine.fresh:
             self._last = (y.copy(), result)
         return result
+
+    def error_at(self, t: float, y: np.ndarray) -> tuple[float, float] | None:
+        """(E, its error estimate) at y from the engine's E-only evaluation
+        (``evaluate_error``), or None when the engine has none or y is the last state
+        evaluated (its full result is at hand)."""
+        fn = getattr(self.engine, "evaluate_error", None)
+        if fn is None or (self._last is not None and np.array_equal(self._last[0], y)):
+            return None
+        M, Q, a, b = self.split(y)
+        check_admissible(t, M, Q, a, b)
+        self.error_evaluations += 1
+        return fn(self.task, self.act, M, 0.5 * (Q + Q.T), a, b)
 
     def rhs(self, t: float, y: np.ndarray) -> np.ndarray:
         """dy/dt at (t, y): the rates times the drift expectations (module docstring)."""
@@ -329,12 +347,20 @@ class _Recorder:
     def __init__(self, rows: dict | None = None) -> None:
         self.rows = rows or {k: [] for k in ROW_KEYS}
 
-    def record(self, system: OdeSystem, t: float, y: np.ndarray) -> None:
-        d = system.means(t, y)
+    def record(self, system: OdeSystem, t: float, y: np.ndarray, dense: bool = False) -> None:
+        """One row at (t, y).  ``dense``: y is read off a step's interpolant, so no step
+        reuses a drift there; with an engine that has an E-only evaluation, E comes from it
+        (~1/3 of a drift for ``laplace``), and ``drift_err`` is the largest error estimate of
+        the drifts the step evaluated (``OdeSystem.step_err``), whose states bracket y."""
+        light = system.error_at(t, y) if dense else None
+        if light is not None:
+            error, error_se, drift_err = light[0], light[1], system.step_err
+        else:
+            d = system.means(t, y)
+            error, error_se, drift_err = d.error, d.stderr.get("error", 0.0), system.rhs_error(d)
         M, Q, a, b = system.split(y)
-        for key, val in (("t", t), ("M", M), ("Q", Q), ("a", a), ("b", b), ("error", d.error),
-                         ("error_stderr", float(d.stderr.get("error", 0.0))),
-                         ("drift_err", system.rhs_error(d))):
+        for key, val in (("t", t), ("M", M), ("Q", Q), ("a", a), ("b", b), ("error", error),
+                         ("error_stderr", float(error_se)), ("drift_err", drift_err)):
             self.rows[key].append(np.asarray(val).tolist())
 
     def trajectory(self, params: dict, stats: dict) -> Trajectory:
@@ -411,7 +437,8 @@ class _Run:
         self.checkpoint, self.params = checkpoint, params
         self.every, self.progress = every, progress
         self.started = False
-        self.stats = {"rhs_evaluations": 0, "record_evaluations": 0, "steps": 0}
+        self.stats = {"rhs_evaluations": 0, "record_evaluations": 0, "error_evaluations": 0,
+                      "steps": 0}
         self.last_save = time.monotonic()
 
     def restore(self, saved: dict) -> None:
@@ -444,11 +471,13 @@ class _Run:
         return {**self.stats, "rhs_evaluations": self.stats["rhs_evaluations"]
                 + self.system.evaluations - self._evaluations_at_start}
 
-    def record(self, t: float, y: np.ndarray) -> None:
-        before = self.system.evaluations
-        self.rec.record(self.system, t, y)
+    def record(self, t: float, y: np.ndarray, dense: bool = False) -> None:
+        before, before_e = self.system.evaluations, self.system.error_evaluations
+        self.rec.record(self.system, t, y, dense)
         if self.off_grid_records:  # (RK4 records at step ends: the next step reuses them)
             self.stats["record_evaluations"] += self.system.evaluations - before
+        self.stats["error_evaluations"] = (self.stats.get("error_evaluations", 0)
+                                           + self.system.error_evaluations - before_e)
 
     def go(self) -> Trajectory:
         self._evaluations_at_start = self.system.evaluations
@@ -562,6 +591,7 @@ class _AdaptiveRun(_Run):
         solver = self.solver()
         while solver.status == "running":
             t_old = self.t
+            self.system.step_err = 0.0     # ``drift_err`` of dense records: this step's drifts
             message = solver.step()
             if solver.status == "failed":
                 raise BlowUpError(f"gamma: the adaptive integration failed at t = {t_old:.6g}: "
@@ -585,7 +615,7 @@ class _AdaptiveRun(_Run):
             else:
                 dense = dense or solver.dense_output()
                 y = dense(t_req)
-            self.record(t_req, y)
+            self.record(t_req, y, dense=solver is not None and t_req != t_new)
             self.next_out += 1
 
 
