@@ -91,6 +91,14 @@ def client():
         yield c
 
 
+def test_local_cluster_listens_on_loopback_only_and_not_on_the_dashboard_port(client):
+    # the scheduler's HTTP server took the fixed port 8787, and a second cluster warned
+    # that the port was in use
+    http = client.cluster.scheduler.http_server
+    ports = {sock.getsockname()[:2] for sock in http._sockets.values()}
+    assert ports and all(host == "127.0.0.1" and port != 8787 for host, port in ports), ports
+
+
 # ----------------------------------------------------------------------------- basics
 def test_results_in_key_order_and_identical_on_every_backend(tmp_path, client):
     keys = [f"p{s:02d}" for s in range(12)]

@@ -450,6 +450,10 @@ def local_cluster(workers: int) -> Any:
     import logging
 
     distributed = import_distributed()
+    # The scheduler starts its HTTP server (health, metrics) even without a dashboard, on
+    # port 8787 by default, so a second cluster on the machine (another sweep, another user)
+    # warns "Port 8787 is already in use".  A free port, on loopback as before, avoids it.
     return distributed.LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
                                     host="127.0.0.1", dashboard_address=None,
+                                    scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},
                                     silence_logs=logging.ERROR)
