@@ -940,13 +940,14 @@ class _Engine:
         # (not a subnormal) where e^{−e^x} < 1e−280
         E0 = _minus_exp_product(np.exp(u + c), np.exp(psi - c))                  # (n1, U, n2)
         W = np.empty(psi.shape + (len(keys),))
+        with np.errstate(invalid="ignore"):
+            grow = {k: np.exp(k * (psi - c)) for k in {k for _, k, _, _ in keys} if k}
         for j, (lin, k, beta, _) in enumerate(keys):
             w = col.w2[None, :] * col.linear(lin)
             if beta:
                 w = w * col.ratio(g) ** beta
             if k:
-                with np.errstate(invalid="ignore"):
-                    w = w * np.exp(k * (psi - c))
+                w = w * grow[k]
             W[..., j] = np.nan_to_num(np.broadcast_to(w, psi.shape), nan=0.0)
         R = np.matmul(E0, flush(W))                                              # (n1, U, J)
         ks = np.array([k for _, k, _, _ in keys])
@@ -966,11 +967,9 @@ class _Engine:
             return np.zeros(plan.coefs.shape[1])
         vals = np.zeros(len(plan.gscale))
         for act_set, noise, rest, members, signals in plan.groups:
-            prod = self.base_measure(act_set)
+            prod = self.weighted_power(act_set, rest)
             for i in noise:
                 prod = prod * tabs[i]
-            if act_set and rest:
-                prod = prod * self.power(act_set, rest)
             for j, s in zip(members, signals):
                 t = tabs[s]
                 vals[j] = float(np.vdot(prod, t)) if np.ndim(t) and np.ndim(prod) \
@@ -988,6 +987,16 @@ class _Engine:
             else:
                 ws = [self.ugs[h].w for h in act_set]
                 val = ws[0] if len(ws) == 1 else np.multiply.outer(ws[0], ws[1])
+            self._kernels[key] = val
+        return self._kernels[key]
+
+    def weighted_power(self, act_set: tuple, rest: int) -> np.ndarray | float:
+        """The measure times T_1^rest (shared by every group with that active set and rest)."""
+        key = ("weighted_power", act_set, rest)
+        if key not in self._kernels:
+            val = self.base_measure(act_set)
+            if act_set and rest:
+                val = val * self.power(act_set, rest)
             self._kernels[key] = val
         return self._kernels[key]
 
