@@ -328,8 +328,10 @@ def _block(closed: tuple[Mono, ...], idx: list[int]) -> Mono:
     return m
 
 
+@lru_cache(maxsize=4096)
 def atom_counts(m: Mono, H: int) -> tuple[np.ndarray, np.ndarray]:
-    """(k_h, β_h): numbers of W_h or D_h atoms, and of D_h atoms, in a monomial."""
+    """(k_h, β_h): numbers of W_h or D_h atoms, and of D_h atoms, in a monomial (read-only
+    arrays: cached, since every table lookup of a drift asks for them)."""
     k, beta = np.zeros(H, dtype=int), np.zeros(H, dtype=int)
     for x in m:
         if x == "w":                # joint only, where only the total count matters
@@ -337,6 +339,8 @@ def atom_counts(m: Mono, H: int) -> tuple[np.ndarray, np.ndarray]:
         elif x[0] in "WD":
             k[int(x[1:])] += 1
             beta[int(x[1:])] += x[0] == "D"
+    k.setflags(write=False)
+    beta.setflags(write=False)
     return k, beta
 
 
