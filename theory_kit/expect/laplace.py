@@ -86,10 +86,11 @@ MAX_L = 64
 DEFAULT_LEVEL = 1.0
 DEFAULT_TOL = 1e-8               # accept a rung of the resolution ladder when abs_err < tol
 LADDER_RUNGS = 3                 # fine runs at level × COARSE, level, level / COARSE at most
-# Resolution at level 1 (the coarse run for abs_err uses steps / COARSE).  Measured on
-# softmax H = 2, L = 10: the error of the coarse run is ~2e−11, but it grows erratically to
-# ~1e−7 when the steps are a further 1.33× coarser (factors (tφ)^k with k up to 6 narrow the
-# strip of analyticity), so these steps are not to be loosened.
+# Resolution at level 1.  Measured on softmax H = 2, L = 10: the error at level 0.75 is
+# ~1e−13–2e−11, but it grows erratically to ~1e−7 when the steps are a further 1.33× coarser
+# (factors (tφ)^k with k up to 6 narrow the strip of analyticity; along Fig. 1 level 0.5625 is
+# off by 2e−10–5e−9), so the ladder's first rung (0.75 against 0.5625) is kept only where
+# that measured difference is < tol, and no rung is coarser.
 U_STEP = 0.3                     # trapezoid step in u = log t
 U_LOW = 32.0                     # lower u margin: the cut tail is ≤ e^{−32} ≈ 1e−14
 Z_LEVEL = 1.25                   # whitened-score step 0.24/σ (``trapezoid_normal``)
@@ -910,12 +911,16 @@ class _Engine:
         if active:
             self._batch_inner(col, g, active)
         groups: dict = {}
+        single: dict = {}
         for m, act_set, ik, ok in info:
             if ik[3] and ok[2]:
                 groups.setdefault(ok, []).append((m, act_set, ik))
+            elif ik[3] or ok[2]:
+                single.setdefault((ok, ik[3]), []).append((m, act_set, ik))
             else:
                 self._tables[(id(col), m, act_set)] = self._nested_table(
                     col, m, *atom_counts(m, self.H), act_set)
+        self._batch_single(col, single)
         for (kf, bf, _), members in groups.items():
             outer_w = col.w1 * (col.ratio(f)[:, 0] ** bf if bf else 1.0)
             outer = flush(self._nested_kernel(col, f, kf) * outer_w[None, :])    # (U, n1)
@@ -926,22 +931,47 @@ class _Engine:
                 v = vals[:, j, :]
                 self._tables[(id(col), m, act_set)] = v.T if f == 1 else v
 
+    def _batch_single(self, col: _NodeColumn, single: dict) -> None:
+        """The tables with one active head (``_nested_table``'s one-head cases), one matrix
+        product per outer factor instead of one small product per table."""
+        f, g = col.first, 1 - col.first
+        for ((kf, bf, _), g_active), members in single.items():
+            outer_w = col.w1 * (col.ratio(f)[:, 0] ** bf if bf else 1.0)
+            inners = np.stack([self._nested_inner(col, ik[0], g, ik[1], ik[2], ik[3])
+                               for _, _, ik in members])
+            if g_active:                                     # (J, U_g, n1) · (n1,) → (J, U_g)
+                vals = inners @ outer_w
+            else:                                            # (U_f, n1) · (n1, J) → (J, U_f)
+                vals = (self._nested_kernel(col, f, kf) * outer_w[None, :] @ inners.T).T
+            for j, (m, act_set, _) in enumerate(members):
+                self._tables[(id(col), m, act_set)] = vals[j]
+
     def _batch_inner(self, col: _NodeColumn, g: int, keys: list) -> None:
         """I_j(u, z1) = e^{k_j(u+c)} Σ_{z2} e^{−e^{u+ψ}} [w2 lin_j ratio^β_j e^{k_j(ψ−c)}] for all
         keys at once (c = max ψ keeps both exponentials in range); falls back to the direct
-        kernels when the score range is too wide for that split."""
+        kernels when the u range is too wide for that split.
+
+        The split loses only terms with e^{k(ψ−c)} < ``TINY`` (flushed), worth at most
+        e^{k(u+c)} ``TINY`` ≤ e^{SPLIT_MAX − 644} ≈ 1e−28 of O(1) entries when
+        k (u + c) ≤ ``SPLIT_MAX``; a term far below c matters only at u ≈ −ψ ≤ u_max, so that
+        one bound covers the whole score range.  (It was c = max ψ with k (u+c) ≤ 300 and
+        k (c − ψ_min) ≤ 600: at L ≤ 5, where the top of the u grid is not cut, every plateau
+        state of Fig. 11 and 12 fell back to the direct kernels, 4–6× slower; same fields to
+        ≤ 8e−16.)"""
         psi = col.psi(g)                                                         # (n1, n2)
         fin = psi[np.isfinite(psi)]
-        c = float(fin.max())
-        kmax = max(k for _, k, _, _ in keys)
+        kmax = max(max(k for _, k, _, _ in keys), 1)
         u = self.ugs[g].u
-        if kmax * (float(u[-1]) + c) > 300 or kmax * (c - float(fin.min())) > 600:
+        # c ≤ max ψ lowered as far as k (u + c) ≤ SPLIT_MAX asks; then e^{k(ψ−c)} may exceed 1,
+        # by at most e^{SPLIT_MAX} (else the direct kernels)
+        c = min(float(fin.max()), SPLIT_MAX / kmax - float(u[-1]))
+        if kmax * (float(fin.max()) - c) > SPLIT_MAX:
             for lin, k, beta, act in keys:
                 self._nested_inner(col, lin, g, k, beta, act)
             return
-        # e^{u+ψ} = e^{u+c} e^{ψ−c}: both factors are finite here (u + c ≤ 300 by the test
-        # above, ψ − c ≤ 0), so one exponential per entry; ``_minus_exp_product`` writes 0
-        # (not a subnormal) where e^{−e^x} < 1e−280
+        # e^{u+ψ} = e^{u+c} e^{ψ−c}: both factors are finite here (k (u + c) and k (ψ − c) ≤
+        # SPLIT_MAX by the choice of c), so one exponential per entry; ``_minus_exp_product``
+        # writes 0 (not a subnormal) where e^{−e^x} < 1e−280
         E0 = _minus_exp_product(np.exp(u + c), np.exp(psi - c))                  # (n1, U, n2)
         W = np.empty(psi.shape + (len(keys),))
         with np.errstate(invalid="ignore"):
@@ -1113,6 +1143,7 @@ def _d_to_w(m: Mono) -> Mono:
 
 TINY = 1e-280                    # |x| below this is set to 0 (see ``flush``)
 LOG_TINY = 644.0                 # e^{−644} ≈ 1.1e−280 (``_minus_exp_product``)
+SPLIT_MAX = 580.0                # largest k (u + c) of the split inner kernel (``_batch_inner``)
 SMALL_X = 1e-6                   # below it e^{−x} is its 2nd-order Taylor polynomial (same)
 
 

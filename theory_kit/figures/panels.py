@@ -43,14 +43,22 @@ ODE_COST_PER_ELEMENT = 7e-8     # per drift evaluation and sample row × H × L
 ODE_COST_PER_EVAL = {"mc": 1e-3, "sobol": 5.5e-3}   # fixed cost of one drift evaluation
 ERROR_COST_PER_ELEMENT = 6e-8   # independent MC error: per record and sample row × H × L
 # laplace drift: CPU s per evaluation at L >= 8 by H (H = 2: the mean along the Fig. 1 curve,
-# 474 calls, Q up to ~5; H = 1, 3 at single states), times LAPLACE_SHORT_L at L < 8, where
-# fewer of a pattern's tokens are plain and the top cut of its u grid shrinks (softmax at
-# plateau states with Q ≈ 3.5-5.5: 0.9-3.4 s at L = 4, 5 against 0.19-0.38 s at L = 10;
-# L = 6, 7 interpolated, not measured).  The cost grows like the cube of the score scale √Q.
-LAPLACE_SECONDS_PER_EVAL = {1: 0.05, 2: 0.2, 3: 4.0}
-LAPLACE_SHORT_L = {4: 12.0, 5: 9.0, 6: 5.0, 7: 2.5}
+# Q up to ~5; H = 1, 3 at single states), times LAPLACE_SHORT_L at L < 8, where fewer of a
+# pattern's tokens are plain and the top cut of its u grid shrinks.  The cost grows like the
+# cube of the score scale √Q.
+# H = 2 re-measured with the resolution ladder (2026-12-01, load ~10: the Fig. 1 curve, 350
+# drifts + 124 E-only records in 32 CPU s), and the short-L factors after the inner kernel's
+# split stopped falling back at L <= 5 (a plateau state with Q ≈ 4.5: 0.17 / 0.14 / 0.11 s at
+# L = 4 / 5 / 10, was 1.0 / 1.1 / 0.15 s; L = 3, 6, 7 not measured); H = 1, 3 date from the
+# fixed (1, 0.75) resolution pair, so they overestimate where the ladder's first rung is
+# accepted.  Records off the step grid cost an E-only evaluation, ``LAPLACE_RECORD_SHARE`` of
+# a drift.
+LAPLACE_SECONDS_PER_EVAL = {1: 0.05, 2: 0.085, 3: 4.0}
+LAPLACE_RECORD_SHARE = 0.35
+LAPLACE_SHORT_L = {4: 1.6, 5: 1.4, 6: 1.3, 7: 1.2}
+LAPLACE_SHORTEST_L = 2.0        # L < 4
 # adaptive rk45 calls: ~200 through the start (Fig. 1 and Fig. 12's H = 2 panel both), then
-# steps of ~20 time units (6 calls each) through the plateau, plus one per recorded time
+# steps of ~20 time units (6 calls each) through the plateau, plus one E-only per record
 LAPLACE_START_EVALS, LAPLACE_EVALS_PER_TIME = 200, 0.3
 SIM_COST_PER_STEP = 3e-5        # fixed cost of one reduced SGD step, all runs together
 SIM_COST_PER_ELEMENT = 9e-8     # per step and run × H² × L
@@ -130,10 +138,12 @@ def error_seconds(setting: Setting, n_samples: int, n_times: int) -> float:
 def laplace_ode_seconds(setting: Setting, n_times: int) -> float:
     """Estimated CPU time of one adaptive (rk45, rtol 1e-6) integration with the deterministic
     engine recording ``n_times`` states: (``LAPLACE_START_EVALS`` + ``LAPLACE_EVALS_PER_TIME``
-    T + n_times) evaluations at the measured CPU time of one (by H, and L below 8)."""
+    T) drifts and ``n_times`` E-only records (``LAPLACE_RECORD_SHARE`` of a drift each) at the
+    measured CPU time of one drift (by H, and L below 8)."""
     per_eval = LAPLACE_SECONDS_PER_EVAL.get(setting.H, max(LAPLACE_SECONDS_PER_EVAL.values()))
-    per_eval *= LAPLACE_SHORT_L.get(setting.L, 12.0 if setting.L < 4 else 1.0)
-    evals = LAPLACE_START_EVALS + LAPLACE_EVALS_PER_TIME * setting.T + n_times
+    per_eval *= LAPLACE_SHORT_L.get(setting.L, LAPLACE_SHORTEST_L if setting.L < 4 else 1.0)
+    evals = (LAPLACE_START_EVALS + LAPLACE_EVALS_PER_TIME * setting.T
+             + LAPLACE_RECORD_SHARE * n_times)
     return evals * per_eval
 
 
