@@ -278,7 +278,8 @@ def test_full_runs_use_the_deterministic_drift_where_it_applies():
 
 # ----------------------------------------------------------------------------- readability
 def _readability_problems(fig) -> list[str]:
-    """Text under 9 pt, and legends that overlap a data panel, at the saved size."""
+    """Text under 9 pt, legends that overlap a data panel, and legends cut off at the
+    figure's edge, at the saved size."""
     from matplotlib.text import Text
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
@@ -288,7 +289,10 @@ def _readability_problems(fig) -> list[str]:
     covering = [f"legend over panel {i}" for leg in legends for i, ax in enumerate(fig.axes)
                 if ax.get_visible() and leg.get_window_extent(renderer).overlaps(
                     ax.get_window_extent(renderer))]
-    return small + covering
+    cut = [f"legend entry {t.get_text()!r} beyond the figure's edge" for leg in legends
+           for t in leg.get_texts() if not fig.bbox.contains(*t.get_window_extent(renderer).min)
+           or not fig.bbox.contains(*t.get_window_extent(renderer).max)]
+    return small + covering + cut
 
 
 def _styles(fig, prefix: str) -> list[tuple]:
@@ -315,3 +319,19 @@ def test_head_figures_are_readable_with_one_legend_outside():
     heads = _styles(fig, "head ")
     assert len({ls for ls, _ in heads}) == 4  # four heads, four line styles
     assert len(fig.legends) == 1
+
+
+def test_head_figure_legend_names_every_head_of_the_largest_group():
+    # Fig. 12 (H = 2, 4, 5, 8) named heads 1-5 only, and Fig. 3 (H = 8) had no legend
+    import matplotlib.pyplot as plt
+
+    t = np.linspace(0.0, 100.0, 20)
+    groups = [{"t": t, "M": np.outer(t, np.ones(H * 2)).reshape(-1, H, 2), "tau": [np.inf] * 2}
+              for H in (2, 8)]
+    for trajs, columns in ((groups, 2), (groups[1:], 1)):  # the second: one narrow column
+        fig = panels.heads_draw({"trajectories": trajs}, ["a", "b"][:len(trajs)], "heads",
+                                columns)
+        names = [t.get_text() for t in fig.legends[0].get_texts()]
+        assert [n for n in names if n.startswith("head ")] == [f"head {h}" for h in range(1, 9)]
+        assert _readability_problems(fig) == []
+        plt.close(fig)

@@ -585,11 +585,10 @@ def heads_draw(data: dict, titles: Sequence[str], suptitle: str, columns: int) -
         for ax in grid[r * F:(r + 1) * F, c]:
             ax.set_visible(False)
     fig.suptitle(suptitle, fontsize=9)
-    # one legend under the figure, from the group with the most heads among those of <= 5
-    shown = [g for g, tr in enumerate(trajs) if np.asarray(tr["M"]).shape[1] <= 5]
-    widest = max(shown, key=lambda g: np.asarray(trajs[g]["M"]).shape[1], default=None)
-    legend_under_figure(fig, None if widest is None else grid[widest // columns * F,
-                                                               widest % columns])
+    # one legend under the figure, from the group with the most heads: it names every head
+    # line of every group (a head keeps its colour and style across groups)
+    widest = max(range(n_groups), key=lambda g: np.asarray(trajs[g]["M"]).shape[1])
+    legend_under_figure(fig, grid[widest // columns * F, widest % columns])
     return fig
 
 

@@ -73,12 +73,26 @@ def legend_under_figure(fig: Figure, source: Axes | None, ncol: int = 6) -> None
     if not handles:
         fig.tight_layout()
         return
+    ncol = _fitting_columns(fig, handles, labels, ncol)
     lines = -(-len(handles) // ncol)
     extra = 0.28 * lines + 0.15
     width, height = fig.get_size_inches()
     fig.set_size_inches(width, height + extra)
     fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=SMALL, frameon=False)
     fig.tight_layout(rect=(0.0, extra / (height + extra), 1.0, 1.0))
+
+
+def _fitting_columns(fig: Figure, handles: list, labels: list, ncol: int) -> int:
+    """The most columns, at most ``ncol``, for which a figure legend of these entries fits
+    the figure's width (a narrow figure with many heads cut its last entries off)."""
+    renderer = fig.canvas.get_renderer()
+    for cols in range(min(ncol, len(handles)), 1, -1):
+        trial = fig.legend(handles, labels, ncol=cols, fontsize=SMALL, frameon=False)
+        wide = trial.get_window_extent(renderer).width
+        trial.remove()
+        if wide <= fig.bbox.width:
+            return cols
+    return 1
 
 
 def series_colors(n: int) -> Sequence:
