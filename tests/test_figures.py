@@ -229,8 +229,10 @@ def test_fig6_draws_from_its_data():
     taus[-1][:2] = np.inf
     data = {"params": {"D": D, "runs": 30, "T": 400.0, "delta": 0.2}, "tau": taus,
             **fig6.summary(D, taus, 0.0)}
-    arrays = panels.artist_data(fig6.draw(data))
+    fig = fig6.draw(data)
+    arrays = panels.artist_data(fig)
     assert any(a.size and np.isfinite(a).all() for a in arrays)
+    assert _readability_problems(fig) == []  # its legends sat over the runs and the curves
 
 
 @pytest.mark.slow

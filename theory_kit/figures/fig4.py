@@ -34,7 +34,7 @@ from .. import einf
 from ..activations import get_activation
 from ..initial import InitialCondition
 from ..model import Task, make_prior
-from .style import label_axes, new_figure, series_colors
+from .style import label_axes, legend_under_figure, new_figure, series_colors
 
 NUMBER = 4
 ACTIVATIONS = ("softmax", "softmax1", "bsoftmax")
@@ -224,13 +224,13 @@ def draw(data: dict) -> Figure:
             ax.xaxis.set_minor_formatter(NullFormatter())
     plan_ = data["plan"]
     label_axes(left, "number of heads H", "E∞ (log scale)",
-               f"F = {plan_['F_left']}, ν = {plan_['nu_left']:g}, L = {plan_['L']}")
+               f"F = {plan_['F_left']}, ν = {plan_['nu_left']:g}, L = {plan_['L']}", legend=False)
     label_axes(right, "signal strength ν (ν1 = ν2)", "E∞ (log scale)",
                f"F = {plan_['F_right']}, H = {plan_['H_right']}, L = {plan_['L']}", legend=False)
     done = sum(sum(d["converged"]) for r in data["rows"] for d in r["activations"].values())
     total = sum(len(d["converged"]) for r in data["rows"] for d in r["activations"].values())
     fig.suptitle(f"Fig. 4: E∞ (gradient flow, solved fixed points); {done}/{total} runs "
-                 "certified (hollow: not certified; triangles/squares: other fixed points)",
+                 "certified\n(hollow: not certified; triangles/squares: other fixed points)",
                  fontsize=9)
-    fig.tight_layout()
+    legend_under_figure(fig, left, ncol=4)
     return fig

@@ -30,7 +30,7 @@ from ..error import population_error_mc
 from ..model import State
 from .digitsim import DigitSetup, DigitSimPiece, data_fingerprint
 from .panels import ACT_LABELS, run_pieces
-from .style import RC, SMALL, label_axes, series_colors
+from .style import RC, SMALL, label_axes, legend_below, series_colors
 
 NUMBER = 5
 CAPTION = ("Digit-detection task (UCI 8×8 digits offline, or --data): left, the learned keys "
@@ -179,7 +179,8 @@ def _draw_curves(ax: plt.Axes, data: dict) -> None:
     for row, color in zip(data["rows"], series_colors(len(data["rows"]))):
         ax.plot(row["t"], row["error_curve_mean"], color=color, label=row["label"])
     ax.axhline(data["chance_error"], color="0.5", ls=":", lw=1, label="keys = 0: 1 − 1/L")
-    label_axes(ax, r"$t$ = steps / D", "population error", "training")
+    label_axes(ax, r"$t$ = steps / D", "population error", "training", legend=False)
+    legend_below(ax, ncol=3)
 
 
 def _draw_einf(ax: plt.Axes, data: dict) -> None:
@@ -204,7 +205,7 @@ def draw(data: dict) -> Figure:
     with plt.rc_context(RC):
         fig = plt.figure(figsize=(15.0, 5.2))
         outer = fig.add_gridspec(1, 3, width_ratios=[3.0, 1.15, 1.0], wspace=0.28, left=0.03,
-                                 right=0.99, bottom=0.15, top=0.84)
+                                 right=0.99, bottom=0.24, top=0.84)  # room for the legend below
         _draw_keys(fig, outer[0], data)
         _draw_curves(fig.add_subplot(outer[1]), data)
         _draw_einf(fig.add_subplot(outer[2]), data)

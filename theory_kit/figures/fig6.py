@@ -30,7 +30,7 @@ from matplotlib.ticker import FormatStrFormatter, FuncFormatter, NullLocator
 from .. import analysis
 from .escape_pieces import EscapePiece, draw_band_over_d, predicted
 from .panels import Setting, SimPiece, pieces_seconds, run_pieces
-from .style import SMALL, label_axes, new_figure
+from .style import label_axes, new_figure
 
 NUMBER = 6
 DELTA = 0.2
@@ -180,10 +180,8 @@ def _draw_runs(ax: Axes, data: dict) -> None:
     if data.get("theory") is not None:
         draw_band_over_d(ax, data["theory"])
     _log_d_axis(ax, D)
-    ax.set_ylim(0, 1.45 * params["T"])   # room for the legend above the runs
-    label_axes(ax, r"$D$", r"$\tau_2$", f"{params['runs']} runs per D, T = {params['T']:g}",
-               legend=False)
-    ax.legend(fontsize=SMALL, loc="upper center", ncol=2, framealpha=0.7)
+    ax.set_ylim(0, 1.1 * params["T"])
+    label_axes(ax, r"$D$", r"$\tau_2$", f"{params['runs']} runs per D, T = {params['T']:g}")
 
 
 def draw(data: dict) -> Figure:
@@ -192,7 +190,7 @@ def draw(data: dict) -> Figure:
     var, var_se = np.asarray(data["var"], float), np.asarray(data["var_se"], float)
     rel, rel_se = np.asarray(data["rel_std"], float), np.asarray(data["rel_std_se"], float)
     fraction = np.asarray(data["fraction"], float)
-    fig, (ax_tau, ax_var, ax_rel) = new_figure(1, 3, panel_size=(3.4, 3.0))
+    fig, (ax_tau, ax_var, ax_rel) = new_figure(1, 3, panel_size=(3.4, 4.3))  # legends below
     _draw_runs(ax_tau, data)
 
     ax_var.errorbar(D, var, yerr=var_se, fmt="s-", color="C1", capsize=3,
@@ -217,8 +215,7 @@ def draw(data: dict) -> Figure:
     _plain_log_y(ax_rel)
     _log_d_axis(ax_rel, D)
     label_axes(ax_rel, r"$D$", "relative spread of $\\tau_2$", "crossed by T: " +
-               ", ".join(f"{f:.2f}" for f in fraction), legend=False)
-    ax_rel.legend(fontsize=SMALL, loc="lower left", framealpha=0.7)
+               ", ".join(f"{f:.2f}" for f in fraction))
     fig.suptitle("Fig. 6: concentration of the specialisation time (SGD, softmax, L = 5, H = 2, "
                  "F = 2, flipping ν = (2, 2))", fontsize=9)
     fig.tight_layout()

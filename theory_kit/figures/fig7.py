@@ -29,7 +29,7 @@ from .. import analysis
 from ..digits import DigitTask
 from .digitsim import DigitSetup, DigitSimPiece, data_fingerprint
 from .panels import run_pieces
-from .style import SMALL, label_axes, new_figure, series_colors
+from .style import SMALL, label_axes, legend_below, new_figure, series_colors
 
 NUMBER = 7
 CAPTION = ("Specialisation time τ_f along the leading principal directions f of the digit "
@@ -127,15 +127,15 @@ def draw(data: dict) -> Figure:
     f = np.arange(1, n_dirs + 1)
     mean, std, var = (np.asarray(stats[k], dtype=float) for k in ("mean", "std", "var"))
     frac = np.asarray(stats["fraction"], dtype=float)
-    fig, (ax_s, ax_m, ax_v) = new_figure(1, 3, panel_size=(4.0, 3.0))
+    fig, (ax_s, ax_m, ax_v) = new_figure(1, 3, panel_size=(4.0, 3.8))  # legends below
     colors = series_colors(n_dirs)
     spread = np.asarray(data["spread_mean"], dtype=float)
     for k in range(n_dirs):
         ax_s.plot(data["t"], spread[:, k], color=colors[k], label=f"f = {k + 1}")
     ax_s.axhline(p["threshold"], color="k", ls="--", lw=1, label="threshold")
     label_axes(ax_s, r"$t$ = steps / D", r"$\|m_{:,f} - \bar m_f 1_H\|_2$ (mean)",
-               "head spread along PC f")
-    ax_s.legend(fontsize=SMALL, ncol=2)
+               "head spread along PC f", legend=False)
+    legend_below(ax_s, ncol=4)
     # solid: most runs specialised by T; hollow: the mean over the few that did (biased low)
     most = np.isfinite(mean) & (frac >= MAJORITY)
     few = np.isfinite(mean) & (frac < MAJORITY)

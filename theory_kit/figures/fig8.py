@@ -51,7 +51,7 @@ def compute(quick: bool, workdir: Path, jobs: int = 1, executor: object | None =
 def draw(data: dict) -> Figure:
     diffs = np.asarray(data["differences"])
     pooled = diffs[:, 1:, :].reshape(-1, diffs.shape[-1])
-    fig, (ax_hist, ax_time) = new_figure(1, 2, panel_size=(3.8, 2.8))
+    fig, (ax_hist, ax_time) = new_figure(1, 2, panel_size=(3.8, 3.4))  # legends below
     colors = series_colors(pooled.shape[1])
     edges = np.linspace(pooled.min(), pooled.max(), 31)
     for f in range(pooled.shape[1]):

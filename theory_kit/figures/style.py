@@ -9,6 +9,7 @@ matplotlib.use("Agg", force=False)
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.transforms import offset_copy  # noqa: E402
 
 RC = {"figure.dpi": 110, "savefig.dpi": 150, "font.size": 9, "axes.grid": True,
       "grid.alpha": 0.3, "axes.spines.top": False, "axes.spines.right": False,
@@ -44,7 +45,23 @@ def label_axes(ax: Axes, xlabel: str, ylabel: str, title: str | None = None,
     if title:
         ax.set_title(title, fontsize=RC["font.size"])
     if legend and ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=RC["legend.fontsize"], frameon=False)
+        legend_below(ax)
+
+
+def legend_below(ax: Axes, ncol: int = 2) -> None:
+    """ax's legend under its x label, outside the data ("best" inside a panel still covered
+    points), in as many columns (at most ``ncol``) as fit the panel's width.  The offset is
+    in points below the axes, so it survives ``tight_layout``, which makes room for it."""
+    fig = ax.figure
+    renderer = fig.canvas.get_renderer()
+    if ax.get_legend() is not None:
+        ax.get_legend().remove()
+    drop = (ax.get_window_extent(renderer).y0 - ax.get_tightbbox(renderer).y0) * 72 / fig.dpi
+    handles, labels = ax.get_legend_handles_labels()
+    cols = _fitting_columns(fig, handles, labels, ncol, ax.get_window_extent(renderer).width)
+    ax.legend(handles, labels, loc="upper center", ncol=cols, fontsize=SMALL, frameon=False,
+              bbox_to_anchor=(0.5, 0.0), borderaxespad=0.0,
+              bbox_transform=offset_copy(ax.transAxes, fig=fig, y=-(drop + 4), units="points"))
 
 
 def head_style(j: int) -> dict:
@@ -73,7 +90,7 @@ def legend_under_figure(fig: Figure, source: Axes | None, ncol: int = 6) -> None
     if not handles:
         fig.tight_layout()
         return
-    ncol = _fitting_columns(fig, handles, labels, ncol)
+    ncol = _fitting_columns(fig, handles, labels, ncol, fig.bbox.width)
     lines = -(-len(handles) // ncol)
     extra = 0.28 * lines + 0.15
     width, height = fig.get_size_inches()
@@ -82,15 +99,16 @@ def legend_under_figure(fig: Figure, source: Axes | None, ncol: int = 6) -> None
     fig.tight_layout(rect=(0.0, extra / (height + extra), 1.0, 1.0))
 
 
-def _fitting_columns(fig: Figure, handles: list, labels: list, ncol: int) -> int:
-    """The most columns, at most ``ncol``, for which a figure legend of these entries fits
-    the figure's width (a narrow figure with many heads cut its last entries off)."""
+def _fitting_columns(fig: Figure, handles: list, labels: list, ncol: int,
+                     width: float) -> int:
+    """The most columns, at most ``ncol``, for which a legend of these entries is at most
+    ``width`` pixels wide (a narrow figure with many heads cut its last entries off)."""
     renderer = fig.canvas.get_renderer()
     for cols in range(min(ncol, len(handles)), 1, -1):
         trial = fig.legend(handles, labels, ncol=cols, fontsize=SMALL, frameon=False)
         wide = trial.get_window_extent(renderer).width
         trial.remove()
-        if wide <= fig.bbox.width:
+        if wide <= width:
             return cols
     return 1
 
