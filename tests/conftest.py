@@ -29,6 +29,46 @@ def pytest_configure(config):
     root = _codegen_cache_root(config)
     os.environ["THEORY_KIT_TEST_CACHE"] = root
     os.environ["THEORY_KIT_CACHE"] = root
+    if not hasattr(config, "workerinput"):   # the controller (or a run without xdist)
+        os.environ.pop("THEORY_KIT_TEST_WARM_RUN", None)
+        if _warms_kernels(config):   # the workers, started after this, inherit it
+            import uuid
+            os.environ["THEORY_KIT_TEST_WARM_RUN"] = uuid.uuid4().hex
+
+
+def _warms_kernels(config) -> bool:
+    """Whether this (xdist controller) run warms the numba kernels before the tests: the
+    whole suite (no paths given) on two or more workers; ``THEORY_KIT_TEST_WARM=0|1``
+    overrides.  A run of a few files compiles only what they touch."""
+    forced = os.environ.get("THEORY_KIT_TEST_WARM")
+    if forced in ("0", "1"):
+        return forced == "1"
+    workers = getattr(config.option, "numprocesses", None) or 0
+    return (getattr(config.option, "dist", "no") != "no" and int(workers) >= 2
+            and config.args_source == pytest.Config.ArgsSource.TESTPATHS)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionstart(session):
+    """On each xdist worker of a warming run, compile this worker's share of the kernels
+    (tests/kernel_warmup.py), then wait for the other workers' shares: every activation is
+    compiled once per run instead of once per worker that touches it."""
+    workerinput = getattr(session.config, "workerinput", None)
+    run = os.environ.get("THEORY_KIT_TEST_WARM_RUN")
+    if workerinput is None or not run:
+        return
+    import kernel_warmup
+    kernel_warmup.warm_share_and_wait(os.environ["THEORY_KIT_TEST_CACHE"], run,
+                                      int(workerinput["workerid"].lstrip("gw")),
+                                      int(workerinput["workercount"]))
+
+
+def pytest_unconfigure(config):
+    """The controller removes the run's warm-up markers (the cache folder persists)."""
+    run = os.environ.get("THEORY_KIT_TEST_WARM_RUN")
+    if run and not hasattr(config, "workerinput"):
+        for done in Path(os.environ["THEORY_KIT_TEST_CACHE"]).glob(f"warm-{run}-*.done"):
+            done.unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="session")
@@ -113,10 +153,32 @@ def _shares_fixtures(item) -> bool:
     return any(d and d[-1].scope in ("module", "class", "package") for d in defs)
 
 
+def _group_suffix(item) -> str:
+    names = {str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+             for m in item.iter_markers("xdist_group")}
+    return "@" + "_".join(sorted(names)) if names else ""
+
+
+@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
     """Under ``--dist loadgroup`` the tests of a module that share a module-scoped fixture go
     to one worker together (the fixture is built once, as in a serial run); every other test
-    is scheduled on its own, so the two workers stay balanced."""
+    is scheduled on its own, so the two workers stay balanced.
+
+    pytest-xdist (3.8) groups by a ``@group`` suffix it appends to the worker's node ids
+    (``item._nodeid``), which pytest 9 no longer reads (the id is ``item._id``): there the
+    groups were silently ignored and each worker built such a fixture again (the notebook
+    fixture, all four notebooks, on both workers).  So the suffix is set here (this hook
+    runs after xdist's; a suffix already there is kept)."""
     for item in items:
         if _shares_fixtures(item) and not item.get_closest_marker("xdist_group"):
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+    if not getattr(config.option, "loadgroup", False):   # set on xdist workers only
+        return
+    for item in items:
+        suffix = _group_suffix(item)
+        if suffix and "@" not in item.nodeid.rsplit("]", 1)[-1]:
+            if hasattr(item, "_id"):   # pytest >= 9: a structured NodeId
+                item._id = type(item._id).parse(item.nodeid + suffix)
+            else:
+                item._nodeid = item.nodeid + suffix
