@@ -43,6 +43,7 @@ ACTIVATIONS = ("softmax", "softmax1", "bsoftmax")
 # CPU s per activation on a cold cache: brute-force SGD and the MC error compile only the
 # weight and error kernels (no drift kernels); measured 2026-12-01 (figures/README.md)
 COMPILE_SECONDS = 6.0
+DRIFT_KERNELS = False   # runner.precompile: no ODE, so no drift kernels to compile
 
 
 @dataclass(frozen=True)

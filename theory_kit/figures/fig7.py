@@ -41,6 +41,7 @@ THRESHOLD = 1.0
 ACTIVATIONS = ("softmax",)
 # CPU s on a cold cache: brute-force SGD compiles only the weight and error kernels (Fig. 5)
 COMPILE_SECONDS = 6.0
+DRIFT_KERNELS = False   # runner.precompile: no ODE, so no drift kernels to compile
 MAJORITY = 0.5  # directions where fewer runs specialised are drawn hollow
 
 

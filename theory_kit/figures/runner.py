@@ -109,6 +109,64 @@ def uncompiled(names: set[str]) -> list[str]:
     return sorted(n for n in names if not codegen.cache_path(get_activation(n), "numba").is_file())
 
 
+# ----------------------------------------------------------------------------- cold kernels
+KERNEL_PARTS = ("drift", "sample")
+
+
+def compile_kernels(act: "Activation | str", part: str) -> None:
+    """Compile (or load from numba's disk cache) one part of an activation's generated
+    kernels by calling it once on tiny inputs of the production array types (numba compiles
+    per argument type): ``drift`` the fused drift pass of the ODE engines (``pack_rows``,
+    ``drift_blocks``; both projections share it), ``sample`` the token weights and their
+    VJPs (``weights_batch``, ``vjp_batch``: the error curve, E∞'s solver) and their
+    per-sample forms at the reduced simulation's signature (``simulate.step_kernels``)."""
+    import numpy as np
+
+    from .. import codegen, simulate
+    from ..activations import get_activation
+    if part not in KERNEL_PARTS:
+        raise ValueError(f"part must be one of {KERNEL_PARTS}, got {part!r}")
+    act = get_activation(act) if isinstance(act, str) else act
+    rng = np.random.default_rng(0)
+    H, L, F, n = 2, 3, 2, 8
+    M, Q = 0.3 * rng.standard_normal((H, F)), np.array([[1.2, 0.1], [0.1, 1.1]])
+    a, b = np.ones(H), np.zeros(H)
+    S = rng.standard_normal((n, H, L))
+    if part == "drift":
+        theta = np.sign(rng.standard_normal((n, F)))
+        codegen.drift_integrand(act, backend="numba").group_sums(
+            S, theta, np.full(n, 1.0 / n), np.linalg.cholesky(Q), M, Q, a, b, 0.0, (2,))
+        return
+    kern = codegen.sample_kernels(act, "numba")
+    W, D, D2, _ = kern.weights(S, b, np.diag(Q), a)
+    kern.vjp(W, D, D2, a, rng.standard_normal((n, L)))
+    simulate.step_kernels(act)
+
+
+def _compile_task(task: tuple[str, str]) -> None:
+    compile_kernels(*task)
+
+
+def precompile(module: ModuleType, names: list[str], jobs: int) -> None:
+    """Compile the kernels of the (uncached) activations ``names`` once, on up to ``jobs``
+    processes at a time, before a figure's pieces start: otherwise every worker process
+    compiles every activation of its pieces (~16 CPU s each), all of them at once.  Only the
+    parts the figure runs: ``drift`` unless its ``DRIFT_KERNELS`` is False (the SGD-only
+    figures), ``sample`` always; the drift parts, the longest, are dealt first."""
+    from concurrent.futures import ProcessPoolExecutor
+    parts = [p for p in KERNEL_PARTS if p != "drift" or getattr(module, "DRIFT_KERNELS", True)]
+    tasks = [(name, part) for part in parts for name in names]
+    if not tasks or not numba_backend():
+        return
+    with ProcessPoolExecutor(max_workers=min(jobs, len(tasks))) as pool:
+        list(pool.map(_compile_task, tasks))
+
+
+def numba_backend() -> bool:
+    from .. import codegen
+    return codegen.resolve_backend() == "numba"
+
+
 def figure_pieces(module: ModuleType, quick: bool) -> int | None:
     """How many independent pieces a figure runs (its ``n_pieces(quick)``, else those of its
     ``plan(quick)``); None when the figure does not say."""
@@ -208,6 +266,8 @@ def run_figure(number: int, quick: bool = False, out: str | Path = "figures", jo
     workdir = work_folder(out, module.NUMBER, quick)
     workdir.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
+    if executor is None and jobs > 1:   # (one process compiles as it goes)
+        precompile(module, uncompiled(figure_activations(module, quick)), jobs)
     data = module.compute(quick=quick, workdir=workdir, jobs=jobs, **extra)
     elapsed = time.monotonic() - start
     png, js = output_paths(out, module.NUMBER)

@@ -1,0 +1,88 @@
+"""The figure runner compiles an uncached activation's kernels once, before the pieces start."""
+import concurrent.futures
+import types
+
+import pytest
+
+import theory_kit as tk
+from theory_kit import codegen
+from theory_kit.activations import get_activation
+from theory_kit.figures import panels, runner
+
+KERNELS = ("pack_rows", "drift_blocks", "weights_batch", "vjp_batch", "weights1", "vjp1")
+
+
+class _RecordingPool:
+    """A stand-in for ProcessPoolExecutor that records what it was given."""
+    made: list = []
+
+    def __init__(self, max_workers):
+        self.tasks, self.max_workers = [], max_workers
+        _RecordingPool.made.append(self)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def map(self, fn, tasks):
+        self.tasks = list(tasks)
+        return []
+
+
+@pytest.mark.parametrize("drift", [True, False])
+def test_precompile_deals_each_part_once_drift_first(drift, monkeypatch):
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", _RecordingPool)
+    monkeypatch.setattr(runner, "numba_backend", lambda: True)
+    _RecordingPool.made = []
+    module = types.SimpleNamespace(DRIFT_KERNELS=drift)
+    runner.precompile(module, ["softmax", "bsoftmax"], jobs=8)
+    (pool,) = _RecordingPool.made
+    parts = (["drift"] if drift else []) + ["sample"]
+    assert pool.tasks == [(n, p) for p in parts for n in ("softmax", "bsoftmax")]
+    assert pool.max_workers == len(pool.tasks)
+    _RecordingPool.made = []
+    runner.precompile(module, [], jobs=2)       # all cached: no processes at all
+    assert _RecordingPool.made == []
+
+
+def test_compiled_parts_are_the_signatures_the_production_paths_call():
+    """After ``compile_kernels`` (drift and sample) an ODE on Monte Carlo and Sobol drifts,
+    the MC error and a reduced simulation compile nothing new: the warm-up calls reach the
+    same numba specialisations (dtype, ndim, layout, writeability) as the real runs.  Fails
+    when a production call passes, e.g., a read-only or non-contiguous array."""
+    act = get_activation("softmax")
+    module = codegen.load_numba_module(act)
+    for part in runner.KERNEL_PARTS:
+        runner.compile_kernels("softmax", part)
+    before = {name: len(getattr(module, name).signatures) for name in KERNELS}
+    assert all(before.values()), before
+    for engine in ("mc", "sobol"):
+        tk.ode(activation="softmax", H=2, L=3, nu=[2, 2], gamma=1.0, T=0.5, D=1000, seed=0,
+               samples=256, engine=engine, progress=False)
+    tk.error(activation="softmax", L=4, nu=[2, 2], method="mc",
+             M=[[1.0, 0.8], [0.9, -0.7]], Q=[[2.0, 0.3], [0.3, 1.8]])
+    tk.simulate(activation="softmax", H=2, L=3, nu=[2, 2], D=100, runs=2, seed=0, T=0.2,
+                times=[0, 0.2], method="reduced", progress=False)
+    assert {name: len(getattr(module, name).signatures) for name in KERNELS} == before
+
+
+def test_pieces_run_longest_first_and_come_back_in_order(tmp_path, monkeypatch):
+    seen = []
+
+    class Piece:
+        def __init__(self, name, cost):
+            self.name, self.cost = name, cost
+
+        def seconds(self):
+            return self.cost
+
+        def run(self, path, progress):
+            seen.append(self.name)
+            return {"name": self.name}
+
+    pieces = [Piece("a", 1.0), Piece("b", 5.0), Piece("c", 3.0)]
+    out = panels.run_pieces(pieces, tmp_path, jobs=1)
+    assert seen == ["b", "c", "a"]
+    assert [r["name"] for r in out] == ["a", "b", "c"]
