@@ -22,7 +22,11 @@ The oracle and the compiled kernel are also timed in CPU time (``time.process_ti
 thread): on a machine shared with other jobs the wall times measure the wait for a core as
 much as the work, and the CPU ratio is the ratio of the work.
 
-    python benchmarks/bench_engine.py [--repeats 3] [--cases 2x4,2x10,4x5,8x5]
+Last, one line per ``--sample-kernels`` size: ``kern.weights`` + ``kern.vjp`` at n = 10⁵ rows
+with b, qdiag, a shared by all rows (the lane kernels) against per-row copies (one sample at a
+time), softmax.
+
+    python benchmarks/bench_engine.py [--repeats 3] [--cases 2x4,2x10,4x5,8x5] [--sample-kernels 2x10,8x5]
 """
 from __future__ import annotations
 
@@ -208,10 +212,36 @@ def run_case(label: str, act, H: int, L: int, repeats: int) -> list[str]:
             + (f", jax {warm['jax']:.1f} s" if "jax" in warm else "")]
 
 
+N_SAMPLE_ROWS = 100_000
+
+
+def run_sample_kernels(label: str, act, H: int, L: int, repeats: int) -> str:
+    """``kern.weights`` + ``kern.vjp`` on n = 10⁵ rows (fixedpoint / error use them): with b,
+    qdiag, a shared by all rows (the lane kernels) against the same call with per-row copies
+    (one sample at a time, the previous path), ms per call, wall."""
+    kern = codegen.sample_kernels(act, "numba")
+    rng = np.random.default_rng(H * 100 + L)
+    S, v = rng.standard_normal((N_SAMPLE_ROWS, H, L)), rng.standard_normal((N_SAMPLE_ROWS, L))
+    shared = (0.2 * rng.standard_normal(H), rng.uniform(0.5, 2.0, H), rng.uniform(0.3, 1.0, H))
+    per_row = tuple(np.tile(x, (N_SAMPLE_ROWS, 1)) for x in shared)
+    times = {}
+    for name, (b, qdiag, a) in (("lanes", shared), ("per-sample", per_row)):
+        def call():
+            W, D, D2, _ = kern.weights(S, b, qdiag, a)
+            kern.vjp(W, D, D2, a, v)
+        call()
+        times[name] = best_time(call, repeats)
+    return (f"{label:16s} {H:2d} {L:3d}   weights+vjp at n = {N_SAMPLE_ROWS}: lanes "
+            f"{times['lanes'] * 1e3:.1f} ms, per-sample {times['per-sample'] * 1e3:.1f} ms "
+            f"({times['per-sample'] / times['lanes']:.1f}x)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--cases", default="2x4,2x10,4x5,8x5")
+    parser.add_argument("--sample-kernels", default="2x10,8x5",
+                        help="sizes for the weights/VJP line (softmax); empty: none")
     args = parser.parse_args()
     cases = [tuple(int(x) for x in c.split("x")) for c in args.cases.split(",")]
     print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {platform.machine()}, "
@@ -228,6 +258,10 @@ def main() -> None:
         for H, L in cases:
             for line in run_case(label, act, H, L, args.repeats):
                 print(line, flush=True)
+    for case in filter(None, args.sample_kernels.split(",")):
+        H, L = (int(x) for x in case.split("x"))
+        print(run_sample_kernels("softmax", activations()["softmax"], H, L, args.repeats),
+              flush=True)
     print(f"# load average at the end {os.getloadavg()[0]:.1f}")
 
 

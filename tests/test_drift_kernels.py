@@ -5,6 +5,7 @@ import pytest
 import sympy as sp
 
 from theory_kit import codegen
+from theory_kit.codegen_numba import LANES
 from theory_kit.activations import custom_activation, get_activation
 from theory_kit.expect.drift import MonteCarloDrift
 from theory_kit.model import Task, make_prior
@@ -59,7 +60,7 @@ def test_drift_sums_bit_identical_for_any_thread_count_and_split(threads, monkey
         assert got.error == results[0].error
 
 
-@pytest.mark.parametrize("n", [1, 63, 64, 65, 200])
+@pytest.mark.parametrize("n", [1, LANES - 1, LANES, LANES + 1, 2 * LANES + 72])
 def test_partial_blocks_agree_with_the_oracle(n, threads, monkeypatch):
     """Row counts around the block length (padding lanes are copies of a real sample and are
     never written out), also when the rows are split over two threads."""
@@ -230,3 +231,37 @@ def test_one_head_compiles_no_read_only_twin():
     for kernel in kernels:
         read_only = [str(t) for sig in kernel.signatures for t in sig if "readonly" in str(t)]
         assert read_only == [], read_only
+
+
+@pytest.mark.parametrize("name", ["softmax", "bsoftmax", "user"])
+def test_lane_batches_agree_with_per_sample_kernels_for_any_split(name, threads, monkeypatch):
+    """kern.weights / kern.vjp with b, qdiag, a shared by all rows run on lanes of rows
+    (``weights_rows``/``vjp_rows``): the same numbers as one sample at a time (the VJP
+    bit for bit, the weights to a few ulps: _vexp against math.exp, and FMA-contracted
+    polynomials in the block), for row counts around the lane block, and the same bits on
+    one thread or split over two."""
+    act = (custom_activation("log(1+exp(s))", norm="per-head", kappa=0.5) if name == "user"
+           else get_activation(name))
+    kern = codegen.sample_kernels(act, "numba")
+    H, L = 3, 5
+    for n in (1, LANES + 1):
+        rng = np.random.default_rng(n)
+        S, v = rng.standard_normal((n, H, L)), rng.standard_normal((n, L))
+        b, qdiag, a = 0.3 * rng.standard_normal(H), rng.uniform(0.5, 2, H), rng.uniform(0.2, 1.5, H)
+        tiled = [np.tile(x, (n, 1)) for x in (b, qdiag, a)]
+        lanes, single = kern.weights(S, b, qdiag, a), kern.weights(S, *tiled)
+        for got, want in zip(lanes, single):
+            np.testing.assert_allclose(got, want, rtol=2e-15, atol=1e-300)
+        for got, want in zip(kern.vjp(*single[:3], a, v), kern.vjp(*single[:3], tiled[2], v)):
+            assert np.array_equal(got, want)
+    monkeypatch.setattr(codegen.SampleKernels, "MIN_ROWS", 16)
+    rng = np.random.default_rng(7)
+    S, v = rng.standard_normal((1000, H, L)), rng.standard_normal((1000, L))
+    b, qdiag, a = np.zeros(H), np.ones(H), np.full(H, 0.7)
+    results = []
+    for n_threads in (1, 2):
+        threads(n_threads)
+        W, D, D2, w = kern.weights(S, b, qdiag, a)
+        results.append((W, D, D2, w) + kern.vjp(W, D, D2, a, v))
+    for got, want in zip(*results):
+        assert np.array_equal(got, want)

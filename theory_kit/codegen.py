@@ -57,8 +57,11 @@ order, so the numbers do not depend on the thread count.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
+import itertools
+import math
 import os
 import sys
 import tempfile
@@ -433,12 +436,23 @@ def _normaliser_error(act: Activation) -> ValidationError:
                            "must be > 0 (phi must be non-negative and not all zero)")
 
 
+def _shared(H: int, *params: object) -> bool:
+    """Whether every head parameter is one (H,) vector (or a scalar, or None) for all samples:
+    then the numba batches run on lanes of samples (``weights_rows``/``vjp_rows``)."""
+    return all(x is None or np.ndim(x) == 0 or np.shape(x) == (H,) for x in params)
+
+
 class SampleKernels:
     """w and its vector–Jacobian products from the generated code (see the module docstring).
 
     Vectorised (any leading sample axes; b, qdiag, a broadcast against S.shape[:-1]):
       ``weights(S, b, qdiag, a) -> (W, D, D2, w)``, ``vjp(W, D, D2, a, v) -> (Jv, Av, Bv, Qv)``.
+    With the numba backend and b, qdiag, a shared by all samples ((H,) vectors) both run the
+    vectorised lane kernels on :func:`compute_threads` threads (row ranges of at least
+    ``MIN_ROWS``), otherwise one sample at a time; the two agree to an ulp of exp.
     numba per-sample dispatchers, usable inside other njit code: ``weights1``, ``vjp1``."""
+
+    MIN_ROWS = 4096   # rows per thread at least (a hand-off costs ~0.1 ms)
 
     def __init__(self, act: Activation, backend: str | None = None) -> None:
         self.act = act
@@ -472,6 +486,16 @@ class SampleKernels:
         *lead, H, L = S.shape
         heads = (int(np.prod(lead, dtype=int)), H)
         flat = np.ascontiguousarray(S.reshape((-1, H, L)))
+        if self.backend == "numba" and _shared(H, b, qdiag, a):
+            W, D, D2 = (np.empty_like(flat) for _ in range(3))
+            w = np.empty((heads[0], L))
+            b, qdiag, a = (_heads_array(x, (H,), name) for x, name in
+                           ((b, "b"), (qdiag, "qdiag"), (a, "a")))
+            if run_ranges(lambda start, stop: self._numba.weights_rows(
+                    flat, b, qdiag, a, W, D, D2, w, start, stop), heads[0], self.MIN_ROWS):
+                raise _normaliser_error(self.act)
+            return (W.reshape(S.shape), D.reshape(S.shape), D2.reshape(S.shape),
+                    w.reshape(tuple(lead) + (L,)))
         b, qdiag, a = (_heads_array(x, tuple(lead) + (H,), name).reshape(heads)
                        for x, name in ((b, "b"), (qdiag, "qdiag"), (a, "a")))
         if self.backend == "numpy":
@@ -494,9 +518,18 @@ class SampleKernels:
         n = int(np.prod(lead, dtype=int))
         W, D, D2 = (np.ascontiguousarray(np.asarray(x, dtype=float).reshape((n, H, L)))
                     for x in (W, D, D2))
-        a = _heads_array(a, tuple(lead) + (H,), "a").reshape((n, H))
         v = np.ascontiguousarray(np.broadcast_to(np.asarray(v, dtype=float), tuple(lead) + (L,))
                                  ).reshape((n, L))
+        heads = tuple(lead) + (H,)
+        if self.backend == "numba" and _shared(H, a):
+            a = _heads_array(a, (H,), "a")
+            Jv = np.empty((n, H, L))
+            Av, Bv, Qv = (np.empty((n, H)) for _ in range(3))
+            run_ranges(lambda start, stop: self._numba.vjp_rows(
+                W, D, D2, a, v, Jv, Av, Bv, Qv, start, stop), n, self.MIN_ROWS)
+            return (Jv.reshape(tuple(lead) + (H, L)), Av.reshape(heads), Bv.reshape(heads),
+                    Qv.reshape(heads))
+        a = _heads_array(a, tuple(lead) + (H,), "a").reshape((n, H))
         if self.backend == "numpy":
             out = self._numpy.vjp(W, D, D2, v, a)
             Jv, Av, Bv, Qv = (out[k] for k in VJP_OUTPUTS)
@@ -504,7 +537,6 @@ class SampleKernels:
             Jv = np.empty((n, H, L))
             Av, Bv, Qv = (np.empty((n, H)) for _ in range(3))
             self._numba.vjp_batch(W, D, D2, a, v, Jv, Av, Bv, Qv)
-        heads = tuple(lead) + (H,)
         return Jv.reshape(tuple(lead) + (H, L)), Av.reshape(heads), Bv.reshape(heads), Qv.reshape(heads)
 
 
@@ -546,14 +578,27 @@ def field_sizes(H: int, F: int) -> dict[str, tuple[int, ...]]:
             "sq_err": ()}
 
 
-def split_fields(flat: np.ndarray, H: int, F: int) -> dict[str, np.ndarray]:
-    """Split (..., K) compiled drift vectors into the named fields (..., *shape)."""
-    out, pos = {}, 0
+@functools.lru_cache(maxsize=None)
+def _field_slices(H: int, F: int) -> tuple[tuple[str, int, int, tuple[int, ...]], ...]:
+    """(name, start, stop, shape) of each field in the flat layout of :func:`field_sizes`."""
+    out, pos = [], 0
     for name, shape in field_sizes(H, F).items():
         size = int(np.prod(shape, dtype=int))
-        out[name] = flat[..., pos:pos + size].reshape(flat.shape[:-1] + shape)
+        out.append((name, pos, pos + size, shape))
         pos += size
-    return out
+    return tuple(out)
+
+
+def field_count(H: int, F: int) -> int:
+    """K = H F + 2 H² + 2 H + 1, the length of one flat per-sample drift vector."""
+    return _field_slices(H, F)[-1][2]
+
+
+def split_fields(flat: np.ndarray, H: int, F: int) -> dict[str, np.ndarray]:
+    """Split (..., K) compiled drift vectors into the named fields (..., *shape)."""
+    lead = flat.shape[:-1]
+    return {name: flat[..., start:stop].reshape(lead + shape)
+            for name, start, stop, shape in _field_slices(H, F)}
 
 
 def _numpy_integrand(module: types.ModuleType, stein: bool) -> Callable[..., DriftSamples]:
@@ -587,7 +632,7 @@ def compute_threads() -> int:
         return 1
 
 
-_POOLS: dict[tuple[int, int], ThreadPoolExecutor] = {}   # (pid, threads): a forked child
+_POOLS: dict[tuple[int, int], ThreadPoolExecutor] = {}   # (pid, helpers): a forked child
 # (Dask / executor workers) must not reuse its parent's pool, whose threads it does not have
 
 
@@ -597,17 +642,32 @@ def run_ranges(fn: Callable[[int, int], int], n_items: int, min_items: int = 1) 
 
     Each item's result is computed by one thread from its own inputs, so the outputs do not
     depend on the split or the thread count.  Ranges of at least ``min_items`` items; a few
-    ranges per thread balance the load on a shared machine."""
+    ranges per thread balance the load on a shared machine.  The calling thread works too
+    (threads − 1 pool helpers): each thread takes the next range until none is left, so no
+    thread waits for a hand-off while the others still have work."""
     threads = min(compute_threads(), max(1, n_items // max(1, min_items)))
     if threads == 1:
         return int(fn(0, n_items))
     parts = min(n_items, 4 * threads)
     edges = [n_items * i // parts for i in range(parts + 1)]
-    key = (os.getpid(), threads)
+    key = (os.getpid(), threads - 1)
     pool = _POOLS.get(key)
     if pool is None:
-        pool = _POOLS[key] = ThreadPoolExecutor(threads, thread_name_prefix="theory_kit")
-    return sum(pool.map(lambda i: int(fn(edges[i], edges[i + 1])), range(parts)))
+        pool = _POOLS[key] = ThreadPoolExecutor(threads - 1, thread_name_prefix="theory_kit")
+    claims = itertools.count()   # next() is atomic under the GIL: each range is taken once
+
+    def worker() -> int:
+        done = 0
+        while (i := next(claims)) < parts:
+            done += int(fn(edges[i], edges[i + 1]))
+        return done
+
+    helpers = [pool.submit(worker) for _ in range(threads - 1)]
+    try:
+        mine = worker()
+    finally:
+        results = [h.result() for h in helpers]
+    return mine + sum(results)
 
 
 class CompiledIntegrand:
@@ -631,7 +691,7 @@ class CompiledIntegrand:
         S, zeta, theta, M, Q, a, b, delta = _checked(S, zeta, theta, M, Q, a, b, delta)
         n, H, _ = S.shape
         F = M.shape[1]
-        out = np.empty((n, sum(int(np.prod(s, dtype=int)) for s in field_sizes(H, F).values())))
+        out = np.empty((n, field_count(H, F)))
         B = np.ascontiguousarray(projection_matrix(M, Q))
         qdiag = _parameter(np.diag(Q))
         self._fail_if_bad(run_ranges(lambda start, stop: self.module.drift_rows(
@@ -662,7 +722,7 @@ class CompiledIntegrand:
             fail("packed", f"must be packed for shape {tuple(shape)}", packed.shape)
         H = packed.g.shape[1]
         F = M.shape[1]
-        K = sum(int(np.prod(s, dtype=int)) for s in field_sizes(H, F).values())
+        K = field_count(H, F)
         blocks = packed.blocks
         tot, sqr = np.empty((blocks, K)), np.empty((blocks, K))
         c = _parameter
@@ -670,7 +730,7 @@ class CompiledIntegrand:
                 c(projection_matrix(M, Q)), c(a), c(b), c(np.diag(Q)), float(delta), self.stein,
                 np.asarray(shape, dtype=np.int64), self.BLOCK, packed.per, packed.subs,
                 packed.n_groups)
-        rows_per_block = self.BLOCK * int(np.prod(shape, dtype=int))
+        rows_per_block = self.BLOCK * math.prod(shape)
         bad = run_ranges(lambda start, stop: self.module.drift_blocks(*args, start, stop, tot, sqr),
                          blocks, max(1, self.MIN_ROWS // rows_per_block))
         self._fail_if_bad(bad)
