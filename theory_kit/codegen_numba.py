@@ -669,6 +669,19 @@ def _rows_from_lanes(lanes, r0, nb, X):
 
 
 @njit(cache=True, fastmath=False, error_model='numpy', inline='always')
+def _matmul_lanes(A, X, out):
+    """out[i, l, j] = sum_k A[i, k] X[k, l, j] on lanes j, summed over k in order."""
+    for i in range(out.shape[0]):
+        for l in range(out.shape[1]):
+            for j in range(NB):
+                out[i, l, j] = 0.0
+            for k in range(A.shape[1]):
+                aik = A[i, k]
+                for j in range(NB):
+                    out[i, l, j] += aik * X[k, l, j]
+
+
+@njit(cache=True, fastmath=False, error_model='numpy', inline='always')
 def _block_scratch(H, L, F, K):
     """The structure-of-arrays scratch of one thread (allocated once per block of groups)."""
     return (np.empty((H, L, NB)), np.empty((H, L, NB)), np.empty((H, L, NB)), np.empty((L, NB)),
@@ -745,14 +758,8 @@ def _drift_block(S, zeta, th, M, Q, B, a, b, qdiag, delta, stein, W, D, D2, w, e
     if not stein:
         # P_fl = (B zeta_l)_f + [l = 0] theta_f = E[u_f x_l | zeta] (the oracle's order: the
         # projection first, F L H terms, then dM_hf = sum_l J_hl.e P_fl, H F L terms)
+        _matmul_lanes(B, zeta, P)
         for f in range(F):
-            for l in range(L):
-                for j in range(NB):
-                    P[f, l, j] = 0.0
-                for k in range(H):
-                    bfk = B[f, k]
-                    for j in range(NB):
-                        P[f, l, j] += bfk * zeta[k, l, j]
             for j in range(NB):
                 P[f, 0, j] += th[f, j]
         for h in range(H):
@@ -859,14 +866,9 @@ def drift_blocks(gP, thP, wP, R, M, Q, B, a, b, qdiag, delta, stein, shape, bloc
             nq = min(per, last - q0)
             for s0 in range(subs):
                 # zeta_l = R g_l, s_{:,0} = zeta_0 + M theta (same order as one sample at a time)
+                _matmul_lanes(R, gP[sub], zeta)
                 for h in range(H):
                     for l in range(L):
-                        for j in range(NB):
-                            zeta[h, l, j] = 0.0
-                        for k in range(H):
-                            rhk = R[h, k]
-                            for j in range(NB):
-                                zeta[h, l, j] += rhk * gP[sub, k, l, j]
                         for j in range(NB):
                             S[h, l, j] = zeta[h, l, j]
                     for j in range(NB):
