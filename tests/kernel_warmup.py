@@ -84,11 +84,22 @@ def warm(names: list[str], report: Callable[[str, float], None] | None = None) -
             report(name, _cpu() - start)
 
 
+# CPU s of each item on a cold cache (``python tests/kernel_warmup.py``, 2026-12-01, load 10)
+COST = {SHARED: 14.0, "softmax": 18.0, "bsoftmax": 24.0, "softmax1": 21.5, "relu": 17.0,
+        "sigmoid": 16.5, "erf": 16.0, "linear": 14.5, "softplus": 25.0}
+
+
 def shares(workers: int) -> list[list[str]]:
-    """:data:`ACTIVATIONS` and :data:`SHARED` dealt round-robin to ``workers`` shares (the
-    activations cost about the same, ~15-20 CPU s cold; the shared kernels ~10)."""
-    items = [SHARED, *ACTIVATIONS]
-    return [items[i::workers] for i in range(workers)]
+    """:data:`ACTIVATIONS` and :data:`SHARED` dealt to ``workers`` shares, longest first to
+    the least loaded (by :data:`COST`): the workers wait for each other, so the shares should
+    take the same time (round-robin left one worker ~25 s idle)."""
+    out: list[list[str]] = [[] for _ in range(workers)]
+    load = [0.0] * workers
+    for name in sorted([SHARED, *ACTIVATIONS], key=lambda n: -COST.get(n, 20.0)):
+        i = load.index(min(load))
+        out[i].append(name)
+        load[i] += COST.get(name, 20.0)
+    return out
 
 
 def marker(folder: str, run: str, index: int) -> Path:
