@@ -9,7 +9,8 @@ from theory_kit import codegen
 from theory_kit.activations import get_activation
 from theory_kit.figures import panels, runner
 
-KERNELS = ("pack_rows", "drift_blocks", "weights_batch", "vjp_batch", "weights1", "vjp1")
+KERNELS = ("pack_rows", "drift_blocks", "weights_rows", "vjp_rows", "weights_batch", "vjp_batch",
+           "weights1", "vjp1")
 
 
 class _RecordingPool:

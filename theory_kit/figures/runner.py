@@ -118,7 +118,8 @@ def compile_kernels(act: "Activation | str", part: str) -> None:
     kernels by calling it once on tiny inputs of the production array types (numba compiles
     per argument type): ``drift`` the fused drift pass of the ODE engines (``pack_rows``,
     ``drift_blocks``; both projections share it), ``sample`` the token weights and their
-    VJPs (``weights_batch``, ``vjp_batch``: the error curve, E∞'s solver) and their
+    VJPs (``weights_rows``/``vjp_rows`` with b, diag Q, a shared by the samples, and
+    ``weights_batch``/``vjp_batch`` with them per sample: the error curve, E∞'s solver) and their
     per-sample forms at the reduced simulation's signature (``simulate.step_kernels``)."""
     import numpy as np
 
@@ -138,8 +139,12 @@ def compile_kernels(act: "Activation | str", part: str) -> None:
             S, theta, np.full(n, 1.0 / n), np.linalg.cholesky(Q), M, Q, a, b, 0.0, (2,))
         return
     kern = codegen.sample_kernels(act, "numba")
-    W, D, D2, _ = kern.weights(S, b, np.diag(Q), a)
-    kern.vjp(W, D, D2, a, rng.standard_normal((n, L)))
+    v = rng.standard_normal((n, L))
+    # b, diag Q, a shared by the samples (weights_rows, vjp_rows) and per sample (*_batch)
+    for b_, q_, a_ in ((b, np.diag(Q), a), (np.tile(b, (n, 1)), np.tile(np.diag(Q), (n, 1)),
+                                            np.tile(a, (n, 1)))):
+        W, D, D2, _ = kern.weights(S, b_, q_, a_)
+        kern.vjp(W, D, D2, a_, v)
     simulate.step_kernels(act)
 
 
