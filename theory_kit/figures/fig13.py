@@ -28,8 +28,11 @@ plan, compute = FIGURE.plan, FIGURE.compute
 # piece's checkpoint and the record itself.  Measured on a quick piece (H = 8, T = 1000,
 # 51 against 6 records: 0.096 s per record, of which the model has 0.031).  It matters here,
 # where a piece has only T/dt = 167 RK4 steps per 51 records: without it the estimate was
-# 0.5-0.63 of the measured time.
-RECORD_SECONDS = 0.065
+# 0.5-0.63 of the measured time.  Recalibrated after the lane-batched kernels and the E-only
+# records (main a90aefd, 2026-12-01 19:57, load 9-10): quick warm 46 CPU s (estimate with
+# 0.065: 36 s against 23 s idle-equivalent, 1.57x), cold 64 CPU s (56 s against 32 s, 1.74x);
+# with 0.01 the estimates are 26 s and 46 s (1.14x, 1.45x).
+RECORD_SECONDS = 0.01
 
 
 def estimate_seconds(quick: bool) -> float:
