@@ -118,6 +118,56 @@ def test_sampled_error_does_not_depend_on_the_blas_thread_count():
 
 
 # ----------------------------------------------------------------------------- saddle
+def test_factored_scores_and_gradient_contraction_equal_the_per_row_products():
+    """SampledError.scores / token_contraction factor the θ strata out (one noise draw shared
+    by the strata, θ on token 0 only); against the plain products over every row's tokens,
+    tilted points included (the tilt moves the noise, not θ)."""
+    task = Task(5, make_prior("flipping", nu=[10.0] * 3))
+    obj = fp.SampledError.for_activation(task, get_activation("softmax1"), 3, n=64, tilt=0.3)
+    rng = np.random.default_rng(3)
+    K = rng.normal(size=(3, 6))
+    A = rng.normal(size=(len(obj.tokens), 3, 5))
+    assert obj.reps == 4
+    np.testing.assert_allclose(obj.scores(K), np.matmul(K, obj.tokens), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(obj.token_contraction(A),
+                               np.einsum("nhl,nkl->hk", A, obj.tokens), rtol=1e-12, atol=1e-10)
+
+
+def test_a_coarse_first_descent_reaches_the_same_certified_minimum_with_fewer_full_evaluations():
+    """solve_gradient_flow(coarse=...): the descent from a hand-over-like point on the first
+    1/4 of the Sobol points, then the full set; the certified minimum is the full set's own
+    (the same as without the coarse stage, to the solver's tolerance) and the full set is
+    evaluated less often."""
+    act = get_activation("softmax1")
+    fine = fp.SampledError.for_activation(TASK, act, 2, n=2 ** 12)
+    coarse = fp.SampledError.for_activation(TASK, act, 2, n=2 ** 10)
+    start = State(np.array([[0.5, 0.1], [0.4, -0.1]]), np.array([[0.6, 0.1], [0.1, 0.5]]),
+                  fine.a0, fine.b0)
+    plain = fp.solve_gradient_flow(fine, start)
+    fine.evaluations = 0
+    fast = fp.solve_gradient_flow(fine, start, coarse=coarse)
+    assert plain.certificate.certified and fast.certificate.certified
+    assert abs(fast.sampled_error - plain.sampled_error) < 1e-10
+    assert fast.evaluations < plain.evaluations
+    assert "descent first on 1024 of the 4096 points" in fast.solver
+
+
+def test_a_descent_whose_keys_run_off_is_stopped_and_never_certified(monkeypatch):
+    """‖x‖ past RUNOFF_FACTOR·‖x₀‖: the descent stops there (no Hessian at a point where the
+    drift tolerance, relative to ‖x‖, says nothing) and the certificate says "keys diverge".
+    Forced here with a factor just above 1 on a descent whose keys grow."""
+    act = get_activation("softmax1")
+    obj = fp.SampledError.for_activation(TASK, act, 2, n=2 ** 10)
+    start = State(np.array([[0.1, 0.0], [0.0, 0.1]]), np.eye(2) * 0.02, obj.a0, obj.b0)
+    monkeypatch.setattr(fp, "RUNOFF_FACTOR", 1.5)
+    sol = fp.solve_gradient_flow(obj, start)
+    cert = sol.certificate
+    assert cert.kind == fp.RUNOFF and not cert.certified and np.isnan(cert.min_eigenvalue)
+    x = obj.pack_state(sol.state)
+    assert np.linalg.norm(x) > 1.5 * max(1.0, np.linalg.norm(obj.pack_state(start)))
+    assert sol.evaluations < 200                    # stopped, not ground down
+
+
 def symmetric_plateau(obj: fp.SampledError) -> np.ndarray:
     """Both heads equal, no overlap with u2: K_h = (α, 0, β1, β2), E minimised over (α, β).
 

@@ -39,7 +39,7 @@ from .expect import montecarlo as mc
 from .executor import run_sweep, runs_in_process
 from .expect.drift import ENGINES, SampleDrift
 from .expect.engines import DEFAULT_QMC_POINTS, DriftEngine, build_engine
-from .fixedpoint import (POINTS, Certificate, DriftMap, FixedPoint, SampledError,
+from .fixedpoint import (POINTS, RUNOFF, Certificate, DriftMap, FixedPoint, SampledError,
                          bayes_posterior, check_objective, solve_drift_root,
                          solve_gradient_flow)
 from .initial import InitialCondition
@@ -404,7 +404,10 @@ class RunSettings:
     as a root of the ODE's own
     fixed-sample drift; ``drift_tol`` is the certificate's drift threshold; ``max_escapes``
     saddles may be passed.  With ``shift_check`` the fixed point is solved again on an
-    independent sample set to measure the shift of E (``EinfRun.sample_shift``).  A gradient-flow
+    independent sample set to measure the shift of E (``EinfRun.sample_shift``).  In gradient
+    flow the descent from the hand-over runs first on the first 1/``solver_coarse`` of the
+    points (their leading Sobol points, at least 256; 1: off), then the full set polishes and
+    certifies (``fixedpoint.solve_gradient_flow``'s ``coarse``).  A gradient-flow
     solution whose sampled E disagrees with the precise E is solved again with 4x the points,
     up to ``solver_refine`` times (:func:`solve_checked`).
 
@@ -437,6 +440,7 @@ class RunSettings:
     max_escapes: int = 4
     shift_check: bool = True
     solver_refine: int = 2
+    solver_coarse: int = 4
     flow: str = "ode"
 
     def __post_init__(self) -> None:
@@ -453,6 +457,7 @@ class RunSettings:
         check_int(self.solver_points, "solver_points", 16)
         check_int(self.max_escapes, "max_escapes", 0)
         check_int(self.solver_refine, "solver_refine", 0)
+        check_int(self.solver_coarse, "solver_coarse", 1)
         if self.drift not in ENGINES:
             fail("drift", f"must be one of {', '.join(ENGINES)}", self.drift)
         if self.flow not in FLOWS:
@@ -566,7 +571,8 @@ def solve_checked(task: Task, act: Activation, start: State, settings: RunSettin
         cert = check_objective(fixed.certificate, fixed.sampled_error, obj.value_stderr(x),
                                final.value, final.abs_err)
         fixed = dataclasses.replace(fixed, certificate=cert)
-        refine = cert.kind == "objective unreliable" or (cert.kind == "saddle" and attempt == 0)
+        refine = cert.kind == "objective unreliable" or (
+            cert.kind in ("saddle", RUNOFF) and attempt == 0)
         if not refine or attempt == settings.solver_refine:
             break
         used = dataclasses.replace(used, solver_points=4 * used.solver_points)
@@ -598,8 +604,13 @@ def solve_fixed_point(task: Task, act: Activation, state: State, settings: RunSe
     Finite γ: :func:`fixedpoint.solve_drift_root` on the full drift of ``engine`` (the
     ODE's; ``offset`` shifts its seed), escaping saddles by an ODE chunk."""
     if settings.gradient_flow:
+        coarse = None
+        if settings.solver_coarse > 1 and settings.solver_points // settings.solver_coarse >= 256:
+            coarse = solver_objective(task, act, state.H, dataclasses.replace(
+                settings, solver_points=settings.solver_points // settings.solver_coarse), offset)
         return solve_gradient_flow(solver_objective(task, act, state.H, settings, offset),
-                                   state, settings.drift_tol, settings.max_escapes)
+                                   state, settings.drift_tol, settings.max_escapes,
+                                   coarse=coarse)
     if engine is None or offset:
         engine = dataclasses.replace(settings, mc_seed=settings.mc_seed + offset).engine(
             task, act, state.H)

@@ -63,6 +63,8 @@ DRIFT_TOL = 1e-8
 FD_STEP = 1e-6          # relative finite-difference step of the Hessian / Jacobian
 PROBE_STEPS = (0.3, 0.1, 0.03)   # relative steps along an unstable / flat eigenvector
 MAX_STEP_SCALE = 1.0    # cap of the probe / escape step scale (per coordinate)
+RUNOFF_FACTOR = 30.0    # a descent whose ‖x‖ grows past this factor has run off (runoff_bound)
+RUNOFF = "keys diverge"
 
 
 # ----------------------------------------------------------------------------- sampled E
@@ -116,6 +118,8 @@ class SampledError:
     control: bool = True
     samples: mc.Samples = field(init=False, repr=False)
     tokens: np.ndarray = field(init=False, repr=False)
+    draws: np.ndarray = field(init=False, repr=False)
+    draws_flat: np.ndarray = field(init=False, repr=False)
     target: np.ndarray = field(init=False, repr=False)
     floor: float = field(init=False, repr=False)
     evaluations: int = field(default=0, init=False)
@@ -139,6 +143,8 @@ class SampledError:
             ratio = self._tilt_tokens(g, choice)
             self.samples.weights[:] *= np.repeat(ratio, reps)
         self.samples.g[:] = np.repeat(g, reps, axis=0)
+        self.draws = np.ascontiguousarray(g)      # (n, F + H, L), shared by a draw's θ strata
+        self.draws_flat = np.ascontiguousarray(g.transpose(1, 0, 2)).reshape(F + H, -1)
         self.tokens = self.samples.g.copy()
         self.tokens[:, :F, 0] += self.samples.theta
         self.target = np.zeros((len(self.tokens), L))
@@ -212,7 +218,7 @@ class SampledError:
         (target: the posterior p with ``control``, else the one-hot ẽ): the generated kernels
         of ``codegen.sample_kernels`` (numba, or NumPy without it)."""
         K, a, b = self.unpack(x)
-        S = np.matmul(K, self.tokens)            # (n, H, L); matmul is ~10x einsum here
+        S = self.scores(K)
         kern = sample_kernels(self.act)
         W, D, D2, w = kern.weights(S, b, np.sum(K * K, axis=1), a)
         e = self.target - w
@@ -224,13 +230,43 @@ class SampledError:
             return 1.0 - np.sum(self.target ** 2, axis=1) + np.sum(e ** 2, axis=1)
         return squared_residual(w)
 
+    @property
+    def reps(self) -> int:
+        """θ strata per noise draw (rows of one draw are consecutive)."""
+        return len(self.samples.weights) // self.n
+
+    def scores(self, K: np.ndarray) -> np.ndarray:
+        """S_{hl} = K_h · G_l of every row, shape (n·reps, H, L).
+
+        The noise G is shared by the θ strata of a draw and θ enters only the first F
+        coordinates of token 0, so S = K G per draw (repeated over the strata) plus
+        K[:, :F] θ on token 0: reps times fewer products than K times every row's tokens."""
+        S = np.repeat(np.matmul(K, self.draws), self.reps, axis=0)
+        S[:, :, 0] += np.einsum("nf,hf->nh", self.samples.theta, K[:, :self.task.F])
+        return S
+
+    def token_contraction(self, A: np.ndarray) -> np.ndarray:
+        """Σ_rows Σ_l A_{hl} (G_l + θ δ_{l0})_k, shape (H, F + H), for A of shape (n·reps, H, L).
+
+        Factored like :meth:`scores`: the strata of a draw are summed first (they share G),
+        the θ part is a sum over rows of token 0 alone.  NumPy loops (``einsum`` without
+        ``optimize``), not BLAS, so that the rounding does not depend on the thread count
+        (see :func:`sample_sum`); the contracted axes are made contiguous first (≈ 4x faster
+        than einsum on the strided (n, ·, L) layout, measured at H = 8, F = 4)."""
+        n, H, L = self.n, A.shape[1], A.shape[2]
+        per_draw = A.reshape(n, self.reps, H, L).sum(axis=1)
+        left = np.ascontiguousarray(per_draw.transpose(1, 0, 2)).reshape(H, n * L)
+        out = np.einsum("hm,km->hk", left, self.draws_flat)
+        out[:, :self.task.F] += np.einsum("nh,nf->hf", A[:, :, 0], self.samples.theta)
+        return out
+
     def value_and_grad(self, x: np.ndarray) -> tuple[float, np.ndarray]:
         """(E, ∂E/∂x) on the fixed samples."""
         self.evaluations += 1
         K, w, e, Jv, Av, Bv, Qv = self._per_sample(x)
         wts = self.samples.weights
         value = self.floor + float(sample_sum(wts, np.sum(e ** 2, axis=1)))
-        dK = (-2.0 * np.einsum("nhl,nkl->hk", Jv * wts[:, None, None], self.tokens)
+        dK = (-2.0 * self.token_contraction(Jv * wts[:, None, None])
               - 4.0 * sample_sum(wts, Qv)[:, None] * K)
         return value, self.pack(dK, -2.0 * sample_sum(wts, Av), -2.0 * sample_sum(wts, Bv))
 
@@ -406,11 +442,33 @@ def _drift_tol(x: np.ndarray, tol: float) -> float:
 
 
 # ----------------------------------------------------------------------------- gradient flow
-def _minimise(obj: SampledError, x0: np.ndarray, maxiter: int) -> np.ndarray:
+def _minimise(obj: SampledError, x0: np.ndarray, maxiter: int,
+              bound: float = np.inf) -> tuple[np.ndarray, bool]:
+    """L-BFGS from x0: (the last iterate, whether it was stopped for ‖x‖ > ``bound``)."""
+    last = [x0]
+
+    def watch(xk: np.ndarray) -> None:
+        last[0] = xk.copy()
+        if np.linalg.norm(xk) > bound:
+            raise StopIteration
+
     res = optimize.minimize(obj.value_and_grad, x0, jac=True, method="L-BFGS-B",
-                            options={"maxiter": maxiter, "gtol": 1e-12, "ftol": 1e-15,
-                                     "maxcor": 30})
-    return res.x
+                            callback=watch, options={"maxiter": maxiter, "gtol": 1e-12,
+                                                     "ftol": 1e-15, "maxcor": 30})
+    x = res.x if res.x is not None else last[0]
+    return x, bool(np.linalg.norm(x) > bound)
+
+
+def runoff_bound(x: np.ndarray) -> float:
+    """‖x‖ beyond which a descent from x counts as running off: ``RUNOFF_FACTOR``·max(1, ‖x‖).
+
+    At strong signal the sampled E can fall along directions where the keys grow without
+    end (a sample set the keys separate, or hard attention fitting rare events): measured at
+    F = 4, ν = 10, the hand-overs had ‖x‖ ≈ 2–4.5 and the run-offs ‖x‖ = 180–6·10⁵, while the
+    B-softmax minimum at the atoms has ‖x‖ = 17.9 (H = 8).  There the drift tolerance, relative
+    to ‖x‖, means nothing any more and every Hessian is wasted (≈ 250 CPU s for one H = 8
+    softmax run that ended at ‖x‖ ≈ 6·10⁵ "saddles")."""
+    return RUNOFF_FACTOR * max(1.0, float(np.linalg.norm(x)))
 
 
 def _newton(obj: SampledError, x: np.ndarray, Z: np.ndarray, Hq: np.ndarray,
@@ -486,7 +544,8 @@ def _certificate(obj: SampledError, x: np.ndarray, local: _Local, tol: float) ->
 
 
 def solve_gradient_flow(obj: SampledError, state: State, tol: float = DRIFT_TOL,
-                        max_escapes: int = 4, maxiter: int = 3000) -> FixedPoint:
+                        max_escapes: int = 4, maxiter: int = 3000,
+                        coarse: SampledError | None = None) -> FixedPoint:
     """A certified local minimum of the sampled E reached from ``state``.
 
     Loop: L-BFGS from x; quotient Hessian Hq = Zᵀ∇²E Z (:func:`fd_hessian`, gauge removed by
@@ -494,28 +553,79 @@ def solve_gradient_flow(obj: SampledError, state: State, tol: float = DRIFT_TOL,
     recorded, and x moves to the lower side along the eigenvector (:func:`escape`), up to
     ``max_escapes`` times; if |λ| ≤ eig_tol, E is probed along it (rises on both sides:
     degenerate minimum; else escaped as a saddle); at a minimum, chord-Newton steps on the
-    quotient until ‖∇E‖ ≤ tol·max(1, |x|).  The certificate says what the last point is."""
+    quotient until ‖∇E‖ ≤ tol·max(1, |x|).  The certificate says what the last point is.
+
+    ``coarse`` (optional): an objective on fewer points (a subset of ``obj``'s, e.g. the first
+    n/4 Sobol points of the same seed) on which the same loop runs first
+    (:func:`_presolve`): the long descent from the hand-over and the saddles met on the way
+    cost a fraction of an evaluation of ``obj`` there, and ``obj``'s loop starts near its
+    minimum.  The certificate is always ``obj``'s."""
     start, evals0 = time.perf_counter(), obj.evaluations
     x = obj.pack_state(state)
+    bound = runoff_bound(x)
     saddles: list[dict] = []
+    if coarse is not None:
+        x, saddles = _presolve(obj, coarse, x, max_escapes, maxiter, bound)
+    fine_saddles: list[dict] = []
     for attempt in range(max_escapes + 1):
-        x = _minimise(obj, x, maxiter)
+        x, ran_off = _minimise(obj, x, maxiter, bound)
+        if ran_off:
+            local = None
+            break
         local = _classify(obj, x)
         if local.kind != "saddle":
             if local.kind == "minimum":
                 x = _newton(obj, x, local.Z, local.Hq, tol)
             break
         value = obj.value_and_grad(x)[0]
-        saddles.append({"sampled_error": value, "min_eigenvalue": float(local.eigs[0]),
-                        "state": obj.state(x).to_dict()})
-        if _stalled(saddles):
+        fine_saddles.append({"sampled_error": value, "min_eigenvalue": float(local.eigs[0]),
+                             "points": obj.n, "state": obj.state(x).to_dict()})
+        if _stalled(fine_saddles):
             break
         if attempt < max_escapes:
             x = escape(obj, x, local.vecs[:, 0])
-    cert = _certificate(obj, x, local, tol)
-    return FixedPoint(obj.state(x), cert, "L-BFGS + Newton on K = [M | P] (quotient Hessian)",
-                      float(obj.value_and_grad(x)[0]), saddles, obj.evaluations - evals0,
-                      time.perf_counter() - start)
+    cert = _certificate(obj, x, local, tol) if local is not None else _runoff_certificate(
+        obj, x, tol)
+    evals = obj.evaluations - evals0
+    solver = "L-BFGS + Newton on K = [M | P] (quotient Hessian)"
+    if coarse is not None:
+        solver += f"; descent first on {coarse.n} of the {obj.n} points"
+    return FixedPoint(obj.state(x), cert, solver, float(obj.value_and_grad(x)[0]),
+                      saddles + fine_saddles, evals, time.perf_counter() - start)
+
+
+def _runoff_certificate(obj: SampledError, x: np.ndarray, tol: float) -> Certificate:
+    """The certificate of a descent stopped at ‖x‖ > :func:`runoff_bound`: kind
+    ``RUNOFF``, no Hessian (eigenvalue NaN), never certified."""
+    g = obj.value_and_grad(x)[1]
+    return Certificate(0.5 * float(np.linalg.norm(g)), 0.5 * _drift_tol(x, tol), float("nan"),
+                       float("nan"), RUNOFF, 0)
+
+
+def _presolve(obj: SampledError, coarse: SampledError, x: np.ndarray, max_escapes: int,
+              maxiter: int, bound: float) -> tuple[np.ndarray, list[dict]]:
+    """The descent loop of :func:`solve_gradient_flow` (L-BFGS, quotient Hessian, escapes) on
+    ``coarse``; returns (start for ``obj``, the coarse saddles passed).  Its point is kept only
+    when it did not run off (``bound``) and ``obj``'s E is lower there than at x: a sample set
+    4x smaller can have minima the keys fit (rare events at strong signal) that the full set
+    does not, and then the full solve starts from x as without it."""
+    y, saddles = x, []
+    for attempt in range(max_escapes + 1):
+        y, ran_off = _minimise(coarse, y, maxiter, bound)
+        if ran_off:
+            return x, []
+        local = _classify(coarse, y)
+        if local.kind != "saddle":
+            break
+        saddles.append({"sampled_error": coarse.value_and_grad(y)[0],
+                        "min_eigenvalue": float(local.eigs[0]), "points": coarse.n,
+                        "state": coarse.state(y).to_dict()})
+        if _stalled(saddles) or attempt == max_escapes:
+            break
+        y = escape(coarse, y, local.vecs[:, 0])
+    if obj.value_and_grad(y)[0] < obj.value_and_grad(x)[0]:
+        return y, saddles
+    return x, []
 
 
 def _stalled(saddles: list[dict], rtol: float = 1e-9) -> bool:
