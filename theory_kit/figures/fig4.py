@@ -5,8 +5,10 @@ every f, E∞ against the number of heads H; right: F = 2, H = 4, against the si
 ν (ν1 = ν2 = ν).  Our choices (the captions do not fix them): the gradient-flow limit
 (γ² term dropped, clock τ = γ t), because at finite γ the noise term keeps the keys off the
 minimum and E∞ depends on γ (docs/theory.md §6); initial overlaps drawn at D = 10^4; Monte Carlo
-drift with fixed samples until ``einf.StopRule`` hands over (the state has left the plateau
-and its speed falls) or T_max; then the fixed point is solved for and certified
+drift with fixed samples (quick plan: the same gradient flow on the solver's own points,
+``einf.SampledFlow``, so that a cold run compiles no drift kernels) until ``einf.StopRule``
+hands over (the state has left the plateau and its speed falls) or T_max; then the fixed
+point is solved for and certified
 (``theory_kit.fixedpoint``: local minimum of E on ``solver_points`` (``solver_points_left`` at
 F = 4, ν = 10, where 2^11 points let the keys of B-softmax and softmax-1 at H = 4 run off to
 |K| ~ 500 on a sample-fitting saddle) importance-tilted Sobol
@@ -44,8 +46,8 @@ CAPTION = ("E∞ of softmax, softmax-1 and B-softmax (lines: mean over the runs 
            "square: other fixed points reached; hollow: not certified; Bayes error dashed). "
            "L = 5, η = 1, 5 runs. Left: F = 4, flipping spike ν_f = 10, against H; right: "
            "F = 2, H = 4, ν1 = ν2 = ν, against ν. Gradient-flow limit (our choice), initial "
-           "overlaps drawn at D = 10^4, ODE until hand-over, then the fixed point solved and "
-           "certified; E by Monte Carlo.")
+           "overlaps drawn at D = 10^4, gradient flow until hand-over, then the fixed point "
+           "solved and certified; E by Monte Carlo.")
 MARKERS = ("o", "^", "s", "D", "v")
 
 
@@ -63,6 +65,7 @@ class Plan:
     chunk: float
     solver_points: int = 2 ** 11
     solver_points_left: int = 2 ** 11
+    flow: str = "ode"
     L: int = 5
     eta: float = 1.0
     D: int = 10_000
@@ -79,7 +82,7 @@ class Plan:
                                 n_samples=self.n_samples, error_method="mc",
                                 error_samples=self.error_samples,
                                 solver_points=self.solver_points_left if left
-                                else self.solver_points, shift_check=False)
+                                else self.solver_points, shift_check=False, flow=self.flow)
 
     def points(self) -> list[dict]:
         """One dict per (panel, x): the task parameters and H."""
@@ -97,9 +100,12 @@ class Plan:
 FULL = Plan(H_values=(1, 2, 4, 8), nu_values=(0.5, 1.0, 2.0, 4.0, 8.0), runs=5, n_samples=400,
             error_samples=40_000, tol=0.1, T_max=100.0, chunk=20.0, solver_points=2 ** 11,
             solver_points_left=2 ** 12)
+# Quick: the flow to the hand-over on the solver's own points (einf.SampledFlow), so that a
+# cold run compiles only the sample kernels (~3 CPU s per activation), not the drift kernels
+# (~15 CPU s each, 3/4 of a cold quick run's CPU before).
 QUICK = Plan(H_values=(1, 2), nu_values=(2.0, 8.0), runs=1, n_samples=100,
              error_samples=20_000, tol=0.1, T_max=40.0, chunk=10.0, solver_points=2 ** 10,
-             solver_points_left=2 ** 10)
+             solver_points_left=2 ** 10, flow="sampled")
 
 
 def plan(quick: bool) -> Plan:
@@ -116,17 +122,28 @@ def task_of(point: dict, p: Plan) -> Task:
 # (L-BFGS, the quotient Hessian by central differences, probes: 31–310 measured on the quick and
 # full plans), the ODE until hand-over ≈ 1.6 drift evaluations per time unit, E by Monte Carlo
 # 2.5e-7 s per draw × atom × head × token (0.2–0.4 s measured at 20 000 draws, F = 4).
+# The sampled flow (quick plan) costs ≈ FLOW_EVALS_PER_TIME solver evaluations per time unit
+# (RK45 at rtol 1e-4; calibrated on the quick plan: 47 CPU s warm at load 15 against 16 s
+# modelled without it).
 EVAL_FIXED = 2e-3
 EVAL_ROW = 7e-8
+FLOW_EVALS_PER_TIME = 6.0
+# Kernels compiled per activation on a cold cache: the quick plan's sampled flow needs only the
+# sample kernels (as Figs. 5 and 7); the full plan's ODE flow also compiles the drift kernels
+# (≈ 15 CPU s more per activation, not in the estimate: small against its 10+ min).
+COMPILE_SECONDS = 6.0
 
 
 def run_seconds(point: dict, p: Plan, points: int) -> float:
-    """CPU seconds of one run of ``point`` (ODE to hand-over, solver, E by Monte Carlo)."""
+    """CPU seconds of one run of ``point`` (flow to hand-over, solver, E by Monte Carlo)."""
     atoms, H, F = 2 ** (point["F"] - 1), point["H"], point["F"]
-    ode = 1.6 * p.T_max * (4e-8 * p.n_samples * atoms * H ** 2 * p.L + 2e-3)
+    per_eval = EVAL_FIXED + EVAL_ROW * points * atoms * H * p.L
+    if p.flow == "sampled":
+        flow = FLOW_EVALS_PER_TIME * p.T_max * per_eval
+    else:
+        flow = 1.6 * p.T_max * (4e-8 * p.n_samples * atoms * H ** 2 * p.L + 2e-3)
     evals = 20 + 4.5 * H * (F + H + 1)
-    solver = evals * (EVAL_FIXED + EVAL_ROW * points * atoms * H * p.L)
-    return ode + solver + 2.5e-7 * p.error_samples * atoms * H * p.L
+    return flow + evals * per_eval + 2.5e-7 * p.error_samples * atoms * H * p.L
 
 
 def estimate_seconds(quick: bool) -> float:
