@@ -53,12 +53,12 @@ def legend_below(ax: Axes, ncol: int = 2) -> None:
     points), in as many columns (at most ``ncol``) as fit the panel's width.  The offset is
     in points below the axes, so it survives ``tight_layout``, which makes room for it."""
     fig = ax.figure
-    renderer = fig.canvas.get_renderer()
     if ax.get_legend() is not None:
         ax.get_legend().remove()
-    drop = (ax.get_window_extent(renderer).y0 - ax.get_tightbbox(renderer).y0) * 72 / fig.dpi
+    box = ax.get_window_extent()
+    drop = (box.y0 - ax.get_tightbbox().y0) * 72 / fig.dpi
     handles, labels = ax.get_legend_handles_labels()
-    cols = _fitting_columns(fig, handles, labels, ncol, ax.get_window_extent(renderer).width)
+    cols = _fitting_columns(fig, handles, labels, ncol, box.width)
     ax.legend(handles, labels, loc="upper center", ncol=cols, fontsize=SMALL, frameon=False,
               bbox_to_anchor=(0.5, 0.0), borderaxespad=0.0,
               bbox_transform=offset_copy(ax.transAxes, fig=fig, y=-(drop + 4), units="points"))
@@ -103,10 +103,9 @@ def _fitting_columns(fig: Figure, handles: list, labels: list, ncol: int,
                      width: float) -> int:
     """The most columns, at most ``ncol``, for which a legend of these entries is at most
     ``width`` pixels wide (a narrow figure with many heads cut its last entries off)."""
-    renderer = fig.canvas.get_renderer()
     for cols in range(min(ncol, len(handles)), 1, -1):
         trial = fig.legend(handles, labels, ncol=cols, fontsize=SMALL, frameon=False)
-        wide = trial.get_window_extent(renderer).width
+        wide = trial.get_window_extent().width
         trial.remove()
         if wide <= width:
             return cols
