@@ -605,8 +605,25 @@ def test_unresolved_rk4_steps_at_huge_gamma_exit_2(tmp_path, capsys):
     returned E(T) = 1.22 there while the adaptive integrator gives 0.69 (T = 300)."""
     argv = [*ODE, "--gamma", "1e3", "--out", str(tmp_path / "o.json")]
     status, out, err = run_cli(argv, capsys)
-    assert_one_line(err, "ode", status, 2, "dt: an RK4 step of 0.2 changes the state by")
+    assert_one_line(err, "ode", status, 2, "dt: an RK4 step of 0.2 does not resolve the "
+                                                    "dynamics at t = 0: one step and two half steps differ by")
     assert "--method rk45" in err and list(tmp_path.iterdir()) == []
+
+
+def test_large_first_change_that_rk4_follows_is_not_refused(tmp_path, capsys):
+    """gamma = 10, dt = 1: the first step changes the small initial state 4.5-fold (mostly the
+    constant gamma² term), which RK4 follows; the earlier start check on dt·max|dy/dt|
+    refused it.  E along the run matches the adaptive integrator's."""
+    base = ["ode", "--activation", "softmax", "--L", "5", "--nu", "2,2", "--gamma", "10",
+            "--H", "2", "--T", "10", "--D", "1000", "--engine", "mc", "--samples", "500",
+            "--no-progress"]
+    errors = []
+    for method in (["--dt", "1"], ["--method", "rk45"]):
+        out = tmp_path / f"{method[1]}.json"
+        status, _, err = run_cli([*base, *method, "--out", str(out)], capsys)
+        assert status == 0, err
+        errors.append(np.array(json.loads(out.read_text())["error"]))
+    assert np.max(np.abs(errors[0] - errors[1])) < 2e-3
 
 
 @pytest.mark.parametrize("opt", ["--gamma", "--eta", "--gamma-a"])
