@@ -151,7 +151,8 @@ def check_step_resolved(task: Task, act: Activation, ic, engine: DriftEngine,
         scale = max(1.0, float(np.max(np.abs(y))), float(np.max(np.abs(two))))
         err = float(np.max(np.abs(one - two))) / scale
     # the local error of RK4 scales like dt^5
-    shorter = f"{h * (MAX_START_ERROR / err) ** 0.2:.3g}" if np.isfinite(err) and err > 0 else "a much smaller value"
+    shorter = (f"{h * (MAX_START_ERROR / err) ** 0.2:.3g}" if np.isfinite(err) and err > 0
+               else "a much smaller value")
     if not err <= MAX_START_ERROR:
         fail("dt", f"an RK4 step of {h:g} does not resolve the dynamics at t = 0: one step and "
              f"two half steps differ by {err:.3g} of the state's size (allowed "

@@ -73,9 +73,12 @@ def estimate_seconds(quick: bool) -> float:
 
 
 def relative_spread(taus: np.ndarray) -> float:
-    """std/mean of the finite τ (ddof = 1); NaN with fewer than two."""
+    """std/mean of the finite τ (ddof = 1); NaN with fewer than two, or a mean of 0 (every
+    run specialised at t = 0: no spread to speak of)."""
     ok = taus[np.isfinite(taus)]
-    return float(np.std(ok, ddof=1) / np.mean(ok)) if ok.size > 1 else float("nan")
+    if ok.size < 2 or np.mean(ok) == 0:
+        return float("nan")
+    return float(np.std(ok, ddof=1) / np.mean(ok))
 
 
 def variance(taus: np.ndarray) -> float:
