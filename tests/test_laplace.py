@@ -323,3 +323,18 @@ def test_error_only_evaluation_matches_the_drift_and_the_quadrature():
     assert 0 < err < 1e-8
     assert abs(E - d.error) <= err + d.stderr["error"]
     assert abs(E - _error(task, act, M, Q, a, b)) < 1e-9
+
+
+def test_compiled_minus_exp_kernel_against_numpy():
+    """The inner kernel's own e^{−x} (range reduction + polynomial, no libm call) against
+    NumPy's exp on x = eu ⊗ ep spanning the Taylor range (x < 1e−6), O(1), the flush edge
+    (x ≈ 644, below it a normal number, above it exactly 0) and beyond."""
+    from theory_kit.expect import laplace as lp
+    eu = np.exp(np.linspace(-30.0, 8.0, 97))
+    ep = np.exp(np.linspace(-8.0, 3.0, 61)).reshape(1, -1) * np.array([[1.0], [0.37], [2.9]])
+    got = lp._minus_exp_product(eu, ep)
+    x = eu[None, :, None] * ep[:, None, :]
+    want = np.where(x < lp.LOG_TINY, np.exp(-x), 0.0)
+    assert (x < 1e-6).any() and ((x > 600) & (x < lp.LOG_TINY)).any() and (x > 1e3).any()
+    assert np.all(np.abs(got - want) <= 4e-16 * want)          # relative, and exact zeros
+    assert np.all(got[x >= lp.LOG_TINY] == 0.0) and np.all(got[x < lp.LOG_TINY] > 0)
