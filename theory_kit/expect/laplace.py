@@ -483,13 +483,15 @@ class _Engine:
     """Tables and pattern sums at one resolution for one state (module docstring, step 3)."""
 
     def __init__(self, task: Task, act: Activation, M: np.ndarray, Q: np.ndarray,
-                 a: np.ndarray, b: np.ndarray, level: float, rest_min: int = 0) -> None:
+                 a: np.ndarray, b: np.ndarray, level: float, rest_min: int = 0,
+                 groups: tuple[ColumnGroup, list[ColumnGroup]] | None = None) -> None:
         self.task, self.act, self.level = task, act, level
         self.rest_min = int(rest_min)
         self.H = M.shape[0]
         self.a = np.asarray(a, dtype=float)
         self.c = np.asarray(b, dtype=float) + act.offsets(np.diag(Q))
-        self.noise_group, self.signal_groups = column_groups(task, M, Q)
+        # the score laws do not depend on the resolution: the rungs of a ladder share them
+        self.noise_group, self.signal_groups = groups or column_groups(task, M, Q)
         self.norm = act.norm
         self.cols = {"noise": [self._nodes(self.noise_group)],
                      "signal": [self._nodes(g) for g in self.signal_groups]}
@@ -1014,10 +1016,14 @@ class _Engine:
         if self._recording is not None:
             return np.zeros(plan.coefs.shape[1])
         vals = np.zeros(len(plan.gscale))
+        partial: dict = {}                   # measure × T_1^rest × the first noise tables
         for act_set, noise, rest, members, signals in plan.groups:
             prod = self.weighted_power(act_set, rest)
-            for i in noise:
-                prod = prod * tabs[i]
+            for n in range(1, len(noise) + 1):   # groups share prefixes of their sorted noise
+                key = (act_set, rest, noise[:n])
+                if key not in partial:
+                    partial[key] = prod * tabs[noise[n - 1]]
+                prod = partial[key]
             for j, s in zip(members, signals):
                 t = tabs[s]
                 vals[j] = float(np.vdot(prod, t)) if np.ndim(t) and np.ndim(prod) \
@@ -1267,11 +1273,18 @@ def applicability(task: Task, act: Activation, H: int) -> tuple[bool, str]:
     if task.L > MAX_L:
         return False, f"needs L <= {MAX_L} (got L = {task.L})"
     if act.norm != "elementwise":
-        if kinks(act).size:
-            return False, "a normalised phi with kinks (the u and z trapezoid rules need a smooth phi)"
-        probe = act.phi_numpy(np.linspace(-40.0, 40.0, 801))
-        if not np.all(probe > 0):
-            return False, "a normalised activation needs phi > 0 on the real line"
+        return _smooth_positive(act)
+    return True, ""
+
+
+@lru_cache(maxsize=32)
+def _smooth_positive(act: Activation) -> tuple[bool, str]:
+    """``applicability``'s test of a normalised φ (cached: every drift call asks it)."""
+    if kinks(act).size:
+        return False, "a normalised phi with kinks (the u and z trapezoid rules need a smooth phi)"
+    probe = act.phi_numpy(np.linspace(-40.0, 40.0, 801))
+    if not np.all(probe > 0):
+        return False, "a normalised activation needs phi > 0 on the real line"
     return True, ""
 
 
@@ -1338,14 +1351,17 @@ class LaplaceDrift:
 
     def checked(self, task: Task, act: Activation, M: np.ndarray, Q: np.ndarray,
                 a: np.ndarray, b: np.ndarray, level: float,
-                pats: list[CompiledPattern] | None = None) -> tuple[np.ndarray, float]:
-        """(slot vector, mass defect) at one resolution (of all fields, or of ``pats``)."""
+                pats: list[CompiledPattern] | None = None,
+                groups: tuple[ColumnGroup, list[ColumnGroup]] | None = None
+                ) -> tuple[np.ndarray, float]:
+        """(slot vector, mass defect) at one resolution (of all fields, or of ``pats``);
+        ``groups``: the state's ``column_groups``, if already known."""
         if pats is None:
             pats = self._patterns(task, act, np.asarray(a, float))
         with single_thread_blas():
             rest_min = task.L - 1 - max((len(p.noise) for p in pats), default=0)
             eng = _Engine(task, act, np.asarray(M, float), np.asarray(Q, float),
-                          np.asarray(a, float), np.asarray(b, float), level, rest_min)
+                          np.asarray(a, float), np.asarray(b, float), level, rest_min, groups)
             eng.prefetch(pats)
             return eng.evaluate(pats), eng.mass_defect()
 
@@ -1383,10 +1399,11 @@ class LaplaceDrift:
         if not ok:
             raise ValidationError(f"engine: laplace {why}")
         level = self.level * COARSE
-        coarse = self.unpack(task, act, M, Q,
-                             self.checked(task, act, M, Q, a, b, COARSE * level, pats)[0])
+        groups = column_groups(task, M, Q)
+        coarse = self.unpack(task, act, M, Q, self.checked(task, act, M, Q, a, b, COARSE * level,
+                                                           pats, groups)[0])
         for _ in range(LADDER_RUNGS):
-            v_fine, defect = self.checked(task, act, M, Q, a, b, level, pats)
+            v_fine, defect = self.checked(task, act, M, Q, a, b, level, pats, groups)
             fine = self.unpack(task, act, M, Q, v_fine)
             stderr = self.abs_err(fine, coarse, defect)
             if max(float(np.max(e)) for e in stderr.values()) < self.tol:
