@@ -96,6 +96,7 @@ U_LOW = 32.0                     # lower u margin: the cut tail is ≤ e^{−32}
 Z_LEVEL = 1.25                   # whitened-score step 0.24/σ (``trapezoid_normal``)
 GL_LEVEL = 1.6                   # Gauss–Legendre order 16 per panel (elementwise fields reach O(10–100))
 JOINT3_Z = 0.64                  # joint H = 3: 3-D grid, step 0.375/σ (coarse-run error ~5e−10, measured)
+INNER_BLOCK = 2 ** 16           # kernel entries (z_1 rows × U × z_2) per block of ``_batch_inner``
 FLAT_CHUNK = 4e6                 # kernel entries (u points × nodes) per chunk of the joint rule
 X_CLIP = 6.6                     # e^{−e^{6.6}} underflows: tφ beyond this contributes nothing
 LOG_PATTERN_BOUND = 80.0         # log of a bound on a pattern's factors other than plain tokens
@@ -167,6 +168,11 @@ class TokenPoly:
             key = (tuple(sorted(closed + (local,))), None)
             out[key] = out[key] + v if key in out else v
         return TokenPoly(out, free=False)
+
+
+def _r_atoms(m: Mono) -> Mono:
+    """The θ-part atoms r_f of a merged signal column's monomial (``merged_column``)."""
+    return tuple(x for x in m if x[0] == "r")
 
 
 def merge(m1: Mono, m2: Mono) -> Mono:
@@ -397,6 +403,7 @@ class _NodeColumn:
         self.shape = w.shape
         self._cache: dict = {}
         self.t = [x + ch for x, ch in zip(s, c)]
+        self.rnode: list[np.ndarray] | None = None    # θ parts per node (``merged_column``)
 
     def psi(self, h: int) -> np.ndarray:
         key = ("psi", h)
@@ -440,7 +447,42 @@ class _NodeColumn:
             elif x[0] == "P":
                 row = self.group.R[int(x[1:])]
                 out = out * sum(row[h] * self.s[h] for h in range(len(self.s)))
+            elif x[0] == "r":
+                out = out * self.rnode[int(x[1:])]
         return out
+
+
+def merged_column(cols: list[_NodeColumn], c: np.ndarray) -> _NodeColumn:
+    """The signal columns of a discrete prior as one column: their nodes stacked along the
+    first axis (z_1 for the nested rule) with the group weights π_c folded into the node
+    weights, so that a table Σ_c π_c T_c is one sum over nodes (one batched pass instead of
+    one per column, and no sum of tables).  The groups share the covariance Q (hence the
+    rules) and the projection R = B; their θ parts r̄_c/π_c become a node-valued atom r_f
+    (``linear``) whose group coefficient is 1 where some r̄_{c,f} ≠ 0 and exactly 0 otherwise
+    (so a flipping prior with m_{:,f} = 0 still gives exactly 0 along f)."""
+    first, groups = cols[0], [col.group for col in cols]
+    if any(not np.array_equal(g.R, groups[0].R) for g in groups):
+        raise AssertionError("the signal groups of a discrete prior share R = B")
+    nested = hasattr(first, "w1")
+    s = [np.concatenate([col.s[h] for col in cols]) for h in range(len(first.s))]
+    rows = [len(col.w1) if nested else len(col.w) for col in cols]
+    F = len(groups[0].rbar)
+    rnode = [np.concatenate([np.full(n, col.group.rbar[f] / col.group.weight)
+                             for n, col in zip(rows, cols)]) for f in range(F)]
+    group = ColumnGroup(1.0, groups[0].mean, groups[0].cov, groups[0].R,
+                        np.array([float(any(g.rbar[f] != 0.0 for g in groups)) for f in range(F)]))
+    if not nested:
+        w = np.concatenate([col.w * col.group.weight for col in cols])
+        out = _NodeColumn(first.act, c, group, s, w)
+    else:
+        if any(not np.array_equal(col.w2, first.w2) for col in cols):
+            raise AssertionError("the signal groups of a discrete prior share the z_2 rule")
+        w1 = np.concatenate([col.w1 * col.group.weight for col in cols])
+        out = _NodeColumn(first.act, c, group, s, np.outer(w1, first.w2))
+        out.first, out.w1, out.w2 = first.first, w1, first.w2  # type: ignore[attr-defined]
+        rnode = [r[:, None] for r in rnode]
+    out.rnode = rnode
+    return out
 
 
 @lru_cache(maxsize=32)
@@ -493,8 +535,11 @@ class _Engine:
         # the score laws do not depend on the resolution: the rungs of a ladder share them
         self.noise_group, self.signal_groups = groups or column_groups(task, M, Q)
         self.norm = act.norm
+        signal = [self._nodes(g) for g in self.signal_groups]
+        # the u grids bound each group's moments on its own (as before the merge)
+        self._signal_parts = signal
         self.cols = {"noise": [self._nodes(self.noise_group)],
-                     "signal": [self._nodes(g) for g in self.signal_groups]}
+                     "signal": [merged_column(signal, self.c)] if len(signal) > 1 else signal}
         self._tables: dict = {}
         self._kernels: dict = {}
         self._recording: dict | None = None
@@ -565,7 +610,7 @@ class _Engine:
         below u_lo every pattern is ≤ Σ_k e^{k u_lo} E[φ^k] (k its normaliser count), so
         u_lo = −max_k (log E[φ^k] + U_LOW)/k cuts ≤ e^{−U_LOW} (k ≤ 8 covers every field)."""
         lo, hi, top = np.inf, -np.inf, -np.inf
-        for cols in self.cols.values():
+        for cols in (self.cols["noise"], self._signal_parts):
             for col in cols:
                 w = np.broadcast_to(col.w, col.shape)
                 arrays = ([self._log_total(col)] if self.norm == "joint"
@@ -681,7 +726,10 @@ class _Engine:
                     with_s = tuple(sorted(base + (f"S{h}",)))
                     terms.append((self._column_table(col, with_s, act_set),
                                   grp.weight * grp.R[f, h]))
-            if grp.rbar[f] != 0.0:
+            if grp.rbar[f] != 0.0 and col.rnode is not None:   # θ parts per node
+                terms.append((self._column_table(col, tuple(sorted(base + (f"r{f}",))),
+                                                 act_set), 1.0))
+            elif grp.rbar[f] != 0.0:
                 terms.append((self._column_table(col, base, act_set), grp.rbar[f]))
         total = _linear_combination(terms)
         if self._recording is None:
@@ -743,7 +791,7 @@ class _Engine:
         f = col.first
         g = 1 - f
         inner = self._nested_inner(col, m, g, int(k[g]), int(beta[g]), g in act_set)
-        outer_w = col.w1 * (col.ratio(f)[:, 0] ** beta[f] if beta[f] else 1.0)
+        outer_w = self._outer_weight(col, int(beta[f]), _r_atoms(m))
         if f in act_set:
             outer = self._nested_kernel(col, f, int(k[f])) * outer_w[None, :]   # (U, n1)
             val = outer @ inner.T if g in act_set else outer @ inner
@@ -752,6 +800,14 @@ class _Engine:
         if f in act_set and g in act_set and f == 1:
             val = val.T                                              # axes in head order
         return val
+
+    def _outer_weight(self, col: _NodeColumn, beta: int, r_atoms: Mono) -> np.ndarray:
+        """w_1 (φ′_f/φ_f)^β × the θ-part atoms r (constant along z_2, so they stay out of the
+        inner sums) at the z_1 nodes of the nested rule."""
+        out = col.w1 * (col.ratio(col.first)[:, 0] ** beta if beta else 1.0)
+        for x in r_atoms:
+            out = out * col.rnode[int(x[1:])][:, 0]
+        return out
 
     def _nested_inner(self, col: _NodeColumn, m: Mono, g: int, k: int, beta: int,
                       active: bool) -> np.ndarray:
@@ -918,7 +974,7 @@ class _Engine:
             k, beta = atom_counts(m, self.H)
             lin = tuple(x for x in m if x[0] in "SP")
             info.append((m, act_set, (lin, int(k[g]), int(beta[g]), g in act_set),
-                         (int(k[f]), int(beta[f]), f in act_set)))
+                         (int(k[f]), int(beta[f]), f in act_set, _r_atoms(m))))
         active = sorted({ik for *_, ik, _ in info if ik[3]})
         if active:
             self._batch_inner(col, g, active)
@@ -933,22 +989,27 @@ class _Engine:
                 self._tables[(id(col), m, act_set)] = self._nested_table(
                     col, m, *atom_counts(m, self.H), act_set)
         self._batch_single(col, single)
-        for (kf, bf, _), members in groups.items():
-            outer_w = col.w1 * (col.ratio(f)[:, 0] ** bf if bf else 1.0)
+        for (kf, bf, _, r_atoms), members in groups.items():
+            outer_w = self._outer_weight(col, bf, r_atoms)
             outer = flush(self._nested_kernel(col, f, kf) * outer_w[None, :])    # (U, n1)
             stack = np.stack([self._kernels[(id(col), "inner") + ik] for _, _, ik in members])
             J, Ug, n1 = stack.shape
-            vals = (outer @ stack.reshape(J * Ug, n1).T).reshape(outer.shape[0], J, Ug)
+            # every table C-contiguous with its axes in head order (u_0, u_1): the pattern
+            # sums read each several times (strided views made them ~2× slower)
+            if f == 1:                                   # (J Ug, n1)(n1, Uf) → [j, u_0, u_1]
+                vals = (stack.reshape(J * Ug, n1) @ outer.T).reshape(J, Ug, outer.shape[0])
+            else:
+                vals = np.ascontiguousarray((outer @ stack.reshape(J * Ug, n1).T).reshape(
+                    outer.shape[0], J, Ug).transpose(1, 0, 2))
             for j, (m, act_set, _) in enumerate(members):
-                v = vals[:, j, :]
-                self._tables[(id(col), m, act_set)] = v.T if f == 1 else v
+                self._tables[(id(col), m, act_set)] = vals[j]
 
     def _batch_single(self, col: _NodeColumn, single: dict) -> None:
         """The tables with one active head (``_nested_table``'s one-head cases), one matrix
         product per outer factor instead of one small product per table."""
         f, g = col.first, 1 - col.first
-        for ((kf, bf, _), g_active), members in single.items():
-            outer_w = col.w1 * (col.ratio(f)[:, 0] ** bf if bf else 1.0)
+        for ((kf, bf, _, r_atoms), g_active), members in single.items():
+            outer_w = self._outer_weight(col, bf, r_atoms)
             inners = np.stack([self._nested_inner(col, ik[0], g, ik[1], ik[2], ik[3])
                                for _, _, ik in members])
             if g_active:                                     # (J, U_g, n1) · (n1,) → (J, U_g)
@@ -984,7 +1045,6 @@ class _Engine:
         # e^{u+ψ} = e^{u+c} e^{ψ−c}: both factors are finite here (k (u + c) and k (ψ − c) ≤
         # SPLIT_MAX by the choice of c), so one exponential per entry; ``_minus_exp_product``
         # writes 0 (not a subnormal) where e^{−e^x} < 1e−280
-        E0 = _minus_exp_product(np.exp(u + c), np.exp(psi - c))                  # (n1, U, n2)
         W = np.empty(psi.shape + (len(keys),))
         with np.errstate(invalid="ignore"):
             grow = {k: np.exp(k * (psi - c)) for k in {k for _, k, _, _ in keys} if k}
@@ -999,11 +1059,20 @@ class _Engine:
                 w = w * grow[k]
             W[..., j] = w if finite and not beta else np.nan_to_num(
                 np.broadcast_to(w, psi.shape), nan=0.0)
-        R = np.matmul(E0, flush(W))                                              # (n1, U, J)
+        W = flush(W)
+        eu, ep = np.exp(u + c), np.exp(psi - c)
+        R = np.empty((psi.shape[0], len(u), len(keys)))                          # (n1, U, J)
+        # in blocks of z_1 rows, so that each kernel block is still in cache for its product
+        rows = max(1, int(INNER_BLOCK // (len(u) * psi.shape[1])))
+        for lo in range(0, psi.shape[0], rows):
+            hi = min(lo + rows, psi.shape[0])
+            np.matmul(_minus_exp_product(eu, ep[lo:hi]), W[lo:hi], out=R[lo:hi])
         ks = np.array([k for _, k, _, _ in keys])
         scale = np.exp(np.outer(u + c, ks))                                      # (U, J)
+        R *= scale[None, :, :]
+        inner = np.ascontiguousarray(R.transpose(2, 1, 0))                       # (J, U, n1)
         for j, key in enumerate(keys):
-            self._kernels[(id(col), "inner") + key] = (R[:, :, j] * scale[:, j][None, :]).T
+            self._kernels[(id(col), "inner") + key] = inner[j]
 
     def evaluate(self, pats: list["CompiledPattern"]) -> np.ndarray:
         """Σ over patterns of coefficient × ∫ measure × T_sig × Π T_noise × T_1^{L−1−n}.
