@@ -992,7 +992,9 @@ class _Engine:
         for (kf, bf, _, r_atoms), members in groups.items():
             outer_w = self._outer_weight(col, bf, r_atoms)
             outer = flush(self._nested_kernel(col, f, kf) * outer_w[None, :])    # (U, n1)
-            stack = np.stack([self._kernels[(id(col), "inner") + ik] for _, _, ik in members])
+            # members with the same inner sums share their table (it is fixed by the two keys)
+            unique = list(dict.fromkeys(ik for _, _, ik in members))
+            stack = np.stack([self._kernels[(id(col), "inner") + ik] for ik in unique])
             J, Ug, n1 = stack.shape
             # every table C-contiguous with its axes in head order (u_0, u_1): the pattern
             # sums read each several times (strided views made them ~2× slower)
@@ -1001,8 +1003,9 @@ class _Engine:
             else:
                 vals = np.ascontiguousarray((outer @ stack.reshape(J * Ug, n1).T).reshape(
                     outer.shape[0], J, Ug).transpose(1, 0, 2))
-            for j, (m, act_set, _) in enumerate(members):
-                self._tables[(id(col), m, act_set)] = vals[j]
+            where = {ik: j for j, ik in enumerate(unique)}
+            for m, act_set, ik in members:
+                self._tables[(id(col), m, act_set)] = vals[where[ik]]
 
     def _batch_single(self, col: _NodeColumn, single: dict) -> None:
         """The tables with one active head (``_nested_table``'s one-head cases), one matrix
@@ -1014,8 +1017,8 @@ class _Engine:
                                for _, _, ik in members])
             if g_active:                                     # (J, U_g, n1) · (n1,) → (J, U_g)
                 vals = inners @ outer_w
-            else:                                            # (U_f, n1) · (n1, J) → (J, U_f)
-                vals = (self._nested_kernel(col, f, kf) * outer_w[None, :] @ inners.T).T
+            else:                                            # (J, n1) · (n1, U_f) → (J, U_f)
+                vals = inners @ (self._nested_kernel(col, f, kf) * outer_w[None, :]).T
             for j, (m, act_set, _) in enumerate(members):
                 self._tables[(id(col), m, act_set)] = vals[j]
 
