@@ -536,10 +536,13 @@ class _Engine:
         self.noise_group, self.signal_groups = groups or column_groups(task, M, Q)
         self.norm = act.norm
         signal = [self._nodes(g) for g in self.signal_groups]
-        # the u grids bound each group's moments on its own (as before the merge)
+        # the nested per-head rule stacks the signal groups (``merged_column``; on the flat
+        # rules each θ-part atom would be a new table: measured 9–24 % slower for bsoftmax
+        # and relu); the u grids bound each group's moments on its own (as before the merge)
         self._signal_parts = signal
         self.cols = {"noise": [self._nodes(self.noise_group)],
-                     "signal": [merged_column(signal, self.c)] if len(signal) > 1 else signal}
+                     "signal": ([merged_column(signal, self.c)]
+                                if len(signal) > 1 and hasattr(signal[0], "w1") else signal)}
         self._tables: dict = {}
         self._kernels: dict = {}
         self._recording: dict | None = None
