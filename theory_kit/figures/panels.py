@@ -46,14 +46,16 @@ ERROR_COST_PER_ELEMENT = 6e-8   # independent MC error: per record and sample ro
 # Q up to ~5; H = 1, 3 at single states), times LAPLACE_SHORT_L at L < 8, where fewer of a
 # pattern's tokens are plain and the top cut of its u grid shrinks.  The cost grows like the
 # cube of the score scale √Q.
-# H = 2 re-measured with the resolution ladder (2026-12-01, load ~10: the Fig. 1 curve, 350
-# drifts + 124 E-only records in 32 CPU s), and the short-L factors after the inner kernel's
+# H = 2 re-measured after the drift engine's speed-ups (2026-12-01 22:03 UTC, load <= 1.5: the
+# Fig. 1 curve, 350 drifts + 124 E-only records in 24.3 CPU s = 393 drift equivalents at the
+# record share below; one Fig. 11 grid point, L = 4, T = 1500, took 71 CPU s against 67 s
+# estimated), and the short-L factors after the inner kernel's
 # split stopped falling back at L <= 5 (a plateau state with Q ≈ 4.5: 0.17 / 0.14 / 0.11 s at
 # L = 4 / 5 / 10, was 1.0 / 1.1 / 0.15 s; L = 3, 6, 7 not measured); H = 1, 3 date from the
 # fixed (1, 0.75) resolution pair, so they overestimate where the ladder's first rung is
-# accepted.  Records off the step grid cost an E-only evaluation, ``LAPLACE_RECORD_SHARE`` of
+# accepted (stale: not re-measured since).  Records off the step grid cost an E-only evaluation, ``LAPLACE_RECORD_SHARE`` of
 # a drift.
-LAPLACE_SECONDS_PER_EVAL = {1: 0.05, 2: 0.085, 3: 4.0}
+LAPLACE_SECONDS_PER_EVAL = {1: 0.05, 2: 0.062, 3: 4.0}
 LAPLACE_RECORD_SHARE = 0.35
 LAPLACE_SHORT_L = {4: 1.6, 5: 1.4, 6: 1.3, 7: 1.2}
 LAPLACE_SHORTEST_L = 2.0        # L < 4
