@@ -62,9 +62,9 @@ def activations() -> dict:
 def flops_per_row(H: int, L: int, F: int) -> int:
     """Rough arithmetic count of one evaluated row of the fused kernel (per-head norm):
     ζ = R g (2H²L), weights + normalisation (~6HL), e and |e|² (3L), first-order sums incl.
-    Σ_l J·J (~10H²L + 8HL), J·e (4HL), assembly: ½dQ and the symmetric J·J noise sum
-    (~3H²L + HL), P = Bζ + θ and dM = Σ_l J·e P (4HFL), the rest of dM and the fields (~6HF)."""
-    return 15 * H * H * L + 19 * H * L + 3 * L + 4 * H * F * L + 6 * H * F
+    Σ_l J·J (~10H²L + 8HL), J·e (4HL), assembly: G = Σ_l J·e ζ and the symmetric J·J noise
+    sum (~3H²L + HL), dM = B Gᵀ (2H²F), the rest of dM and the fields (~6HF)."""
+    return 15 * H * H * L + 19 * H * L + 3 * L + 2 * H * H * F + 6 * H * F
 
 
 # ----------------------------------------------------------------------------- JAX variant
