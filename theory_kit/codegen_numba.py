@@ -689,13 +689,7 @@ def _matmul_lanes(A, X, out):
 @njit(cache=True, fastmath=False, error_model='numpy', inline='always')
 def _m_theta(M, th, mt):
     """mt[h, j] = sum_f M[h, f] th[f, j] on lanes j, summed over f in order."""
-    for h in range(M.shape[0]):
-        for j in range(NB):
-            mt[h, j] = 0.0
-        for f in range(M.shape[1]):
-            mhf = M[h, f]
-            for j in range(NB):
-                mt[h, j] += mhf * th[f, j]
+    _matmul_lanes(M, th.reshape((th.shape[0], 1, NB)), mt.reshape((mt.shape[0], 1, NB)))
 
 
 @njit(cache=True, fastmath=False, error_model='numpy', inline='always')
