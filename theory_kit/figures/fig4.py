@@ -43,12 +43,14 @@ ACTIVATIONS = ("softmax", "softmax1", "bsoftmax")
 LABELS = {"softmax": "softmax", "softmax1": "softmax-1", "bsoftmax": "B-softmax"}
 CAPTION = ("E∞ of softmax, softmax-1 and B-softmax (lines: mean over the runs of the best "
            "fixed point, markers: each run — circle: best fixed point of its point, triangle/"
-           "square: other fixed points reached; hollow: not certified; Bayes error dashed). "
+           "square: other fixed points reached; hollow: not certified; cross: keys diverged, "
+           "not certified; Bayes error dashed). "
            "L = 5, η = 1, 5 runs. Left: F = 4, flipping spike ν_f = 10, against H; right: "
            "F = 2, H = 4, ν1 = ν2 = ν, against ν. Gradient-flow limit (our choice), initial "
            "overlaps drawn at D = 10^4, gradient flow until hand-over, then the fixed point "
            "solved and certified; E by Monte Carlo.")
 MARKERS = ("o", "^", "s", "D", "v")
+RUNOFF_MARKER = "x"     # a run whose keys diverged (never certified; fixedpoint.runoff_check)
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,8 @@ class Plan:
     chunk: float
     solver_points: int = 2 ** 11
     solver_points_left: int = 2 ** 11
+    solver_points_left_softmax: int = 2 ** 11
+    solver_refine_left_softmax: int = 2
     flow: str = "ode"
     L: int = 5
     eta: float = 1.0
@@ -74,15 +78,22 @@ class Plan:
     H_right: int = 2 * 2
     F_right: int = 2
 
-    def settings(self, point: dict | None = None) -> einf.RunSettings:
-        """The run settings of ``point`` (the left panel's solver points for F = F_left)."""
+    def settings(self, point: dict | None = None, name: str | None = None) -> einf.RunSettings:
+        """The run settings of ``point`` and activation ``name``: the left panel's solver points
+        for F = F_left (``solver_points_left_softmax`` for softmax there, whose per-sample
+        loss has ~20x the variance of B-softmax's excess: on 2^14 points its descent fits the
+        points and runs off, see ``fixedpoint.runoff_check``)."""
         rule = einf.StopRule(tol=self.tol, chunk=self.chunk, window=2, T_max=self.T_max)
         left = point is not None and point["panel"] == "H"
+        points, refine = self.solver_points, 2
+        if left:
+            points = self.solver_points_left_softmax if name == "softmax" else \
+                self.solver_points_left
+            refine = self.solver_refine_left_softmax if name == "softmax" else 2
         return einf.RunSettings(gamma=1.0, gradient_flow=True, rule=rule, rtol=1e-4,
                                 n_samples=self.n_samples, error_method="mc",
-                                error_samples=self.error_samples,
-                                solver_points=self.solver_points_left if left
-                                else self.solver_points, shift_check=False, flow=self.flow)
+                                error_samples=self.error_samples, solver_points=points,
+                                solver_refine=refine, shift_check=False, flow=self.flow)
 
     def points(self) -> list[dict]:
         """One dict per (panel, x): the task parameters and H."""
@@ -97,9 +108,16 @@ class Plan:
 
 
 # The ODE only has to leave the plateau: hand-over at a 10% geometric tail, T_max 100.
+# Softmax on the left on 2^15 plain points: measured from the H = 4 hand-over of seed 0, 2^14
+# plain points end at a 'degenerate minimum' with one head at |k| = 41 (E by quadrature
+# 0.062741, above the symmetric state's 0.062680), 2^15 and 2^16 certify bounded minima at
+# 0.062137 and 0.062109 (65 and 137 CPU s at load 13).  No re-solve on 4x points there: at
+# H = 8 the descent still runs off on 2^15 and 2^16 points (78 and 221 CPU s; held-out check
+# 'sample artefact' both times), and 2^17 would cost ~10 CPU min a run.
 FULL = Plan(H_values=(1, 2, 4, 8), nu_values=(0.5, 1.0, 2.0, 4.0, 8.0), runs=5, n_samples=400,
             error_samples=40_000, tol=0.1, T_max=100.0, chunk=20.0, solver_points=2 ** 11,
-            solver_points_left=2 ** 12)
+            solver_points_left=2 ** 12, solver_points_left_softmax=2 ** 15,
+            solver_refine_left_softmax=0)
 # Quick: the flow to the hand-over on the solver's own points (einf.SampledFlow), so that a
 # cold run compiles only the sample kernels (~3 CPU s per activation), not the drift kernels
 # (~15 CPU s each, 3/4 of a cold quick run's CPU before).
@@ -153,8 +171,8 @@ def estimate_seconds(quick: bool) -> float:
     p = plan(quick)
     cost = 0.0
     for pt in p.points():
-        points = p.settings(pt).solver_points
-        cost += len(ACTIVATIONS) * p.runs * run_seconds(pt, p, points)
+        for name in ACTIVATIONS:
+            cost += p.runs * run_seconds(pt, p, p.settings(pt, name).solver_points)
         cost += 2e-6 * p.error_samples * 2 ** (pt["F"] - 1) * p.L
     return cost
 
@@ -163,7 +181,8 @@ def _run(job: tuple) -> einf.EinfRun:
     point, name, seed, p, out = job
     task, act = task_of(point, p), get_activation(name)
     ic = InitialCondition.draw(act, point["H"], task.F, task.L, p.D, p.eta, seed)
-    return einf.run_to_convergence(task, act, ic, p.settings(point), out=out, progress=False)
+    return einf.run_to_convergence(task, act, ic, p.settings(point, name), out=out,
+                                   progress=False)
 
 
 def compute(quick: bool, workdir: Path, jobs: int = 1, executor: object | None = None) -> dict:
@@ -208,6 +227,7 @@ def summarise_runs(runs: list[einf.EinfRun], task: Task) -> dict:
             "converged": ok, "certified": ok, "T": [r.T for r in runs], "groups": groups,
             "group": [group_of[i] for i in range(len(runs))],
             "kind": [None if c is None else c.kind for c in certs],
+            "runoff_verdict": [r.runoff_verdict for r in runs],
             "drift_norm": [None if c is None else c.drift_norm for c in certs],
             "min_eigenvalue": [None if c is None else c.min_eigenvalue for c in certs],
             "saddles_passed": [0 if r.fixed is None else len(r.fixed.saddles) for r in runs]}
@@ -226,9 +246,12 @@ def draw(data: dict) -> Figure:
             for xi, r in zip(x, rows):
                 d = r["activations"][name]
                 groups = d.get("group", [0] * len(d["einf_runs"]))
-                for value, ok, grp in zip(d["einf_runs"], d["converged"], groups):
-                    ax.plot(xi, value, MARKERS[min(grp, len(MARKERS) - 1)], ms=3.5,
-                            color=colors[name], mfc=colors[name] if ok else "none")
+                kinds = d.get("kind", [None] * len(d["einf_runs"]))
+                for value, ok, grp, kind in zip(d["einf_runs"], d["converged"], groups, kinds):
+                    marker = RUNOFF_MARKER if kind == einf.RUNOFF else \
+                        MARKERS[min(grp, len(MARKERS) - 1)]
+                    ax.plot(xi, value, marker, ms=3.5, color=colors[name],
+                            mfc=colors[name] if ok else "none")
         ax.plot(x, [r["bayes"]["error"] for r in rows], "k--", lw=1.2, label="Bayes")
         ax.set_yscale("log")  # the Bayes error at ν = 10, F = 4 is ~1e-4
         ax.yaxis.set_minor_formatter(NullFormatter())
@@ -247,7 +270,8 @@ def draw(data: dict) -> Figure:
     done = sum(sum(d["converged"]) for r in data["rows"] for d in r["activations"].values())
     total = sum(len(d["converged"]) for r in data["rows"] for d in r["activations"].values())
     fig.suptitle(f"Fig. 4: E∞ (gradient flow, solved fixed points); {done}/{total} runs "
-                 "certified\n(hollow: not certified; triangles/squares: other fixed points)",
+                 "certified\n(hollow: not certified; crosses: keys diverged; triangles/squares: "
+                 "other fixed points)",
                  fontsize=9)
     legend_under_figure(fig, left, ncol=4)
     return fig
