@@ -67,7 +67,7 @@ class Plan:
     chunk: float
     solver_points: int = 2 ** 11
     solver_points_left: int = 2 ** 11
-    solver_points_left_softmax: int = 2 ** 11
+    solver_points_left_softmax: int | None = None      # None: solver_points_left
     solver_refine_left_softmax: int = 2
     flow: str = "ode"
     L: int = 5
@@ -87,8 +87,9 @@ class Plan:
         left = point is not None and point["panel"] == "H"
         points, refine = self.solver_points, 2
         if left:
-            points = self.solver_points_left_softmax if name == "softmax" else \
-                self.solver_points_left
+            points = self.solver_points_left
+            if name == "softmax" and self.solver_points_left_softmax is not None:
+                points = self.solver_points_left_softmax
             refine = self.solver_refine_left_softmax if name == "softmax" else 2
         return einf.RunSettings(gamma=1.0, gradient_flow=True, rule=rule, rtol=1e-4,
                                 n_samples=self.n_samples, error_method="mc",
