@@ -283,3 +283,44 @@ def test_an_unconverged_einf_has_no_error_bar(capsys):
     text = capsys.readouterr().out.splitlines()
     assert text[0].startswith("E_inf = ") and "+/- unknown (not converged)" in text[0]
     assert "+/- unknown (not converged)" in text[1]
+
+
+def _option_table(parser: argparse.ArgumentParser) -> list[tuple]:
+    return [(tuple(a.option_strings), a.dest, a.default, a.required, a.help)
+            for a in parser._actions]
+
+
+def test_a_verb_parses_the_same_with_only_its_own_module_imported():
+    """main() builds the parser of the invoked verb only (build_parser(verb)); every verb's
+    options, defaults and help are those of the full parser, and an unknown verb still gets
+    the full list of choices."""
+    full = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert len(full.choices) >= 10
+    for verb, parser in full.choices.items():
+        sub = next(a for a in build_parser(verb)._actions
+                   if isinstance(a, argparse._SubParsersAction))
+        assert verb in sub.choices, verb
+        assert _option_table(sub.choices[verb]) == _option_table(parser), verb
+    unknown = next(a for a in build_parser("no-such-verb")._actions
+                   if isinstance(a, argparse._SubParsersAction))
+    assert set(unknown.choices) == set(full.choices)
+
+
+def test_import_and_a_verb_load_only_what_they_need():
+    """``import theory_kit`` loads no heavy dependency (PEP 562 names); ``theory-kit derive
+    --help`` imports its own verb's module, not the others' (matplotlib, the figures)."""
+    import subprocess
+    import sys
+    code = ("import sys, theory_kit as tk\n"
+            "heavy = ('sympy', 'scipy', 'numba', 'matplotlib')\n"
+            "print(sorted(m for m in heavy if m in sys.modules))\n"
+            "from theory_kit.cli import main\n"
+            "try:\n    main(['derive', '--help'])\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in sys.modules if m.startswith('theory_kit.cli.cmd_')),"
+            " 'matplotlib' in sys.modules)\n"
+            "print(callable(tk.ode), type(tk.ode).__name__, tk.Task.__name__)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.splitlines()
+    assert out[0] == "[]"
+    assert out[-2] == "['theory_kit.cli.cmd_derive'] False"
+    assert out[-1] == "True _VerbModule Task"

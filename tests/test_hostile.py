@@ -354,7 +354,7 @@ def test_unexpected_errors_give_one_line(exc, code, start, capsys, monkeypatch):
 def test_ctrl_c_during_start_up_is_one_line(capsys, monkeypatch):
     import theory_kit.cli as cli
 
-    def interrupted():
+    def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
     monkeypatch.setattr(cli, "build_parser", interrupted)
     status = cli.main(["derive", "--activation", "softmax"])

@@ -52,11 +52,25 @@ def _verb_parser_class():
     return VerbParser
 
 
-def build_parser():
-    """The argparse parser with every ``cmd_*`` verb registered."""
+# verbs registered by a module other than ``cmd_<verb>`` (``-`` read as ``_``)
+_VERB_MODULES = {"bayes-error": "cmd_error"}
+
+
+def _command_modules() -> list[str]:
+    """The ``cmd_*`` modules of this package (found without importing them)."""
+    import pkgutil
+    return sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name.startswith("cmd_"))
+
+
+def build_parser(verb: str | None = None):
+    """The argparse parser with every ``cmd_*`` verb registered.
+
+    With ``verb``, only the module that registers it is imported (each verb's module pulls
+    in what it runs: SymPy, SciPy, numba, matplotlib; the whole set costs ~3 CPU s per
+    process): the parse of a command line of that verb is the same.  An unknown ``verb``, or
+    one that its module does not register, gets every verb (an error naming the choices)."""
     import argparse
     import importlib
-    import pkgutil
 
     from .. import __version__
 
@@ -78,9 +92,16 @@ def build_parser():
     # every verb's --help shows its defaults
     sub = parser.add_subparsers(dest="command", required=True, metavar="VERB",
                                 parser_class=_VerbParser)
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        if info.name.startswith("cmd_"):
-            importlib.import_module(f"{__name__}.{info.name}").register(sub)
+    modules = _command_modules()
+    if verb is not None:
+        own = _VERB_MODULES.get(verb, "cmd_" + verb.replace("-", "_"))
+        if own in modules:
+            importlib.import_module(f"{__name__}.{own}").register(sub)
+            if verb in sub.choices:
+                return parser
+            return build_parser()
+    for name in modules:
+        importlib.import_module(f"{__name__}.{name}").register(sub)
     return parser
 
 
@@ -194,7 +215,7 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
 
 def _main(argv: list[str], command: str, debug: bool) -> int:
     try:
-        parser = build_parser()
+        parser = build_parser(argv[0] if argv and not argv[0].startswith("-") else None)
         args = parser.parse_args(argv)
         command = args.command
         return _run(args, debug)
