@@ -1,4 +1,5 @@
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -27,6 +28,8 @@ def pytest_configure(config):
     level fixtures) would otherwise load them from the user's cache, and the in-process
     module table (codegen._MODULES) would keep those for the whole run."""
     root = _codegen_cache_root(config)
+    if os.environ.get("THEORY_KIT_TEST_CPU"):   # before the warm-up, so it is logged too
+        _record_numba_cache_events()
     os.environ["THEORY_KIT_TEST_CACHE"] = root
     os.environ["THEORY_KIT_CACHE"] = root
     if not hasattr(config, "workerinput"):   # the controller (or a run without xdist)
@@ -114,34 +117,67 @@ def _cpu_seconds() -> float:
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-def _numba_index_files() -> set[str]:
-    """numba's cache index files (one per compiled function) under the run's codegen cache,
-    ``$NUMBA_CACHE_DIR`` and the package (sgd_step's kernels)."""
-    import theory_kit
-    roots = [os.environ.get("THEORY_KIT_TEST_CACHE"), os.environ.get("NUMBA_CACHE_DIR"),
-             os.path.dirname(theory_kit.__file__)]
-    return {str(f) for r in roots if r and os.path.isdir(r) for f in Path(r).rglob("*.nbi")}
+_NUMBA_EVENTS: list[str] = []   # this process's numba cache events since the last test
+
+
+def _kernel_name(py_func) -> str:
+    """``activation:function`` of a generated kernel (its module's docstring names the
+    activation), ``module:function`` of another numba function."""
+    module = getattr(py_func, "__module__", "") or ""
+    name = getattr(py_func, "__qualname__", repr(py_func))
+    doc = (getattr(sys.modules.get(module), "__doc__", None) or "").split("Activation: ", 1)
+    if module.startswith("theory_kit_kernels_") and len(doc) == 2:
+        module = doc[1].split(";", 1)[0]
+    return f"{module.rsplit('.', 1)[-1]}:{name}"
+
+
+def _record_numba_cache_events() -> None:
+    """Make numba's disk cache log, for each function and argument types, whether it was
+    loaded (``load``) or had to be compiled (``compile``, the save after the compile) into
+    :data:`_NUMBA_EVENTS`: which test pays which compile, and which kernels a run uses."""
+    from numba.core import caching
+    if getattr(caching.Cache, "_theory_kit_logged", False):
+        return
+    load, save = caching.Cache.load_overload, caching.Cache.save_overload
+
+    def load_overload(self, sig, target_context):
+        data = load(self, sig, target_context)
+        if data is not None:
+            _NUMBA_EVENTS.append("load " + _kernel_name(self._py_func))
+        return data
+
+    def save_overload(self, sig, data):
+        _NUMBA_EVENTS.append("compile " + _kernel_name(self._py_func))
+        return save(self, sig, data)
+    caching.Cache.load_overload, caching.Cache.save_overload = load_overload, save_overload
+    caching.Cache._theory_kit_logged = True
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    """With ``THEORY_KIT_TEST_CPU=FILE``, append ``nodeid<TAB>cpu s<TAB>wall s<TAB>compiled``
+    """With ``THEORY_KIT_TEST_CPU=FILE``, append ``nodeid<TAB>cpu s<TAB>wall s<TAB>numba``
     of every test (setup, call and teardown; children count once they have been waited for;
-    compiled = the numba functions whose cache entry this test created) to FILE.<pid>: the
-    CPU seconds, unlike pytest's wall durations, do not depend on the machine's load, so they
-    are what the default run is balanced and cut by."""
+    numba = the cache events of this process during the test, ``compile F`` or ``load F``,
+    for each numba function F and argument types) to FILE.<pid>: the CPU seconds, unlike
+    pytest's wall durations, do not depend on the machine's load, so they are what the
+    default run is balanced and cut by.  The first line of each file is the worker's start
+    (imports, collection, kernel warm-up)."""
     target = os.environ.get("THEORY_KIT_TEST_CPU")
     if not target:
         yield
         return
     import time
-    before, cpu, wall = _numba_index_files(), _cpu_seconds(), time.monotonic()
+    out = f"{target}.{os.getpid()}"
+    if not os.path.exists(out):
+        with open(out, "a") as handle:
+            handle.write(f"<start>\t{_cpu_seconds():.3f}\t0\t{' '.join(_NUMBA_EVENTS)}\n")
+    _NUMBA_EVENTS.clear()
+    cpu, wall = _cpu_seconds(), time.monotonic()
     yield
     cpu, wall = _cpu_seconds() - cpu, time.monotonic() - wall
-    new = sorted(Path(f).name.split(".")[0] + "." + Path(f).name.split(".")[1]
-                 for f in _numba_index_files() - before)
-    with open(f"{target}.{os.getpid()}", "a") as handle:
-        handle.write(f"{item.nodeid}\t{cpu:.3f}\t{wall:.3f}\t{' '.join(new)}\n")
+    with open(out, "a") as handle:
+        handle.write(f"{item.nodeid}\t{cpu:.3f}\t{wall:.3f}\t{' '.join(_NUMBA_EVENTS)}\n")
+    _NUMBA_EVENTS.clear()
 
 
 # ----------------------------------------------------------------------------- xdist groups
