@@ -87,3 +87,19 @@ def test_pieces_run_longest_first_and_come_back_in_order(tmp_path, monkeypatch):
     out = panels.run_pieces(pieces, tmp_path, jobs=1)
     assert seen == ["b", "c", "a"]
     assert [r["name"] for r in out] == ["a", "b", "c"]
+
+
+def test_compile_estimate_follows_how_precompile_deals_the_parts():
+    """The cold-compile term of a figure's estimate is the busiest precompile process's
+    share: one activation with 2 jobs costs its drift part (the sample part runs beside it),
+    two cost drift + sample, one job compiles every part in turn; a module's own
+    COMPILE_SECONDS is per activation, shared among its parts."""
+    drift, sample = runner.PART_COMPILE_SECONDS["drift"], runner.PART_COMPILE_SECONDS["sample"]
+    ode = types.SimpleNamespace()
+    assert runner.compile_seconds(ode, ["softmax"], jobs=2) == drift
+    assert runner.compile_seconds(ode, ["softmax", "bsoftmax"], jobs=2) == drift + sample
+    assert runner.compile_seconds(ode, ["softmax", "bsoftmax"], jobs=8) == drift + sample
+    assert runner.compile_seconds(ode, ["softmax"], jobs=1) == drift + sample
+    assert runner.compile_seconds(ode, [], jobs=2) == 0.0
+    sgd = types.SimpleNamespace(DRIFT_KERNELS=False, COMPILE_SECONDS=6.0)
+    assert runner.compile_seconds(sgd, ["softmax", "softmax1", "bsoftmax"], jobs=2) == 12.0

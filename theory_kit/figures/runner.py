@@ -15,7 +15,6 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
-import math
 import os
 import shutil
 import time
@@ -76,12 +75,14 @@ def save_png(fig: plt.Figure, path: Path) -> Path:
     return path
 
 
-# measured on the 2-core development machine (2026-12-01), CPU seconds: compiling one
-# activation's generated kernels on a cold cache (drift ~16, error ~1, simulation step ~3),
+# measured on the 2-core development machine (2026-12-01), CPU seconds: compiling one part of
+# an activation's generated kernels on a cold cache (``compile_kernels``: the fused drift pass
+# ~10, the sample kernels ~5; the lead's idle cold runs of Figs. 1-3: one cold activation adds
+# ~10 s of wall time with 2 jobs, the second ~+5-10 s; at load 12, 17-19 and 7.5-8.4 CPU s),
 # and the fixed part of a run (starting Python and importing ~3, JSON, drawing, PNG ~2).  A
-# figure that compiles fewer kernels says so with its own ``COMPILE_SECONDS`` (the digit
-# figures: no drift kernels).
-COMPILE_SECONDS = 20.0
+# figure whose kernels are not these says so with its own ``COMPILE_SECONDS`` per activation
+# (the digit figures: sample kernels only).
+PART_COMPILE_SECONDS = {"drift": 10.0, "sample": 5.0}
 FIXED_SECONDS = 5.0
 
 
@@ -159,12 +160,36 @@ def precompile(module: ModuleType, names: list[str], jobs: int) -> None:
     parts the figure runs: ``drift`` unless its ``DRIFT_KERNELS`` is False (the SGD-only
     figures), ``sample`` always; the drift parts, the longest, are dealt first."""
     from concurrent.futures import ProcessPoolExecutor
-    parts = [p for p in KERNEL_PARTS if p != "drift" or getattr(module, "DRIFT_KERNELS", True)]
-    tasks = [(name, part) for part in parts for name in names]
+    tasks = [(name, part) for part in compiled_parts(module) for name in names]
     if not tasks or not numba_backend():
         return
     with ProcessPoolExecutor(max_workers=min(jobs, len(tasks))) as pool:
         list(pool.map(_compile_task, tasks))
+
+
+def compiled_parts(module: ModuleType) -> list[str]:
+    """The kernel parts a figure runs (:data:`KERNEL_PARTS`): ``drift`` unless its
+    ``DRIFT_KERNELS`` is False (the SGD-only figures), ``sample`` always."""
+    return [p for p in KERNEL_PARTS if p != "drift" or getattr(module, "DRIFT_KERNELS", True)]
+
+
+def compile_seconds(module: ModuleType, cold: list[str], jobs: int) -> float:
+    """Wall seconds of compiling the kernels of the ``cold`` activations on an idle 2-core
+    machine.  With ``jobs`` > 1, :func:`precompile` deals the (activation, part) tasks, drift
+    parts first, to min(jobs, 2 cores, tasks) processes, each taking the next task when it is
+    free (list scheduling: the time is the busiest process's); one job compiles them in turn
+    as its pieces first call them.  Task costs: :data:`PART_COMPILE_SECONDS`, or the
+    module's ``COMPILE_SECONDS`` per activation shared among its parts."""
+    parts = compiled_parts(module)
+    own = getattr(module, "COMPILE_SECONDS", None)
+    costs = [float(own) / len(parts) if own is not None else PART_COMPILE_SECONDS[part]
+             for part in parts for _ in cold]
+    if not costs:
+        return 0.0
+    busy = [0.0] * max(1, min(jobs, 2, len(costs)))
+    for cost in costs:
+        busy[busy.index(min(busy))] += cost
+    return max(busy)
 
 
 def numba_backend() -> bool:
@@ -187,17 +212,15 @@ def estimate(module: ModuleType, quick: bool, jobs: int) -> tuple[float, list[st
     """(seconds, activations to compile) of a figure run on an idle machine: the figure's own
     cost model (``estimate_seconds``, CPU seconds of its pieces) shared among the workers
     (no more workers than pieces: one piece runs on one core), plus the compiles of kernels
-    not cached yet (each worker compiles those of its pieces, at the same time as the others)
-    and the fixed cost of a run (start, imports, drawing)."""
+    not cached yet (:func:`compile_seconds`) and the fixed cost of a run (start, imports,
+    drawing)."""
     seconds = float(module.estimate_seconds(quick))
     pieces = figure_pieces(module, quick)
     workers = min(jobs, 2, pieces or jobs)
     if workers > 1:
         seconds /= workers ** 0.8  # rough: the pieces are not all of the same size
     cold = uncompiled(figure_activations(module, quick))
-    # the workers compile at the same time, each the activations of its own pieces
-    per_activation = float(getattr(module, "COMPILE_SECONDS", COMPILE_SECONDS))
-    compiling = per_activation * math.ceil(len(cold) / max(workers, 1))
+    compiling = compile_seconds(module, cold, jobs) if numba_backend() else 0.0
     return seconds + compiling + FIXED_SECONDS, cold
 
 
