@@ -48,6 +48,16 @@ def test_precompile_deals_each_part_once_drift_first(drift, monkeypatch):
     assert _RecordingPool.made == []
 
 
+def test_fig4_quick_compiles_only_the_sample_kernels():
+    """Fig. 4's quick flow runs on the solver's own points (no ODE): precompile used to build
+    the drift kernels of its three activations for nothing (~25 s of a cold run's wall), and
+    the estimate did not count them.  The full plan's ODE flow still needs them."""
+    from theory_kit.figures import fig4
+    assert runner.compiled_parts(fig4, quick=True) == ["sample"]
+    assert runner.compiled_parts(fig4, quick=False) == list(runner.KERNEL_PARTS)
+    assert runner.compile_seconds(fig4, ["softmax"], jobs=2, quick=True) == fig4.COMPILE_SECONDS
+
+
 def test_compiled_parts_are_the_signatures_the_production_paths_call():
     """After ``compile_kernels`` (drift and sample) an ODE on Monte Carlo and Sobol drifts,
     the MC error and a reduced simulation compile nothing new: the warm-up calls reach the

@@ -10,7 +10,7 @@ from ..activations import Activation
 from ..expect.engines import ENGINE_NAMES, DriftEngine, build_engine
 from ..model import State, Task, check_int, fail
 from ..ode import (METHODS, Trajectory, build_system, check_positive, initial_condition,
-                   integrate_ode, rk4_stages)
+                   integrate_ode, output_times, rk4_stages)
 from ..resources import check_ode
 from .common import (add_activation_args, add_out_arg, add_progress_arg, add_task_args,
                      build_activation, build_task, out_json, parse_float_list, parse_json_array,
@@ -105,6 +105,7 @@ def run_ode(args: argparse.Namespace) -> int:
                            seed=args.seed)
     check_positive(args.T, "T")  # before the engine (building it may compile kernels)
     times = None if args.times is None else parse_float_list(args.times, "times")
+    output_times(args.T, times)  # bad --times fail here, not after compiling the engine
     out = out_json(args.out, "ode.json")
     request = request_of(args)
     if stored_output(out, request) is not None:

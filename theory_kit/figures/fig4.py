@@ -153,6 +153,11 @@ FLOW_EVALS_PER_TIME = 6.0
 COMPILE_SECONDS = 6.0
 
 
+def drift_kernels(quick: bool) -> bool:
+    """Whether the run needs the drift kernels (``runner.precompile``): only the ODE flow."""
+    return plan(quick).flow != "sampled"
+
+
 def run_seconds(point: dict, p: Plan, points: int) -> float:
     """CPU seconds of one run of ``point`` (flow to hand-over, solver, E by Monte Carlo)."""
     atoms, H, F = 2 ** (point["F"] - 1), point["H"], point["F"]

@@ -153,34 +153,38 @@ def _compile_task(task: tuple[str, str]) -> None:
     compile_kernels(*task)
 
 
-def precompile(module: ModuleType, names: list[str], jobs: int) -> None:
+def precompile(module: ModuleType, names: list[str], jobs: int, quick: bool = False) -> None:
     """Compile the kernels of the (uncached) activations ``names`` once, on up to ``jobs``
     processes at a time, before a figure's pieces start: otherwise every worker process
     compiles every activation of its pieces (~16 CPU s each), all of them at once.  Only the
-    parts the figure runs: ``drift`` unless its ``DRIFT_KERNELS`` is False (the SGD-only
-    figures), ``sample`` always; the drift parts, the longest, are dealt first."""
+    parts the figure runs (:func:`compiled_parts`); the drift parts, the longest, are dealt
+    first."""
     from concurrent.futures import ProcessPoolExecutor
-    tasks = [(name, part) for part in compiled_parts(module) for name in names]
+    tasks = [(name, part) for part in compiled_parts(module, quick) for name in names]
     if not tasks or not numba_backend():
         return
     with ProcessPoolExecutor(max_workers=min(jobs, len(tasks))) as pool:
         list(pool.map(_compile_task, tasks))
 
 
-def compiled_parts(module: ModuleType) -> list[str]:
-    """The kernel parts a figure runs (:data:`KERNEL_PARTS`): ``drift`` unless its
-    ``DRIFT_KERNELS`` is False (the SGD-only figures), ``sample`` always."""
-    return [p for p in KERNEL_PARTS if p != "drift" or getattr(module, "DRIFT_KERNELS", True)]
+def compiled_parts(module: ModuleType, quick: bool = False) -> list[str]:
+    """The kernel parts a figure runs (:data:`KERNEL_PARTS`): ``sample`` always, ``drift``
+    unless the module's ``drift_kernels(quick)`` (a plan that may differ between the quick and
+    full runs, Fig. 4) or else its ``DRIFT_KERNELS`` (the SGD-only figures) is False."""
+    own = getattr(module, "drift_kernels", None)
+    drift = own(quick) if callable(own) else getattr(module, "DRIFT_KERNELS", True)
+    return [p for p in KERNEL_PARTS if p != "drift" or drift]
 
 
-def compile_seconds(module: ModuleType, cold: list[str], jobs: int) -> float:
+def compile_seconds(module: ModuleType, cold: list[str], jobs: int,
+                    quick: bool = False) -> float:
     """Wall seconds of compiling the kernels of the ``cold`` activations on an idle 2-core
     machine.  With ``jobs`` > 1, :func:`precompile` deals the (activation, part) tasks, drift
     parts first, to min(jobs, 2 cores, tasks) processes, each taking the next task when it is
     free (list scheduling: the time is the busiest process's); one job compiles them in turn
     as its pieces first call them.  Task costs: :data:`PART_COMPILE_SECONDS`, or the
     module's ``COMPILE_SECONDS`` per activation shared among its parts."""
-    parts = compiled_parts(module)
+    parts = compiled_parts(module, quick)
     own = getattr(module, "COMPILE_SECONDS", None)
     costs = [float(own) / len(parts) if own is not None else PART_COMPILE_SECONDS[part]
              for part in parts for _ in cold]
@@ -220,7 +224,7 @@ def estimate(module: ModuleType, quick: bool, jobs: int) -> tuple[float, list[st
     if workers > 1:
         seconds /= workers ** 0.8  # rough: the pieces are not all of the same size
     cold = uncompiled(figure_activations(module, quick))
-    compiling = compile_seconds(module, cold, jobs) if numba_backend() else 0.0
+    compiling = compile_seconds(module, cold, jobs, quick) if numba_backend() else 0.0
     return seconds + compiling + FIXED_SECONDS, cold
 
 
@@ -295,7 +299,7 @@ def run_figure(number: int, quick: bool = False, out: str | Path = "figures", jo
     workdir.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     if executor is None and jobs > 1:   # (one process compiles as it goes)
-        precompile(module, uncompiled(figure_activations(module, quick)), jobs)
+        precompile(module, uncompiled(figure_activations(module, quick)), jobs, quick)
     data = module.compute(quick=quick, workdir=workdir, jobs=jobs, **extra)
     elapsed = time.monotonic() - start
     png, js = output_paths(out, module.NUMBER)
