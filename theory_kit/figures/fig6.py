@@ -102,7 +102,9 @@ def bootstrap_se(taus: np.ndarray, statistic: Callable[[np.ndarray], float],
     rng = np.random.default_rng(seed)
     picks = rng.integers(0, taus.size, size=(n, taus.size))
     values = np.array([statistic(taus[idx]) for idx in picks])
-    return float(np.nanstd(values, ddof=1))
+    ok = values[~np.isnan(values)]
+    # NaN (without numpy's ddof warning) when fewer than two resamples have the statistic
+    return float(np.std(ok, ddof=1)) if ok.size > 1 else float("nan")
 
 
 def summary(D: np.ndarray, taus: list[np.ndarray], t0: float) -> dict:
