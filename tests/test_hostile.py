@@ -623,6 +623,16 @@ def test_bad_times_exit_2_before_the_engine_is_built(tmp_path, capsys, monkeypat
     assert_one_line(err, "ode", status, 2, "times: must be non-decreasing values in [0, T")
 
 
+def test_a_trial_step_that_diverges_blames_dt(tmp_path, capsys):
+    """--dt 1e308: the start check's trial step itself blew up, and the run exited 2 naming
+    gamma ('the integration blew up at t = 5e+307') where the step is the culprit."""
+    argv = [*ODE, "--dt", "1e308", "--out", str(tmp_path / "o.json")]
+    status, _, err = run_cli(argv, capsys)
+    assert_one_line(err, "ode", status, 2, "dt: an RK4 step of 1e+308 does not resolve the "
+                                           "dynamics at t = 0: the trial steps diverge")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_large_first_change_that_rk4_follows_is_not_refused(tmp_path, capsys):
     """gamma = 10, dt = 1: the first step changes the small initial state 4.5-fold (mostly the
     constant gamma² term), which RK4 follows; the earlier start check on dt·max|dy/dt|

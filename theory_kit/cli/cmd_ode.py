@@ -9,8 +9,8 @@ import numpy as np
 from ..activations import Activation
 from ..expect.engines import ENGINE_NAMES, DriftEngine, build_engine
 from ..model import State, Task, check_int, fail
-from ..ode import (METHODS, Trajectory, build_system, check_positive, initial_condition,
-                   integrate_ode, output_times, rk4_stages)
+from ..ode import (METHODS, BlowUpError, Trajectory, build_system, check_positive,
+                   initial_condition, integrate_ode, output_times, rk4_stages)
 from ..resources import check_ode
 from .common import (add_activation_args, add_out_arg, add_progress_arg, add_task_args,
                      build_activation, build_task, out_json, parse_float_list, parse_json_array,
@@ -145,20 +145,25 @@ def check_step_resolved(task: Task, act: Activation, ic, engine: DriftEngine,
     s = ic.state
     y = system.join(s.M, s.Q, s.a, s.b)
     h = args.dt
-    with np.errstate(over="ignore", invalid="ignore"):
-        one, _ = rk4_stages(system, 0.0, y, h)
-        half, _ = rk4_stages(system, 0.0, y, h / 2)
-        two, _ = rk4_stages(system, h / 2, half, h / 2)
-        scale = max(1.0, float(np.max(np.abs(y))), float(np.max(np.abs(two))))
-        err = float(np.max(np.abs(one - two))) / scale
-    # the local error of RK4 scales like dt^5
-    shorter = (f"{h * (MAX_START_ERROR / err) ** 0.2:.3g}" if np.isfinite(err) and err > 0
-               else "a much smaller value")
+    try:
+        with np.errstate(over="ignore", invalid="ignore"):
+            one, _ = rk4_stages(system, 0.0, y, h)
+            half, _ = rk4_stages(system, 0.0, y, h / 2)
+            two, _ = rk4_stages(system, h / 2, half, h / 2)
+            scale = max(1.0, float(np.max(np.abs(y))), float(np.max(np.abs(two))))
+            err = float(np.max(np.abs(one - two))) / scale
+    except BlowUpError:     # a trial stage left the admissible set: the step is the culprit
+        err = float("inf")
     if not err <= MAX_START_ERROR:
-        fail("dt", f"an RK4 step of {h:g} does not resolve the dynamics at t = 0: one step and "
-             f"two half steps differ by {err:.3g} of the state's size (allowed "
-             f"{MAX_START_ERROR:g}; gamma = {args.gamma:g}); use --dt <= {shorter}, --method "
-             "rk45 (adaptive), or a smaller --gamma", h)
+        if np.isfinite(err):    # the local error of RK4 scales like dt^5
+            found = (f"one step and two half steps differ by {err:.3g} of the state's size "
+                     f"(allowed {MAX_START_ERROR:g})")
+            advice = f"--dt <= {h * (MAX_START_ERROR / err) ** 0.2:.3g}"
+        else:
+            found, advice = "the trial steps diverge", "a much smaller --dt"
+        fail("dt", f"an RK4 step of {h:g} does not resolve the dynamics at t = 0: {found} "
+             f"(gamma = {args.gamma:g}); use {advice}, --method rk45 (adaptive), or a smaller "
+             "--gamma", h)
 
 
 def _summary(done: str, out: Path, traj: Trajectory) -> None:
