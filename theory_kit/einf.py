@@ -608,7 +608,7 @@ def solver_objective(task: Task, act: Activation, H: int, settings: RunSettings,
                                              else settings.solver_tilt))
 
 
-def auto_tilt(task: Task, act: Activation | None = None) -> float:
+def auto_tilt(task: Task, act: Activation) -> float:
     """0.3 when the signal is strong (E[|θ|²] ≥ 10) and the activation has Bayes offsets (it
     can reach the Bayes posterior, and then its excess E − E_Bayes is a rare-event average),
     else 0.  Measured at F = 4, ν = 10, H = 4 (standard error of the sampled E on 2^12 points
@@ -617,8 +617,8 @@ def auto_tilt(task: Task, act: Activation | None = None) -> float:
     variance: softmax ran off on 2^14 tilted points, and on 2^16 its tilted minimum lies at
     E = 0.062201 by quadrature against 0.062109 for the plain one).  At ν = 2 the tilt's weights
     only add variance for every activation (B-softmax's minimiser excess at 2^15 points 1.6e-5
-    tilted against 1.2e-5 plain).  ``act`` None: as for Bayes offsets."""
-    bayes_like = act is None or act.offset == "bayes"
+    tilted against 1.2e-5 plain)."""
+    bayes_like = act.offset == "bayes"
     strong = float(np.sum(task.prior.second_moments())) >= 10.0
     return 0.3 if strong and bayes_like else 0.0
 
