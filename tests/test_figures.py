@@ -337,3 +337,17 @@ def test_head_figure_legend_names_every_head_of_the_largest_group():
         assert [n for n in names if n.startswith("head ")] == [f"head {h}" for h in range(1, 9)]
         assert _readability_problems(fig) == []
         plt.close(fig)
+
+
+def test_head_figure_names_the_unspecialised_phase_only_when_it_is_drawn():
+    # a τ at the first output time leaves no unspecialised span: its legend entry went on
+    import matplotlib.pyplot as plt
+
+    t = np.linspace(0.0, 100.0, 20)
+    M = np.outer(t, np.ones(4)).reshape(-1, 2, 2)
+    for taus, shown in (([0.0, 50.0], False), ([30.0, 50.0], True), ([np.inf, np.inf], True)):
+        fig = panels.heads_draw({"trajectories": [{"t": t, "M": M, "tau": taus}]}, ["a"],
+                                "heads", 1)
+        names = [x.get_text() for x in fig.legends[0].get_texts()]
+        assert ("unspecialised" in names) is shown, (taus, names)
+        plt.close(fig)

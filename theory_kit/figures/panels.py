@@ -419,8 +419,9 @@ def draw_head_panels(axes: Sequence[Axes], traj: dict, title: str | None = None)
     taus = np.asarray(traj["tau"], dtype=float)
     first = float(np.min(taus)) if np.isfinite(taus).any() else float(t[-1])
     for f, ax in enumerate(axes[:F]):
-        ax.axvspan(t[0], first, color="0.9", lw=0, zorder=0,
-                   label="unspecialised" if f == 0 else None)
+        if first > t[0]:   # a zero-width span would still put "unspecialised" in the legend
+            ax.axvspan(t[0], first, color="0.9", lw=0, zorder=0,
+                       label="unspecialised" if f == 0 else None)
         for h in range(H):
             ax.plot(t, M[:, h, f], color=colors[h], ls=head_style(h)["ls"], label=f"head {h + 1}")
         _mark_taus(ax, [taus[f]])
