@@ -52,7 +52,7 @@ def with_opt(verb: str, opt: str, value: str | None) -> list[str]:
 
 
 def with_eq(verb: str, opt: str, value: str) -> list[str]:
-    """``--opt=value``: the only way argparse accepts a value starting with '-' such as -1,2."""
+    """``--opt=value`` (a value starting with '-' such as -1,2 also works with a space)."""
     return with_opt(verb, opt, None) + [f"{opt}={value}"]
 
 
@@ -67,7 +67,8 @@ def build_cases() -> list[tuple[str, list[str], str]]:
     for v in TASK_VERBS:
         for bad in ("-1,2", "0,2", "nan,2", "inf,2", "2,abc", ""):
             add(f"{v} --nu={bad}", with_eq(v, "--nu", bad), "nu")
-        add(f"{v} --nu -1,2", with_opt(v, "--nu", "-1,2"), "argument --nu")  # argparse's own
+        for bad in ("-1,2", "-inf,2", "-.5,2", "-1e-3"):   # with a space: a value, not an option
+            add(f"{v} --nu {bad} (space)", with_opt(v, "--nu", bad), "nu")
         for bad in ("1", "0", "-3"):
             add(f"{v} --L {bad}", with_eq(v, "--L", bad), "L")
         add(f"{v} --prior laplace", with_opt(v, "--prior", "laplace"), "prior")
@@ -189,6 +190,9 @@ def build_cases() -> list[tuple[str, list[str], str]]:
     add("escape --Q0 non-PSD",
         with_opt("escape", "--H", None) + ["--M0", M_OK, "--Q0", bad_q["non-PSD"]], "Q0")
     add("ode --H abc", with_opt("ode", "--H", "abc"), "argument --H")
+    add("ode --times -1,0.5 (space)", with_opt("ode", "--times", "-1,0.5"), "times")
+    add("ode --nu --L (missing value)", with_opt("ode", "--nu", None) + ["--nu", "--L", "2"],
+        "argument --nu")
     add("ode --gamma abc", with_opt("ode", "--gamma", "abc"), "argument --gamma")
     add("simulate --D 1.5", with_opt("simulate", "--D", "1.5"), "argument --D")
     return cases

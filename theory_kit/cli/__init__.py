@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -49,8 +50,14 @@ def _verb_parser_class():
         def __init__(self, *args, **kwargs) -> None:
             kwargs["formatter_class"] = HelpFormatter
             super().__init__(*args, **kwargs)
+            # argparse takes only -1 or -.5 for a value, so `--nu -1,2` failed with "expected
+            # one argument" instead of naming nu's range; no option of a verb starts with a
+            # digit or a dot, so a token that does is a value (lists, exponents, -inf, -nan).
+            self._negative_number_matcher = _NUMBER_LIKE
     return VerbParser
 
+
+_NUMBER_LIKE = re.compile(r"^-(\d|\.\d|(inf|nan)(,|$))", re.IGNORECASE)
 
 # verbs registered by a module other than ``cmd_<verb>`` (``-`` read as ``_``)
 _VERB_MODULES = {"bayes-error": "cmd_error"}
