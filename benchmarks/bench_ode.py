@@ -23,15 +23,24 @@ Parts (``--parts``, all by default), every ratio against a baseline timed in the
   brute-force SGD run, with its error of m along the curve measured against the deterministic
   curve (goal ≥ 300× at an error below 2e-3).
 
+* ``heap``: the deterministic curve (as in ``curve``, no tightened run) in fresh processes,
+  alternately with ``THEORY_KIT_RETAIN_HEAP=0`` (glibc returns freed memory to the kernel, the
+  default before 2026-12-02) and with the engine's default (freed memory kept,
+  ``laplace.retain_freed_memory``); the setting is process-wide, so the A/B needs separate
+  processes; ``--rounds`` pairs, CPU seconds of each child (user + system), and their ratio.
+
 All times are CPU seconds of this process (the machine is shared).
 
-Run:  python benchmarks/bench_ode.py [--parts steps,cost,curve,sample,default] [--engine laplace]
-      [--sgd-T 0.5] [--T 250] [--samples 20000] [--save DIR]
+Run:  python benchmarks/bench_ode.py [--parts steps,cost,curve,sample,default,heap]
+      [--engine laplace] [--sgd-T 0.5] [--T 250] [--samples 20000] [--save DIR] [--rounds 2]
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -252,6 +261,41 @@ def part_cost(T: float, engine_name: str, sgd_T: float) -> None:
           f"~{smp_eval / per_eval:.1e} (per curve ~{smp_eval * n_evals / 3600:.1e} CPU h)")
 
 
+def part_curve_child(T: float, engine_name: str) -> None:
+    """One deterministic curve in this process (a child of ``part_heap``): one JSON line."""
+    s = SETTING
+    engine = build_engine(engine_name, s.task(), s.act(), s.H)
+    st = s.initial().state
+    engine.evaluate(s.task(), s.act(), st.M, st.Q, st.a, st.b)     # compile / patterns once
+    before = os.times()
+    _, traj = curve(engine, T, METHOD, rtol=RTOL, atol=ATOL)
+    after = os.times()
+    print(json.dumps({"user": after.user - before.user, "sys": after.system - before.system,
+                      "calls": traj.stats["rhs_evaluations"] + traj.stats["error_evaluations"],
+                      "tau2": tau2(traj), "M": traj.M.tolist()}))
+
+
+def part_heap(T: float, engine_name: str, rounds: int) -> None:
+    """Same-run A/B of keeping freed memory (module docstring, ``heap``)."""
+    print(f"[heap] {engine_name} curve in fresh processes, {rounds} rounds of (off, on)")
+    cpu_of: dict[str, list[float]] = {"off": [], "on": []}
+    curves = {}
+    for r in range(rounds):
+        for tag, value in (("off", "0"), ("on", "1")):
+            env = {**os.environ, "THEORY_KIT_RETAIN_HEAP": value}
+            out = subprocess.run([sys.executable, __file__, "--parts", "curve-child", "--T",
+                                  str(T), "--engine", engine_name], env=env, check=True,
+                                 capture_output=True, text=True).stdout.strip().splitlines()[-1]
+            res = json.loads(out)
+            cpu_of[tag].append(res["user"] + res["sys"])
+            curves[tag] = np.asarray(res["M"])
+            print(f"  round {r + 1} heap kept {tag:3s}: {res['user'] + res['sys']:6.2f} CPU s "
+                  f"(system {res['sys']:5.2f}), {res['calls']} calls, tau_2 {res['tau2']:.2f}")
+    ratios = [a / b for a, b in zip(cpu_of["off"], cpu_of["on"])]
+    print(f"  ratio off / on per round: {', '.join(f'{x:.2f}' for x in ratios)}; curves "
+          f"identical: {bool(np.array_equal(curves['off'], curves['on']))}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parts", default="steps,cost",
@@ -264,15 +308,21 @@ def main() -> None:
     parser.add_argument("--save", help="folder keeping the deterministic curves (resumable)")
     parser.add_argument("--samples", type=int, default=20_000,
                         help="Monte Carlo draws of the default part (the ode verb's default)")
+    parser.add_argument("--rounds", type=int, default=2, help="(off, on) pairs of part heap")
     args = parser.parse_args()
     os.environ.setdefault("THEORY_KIT_NO_PROGRESS", "1")
     parts = set(args.parts.split(","))
+    if parts == {"curve-child"}:
+        part_curve_child(args.T, args.engine)
+        return
     print(f"bench_ode {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
           f"{os.cpu_count()} cores; Fig. 1 setting: {SETTING.label()}")
     if "steps" in parts:
         part_steps(args.T)
     if "cost" in parts:
         part_cost(args.T, args.engine, args.sgd_T)
+    if "heap" in parts:
+        part_heap(args.T, args.engine, args.rounds)
     if "curve" in parts:
         reference, secs, accuracy = part_curve(args.T, args.engine, args.sgd_T, args.save)
         if "sample" in parts:  # its error is measured against the deterministic curve
