@@ -338,3 +338,20 @@ def test_compiled_minus_exp_kernel_against_numpy():
     assert (x < 1e-6).any() and ((x > 600) & (x < lp.LOG_TINY)).any() and (x > 1e3).any()
     assert np.all(np.abs(got - want) <= 4e-16 * want)          # relative, and exact zeros
     assert np.all(got[x >= lp.LOG_TINY] == 0.0) and np.all(got[x < lp.LOG_TINY] > 0)
+
+
+def test_freed_memory_retention_is_accepted_and_can_be_turned_off(monkeypatch):
+    """``retain_freed_memory`` (glibc's trim and mmap thresholds: a speed setting, no effect
+    on the numbers) is accepted by the C library and THEORY_KIT_RETAIN_HEAP=0 skips it; the
+    uncached function is called (setting the same values again is harmless)."""
+    import platform
+
+    from theory_kit.expect.laplace import retain_freed_memory
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        pytest.skip("mallopt is glibc's")
+    LaplaceDrift()
+    assert retain_freed_memory.cache_info().currsize == 1
+    monkeypatch.setenv("THEORY_KIT_RETAIN_HEAP", "1")
+    assert retain_freed_memory.__wrapped__() is True
+    monkeypatch.setenv("THEORY_KIT_RETAIN_HEAP", "0")
+    assert retain_freed_memory.__wrapped__() is False
