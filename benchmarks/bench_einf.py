@@ -7,6 +7,16 @@ Printed: time per gradient of each, their ratio, and the largest difference of t
 gradients (a correctness check of the benchmark itself).
 
     python benchmarks/bench_einf.py [--H 4] [--F 2] [--n 4000] [--repeat 3]
+
+``--pairwise``: the deterministic objective of the polish (``fixedpoint.PairwiseError``, the
+pairwise Laplace decomposition) at Fig. 4's F = 4, ν = 10, L = 5 with ``--H`` heads, against
+the sampled objective on 2^15 Sobol points (Fig. 4's softmax solver) in the same run, in CPU
+seconds (``time.process_time``: the machine is shared): one E + gradient of each, their ratio,
+one sub-model with the gradient-flow patterns against ``LaplaceDrift.evaluate`` (all fields,
+dQ_noise included), and the sub-model evaluations of the head-local Hessian against those of
+differencing the whole gradient.
+
+    python benchmarks/bench_einf.py --pairwise [--H 8] [--scale 3]
 """
 from __future__ import annotations
 
@@ -16,8 +26,51 @@ import time
 import numpy as np
 
 from theory_kit import einf
+from theory_kit import fixedpoint as fp
 from theory_kit.activations import get_activation
 from theory_kit.model import Task, make_prior
+
+
+def cpu_time(fn, repeat: int) -> float:
+    """Smallest CPU seconds (user + sys of this process) of ``repeat`` calls."""
+    times = []
+    for _ in range(repeat):
+        start = time.process_time()
+        fn()
+        times.append(time.process_time() - start)
+    return min(times)
+
+
+def bench_pairwise(H: int, scale: float, repeat: int) -> None:
+    """The deterministic objective against the sampled one (module docstring)."""
+    from theory_kit.expect.laplace import LaplaceDrift
+    task = Task(5, make_prior("flipping", nu=[10.0] * 4))
+    act = get_activation("softmax")
+    atoms = task.prior.atoms()[0]
+    rng = np.random.default_rng(0)
+    K = np.hstack([atoms[np.arange(H) % len(atoms)] / np.sqrt(10.0) * scale / 2.0,
+                   0.1 * rng.standard_normal((H, H))])   # |k| ≈ scale, a small orthogonal part
+    det = fp.PairwiseError.for_activation(task, act, H)
+    smp = fp.SampledError.for_activation(task, act, H, n=2 ** 15)
+    x = det.pack(K, det.a0, det.b0)
+    t_det = cpu_time(lambda: det.value_and_grad(x), repeat)
+    t_smp = cpu_time(lambda: smp.value_and_grad(x), repeat)
+    print(f"H = {H}, |k| ~ {scale:g}: deterministic E + gradient {t_det:.2f} CPU s "
+          f"({len(det.engine.terms())} sub-models), sampled (2^15 points) {t_smp:.2f} CPU s, "
+          f"ratio {t_det / t_smp:.1f}")
+    pair, a, b = K[:2, :4], det.a0[:2], det.b0[:2]
+    full = LaplaceDrift()
+    t_grad = cpu_time(lambda: det.engine.sub_model(K, det.a0, det.b0, (0, 1), 0.75), repeat)
+    t_all = cpu_time(lambda: full.checked(task, act, pair, K[:2] @ K[:2].T, a, b, 0.75),
+                     repeat)
+    print(f"one pair at level 0.75: gradient-flow patterns {t_grad:.3f} CPU s, all fields "
+          f"{t_all:.3f} CPU s, ratio {t_all / t_grad:.2f}")
+    dim = det.dim
+    local = 2 * dim * H          # per coordinate: its head's H - 1 pairs and its single
+    whole = 2 * dim * len(det.engine.terms())
+    print(f"Hessian sub-model evaluations: head-local {local}, whole-gradient differences "
+          f"{whole} (ratio {whole / local:.1f}); about {local * t_det / len(det.engine.terms()):.0f}"
+          " CPU s at this state")
 
 
 def best_time(fn, repeat: int) -> float:
@@ -35,7 +88,13 @@ def main() -> None:
     parser.add_argument("--F", type=int, default=2)
     parser.add_argument("--n", type=int, default=4000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--pairwise", action="store_true",
+                        help="the deterministic polish objective (module docstring)")
+    parser.add_argument("--scale", type=float, default=3.0, help="key norms of --pairwise")
     args = parser.parse_args()
+    if args.pairwise:
+        bench_pairwise(args.H, args.scale, args.repeat)
+        return
     task = Task(5, make_prior("flipping", nu=[2.0] * args.F))
     for name in ("softmax", "softmax1", "bsoftmax"):
         act = get_activation(name)

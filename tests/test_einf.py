@@ -5,6 +5,7 @@ Independent references: the closed-form Bayes posterior of the flipping spike
 and the symmetries of E."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 
@@ -354,11 +355,36 @@ def test_cli_einf_json(capsys):
                                    ["--D", "3"], ["--method", "euler"], ["--tol", "-1"],
                                    ["--error-samples", "1"], ["--error-method", "exact"],
                                    ["--solver-points", "8"], ["--drift-tol", "0"],
-                                   ["--engine", "exact"]])
+                                   ["--engine", "exact"], ["--polish", "newton"],
+                                   ["--polish", "pairwise"]])
 def test_cli_einf_bad_input_exits_2(extra, capsys):
+    """(``--polish pairwise`` without ``--gradient-flow``: the polish minimises E.)"""
     base = ["einf", "--activation", "softmax", "--L", "5", "--nu", "2,2", "--H", "2"]
     assert main(base + extra) == 2
-    assert "error:" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "error:" in err
+    if extra[0] == "--polish":
+        assert "polish" in err
+
+
+def test_solve_checked_polishes_on_the_deterministic_E():
+    """With ``polish="pairwise"`` the sampled solution (softmax, H = 2, 2^10 points) is polished
+    and certified on the deterministic E, E is the pairwise Laplace value (checked against the
+    independent quadrature), and the sampled solve is kept as ``presolve``; B-softmax (joint
+    normalisation) is left to the sampled solver, and its ``deterministic`` E is quadrature."""
+    task, act = Task(4, make_prior("flipping", nu=[2.0, 2.0])), get_activation("softmax")
+    settings = dataclasses.replace(FAST, solver_points=2 ** 10, polish="pairwise",
+                                   error_method="deterministic")
+    M = np.array([[0.9, 0.3], [0.8, -0.4]])
+    start = State(M, M @ M.T + 0.1 * np.eye(2), act.a_default(2, 4), act.b_default(2, 4))
+    fixed, final, _ = einf.solve_checked(task, act, start, settings)
+    assert fixed.certificate.certified and final.method == "laplace pairs"
+    assert fixed.presolve["polished_from"] == "sampled solution"
+    assert "deterministic E" in fixed.solver and fixed.presolve["solver"].startswith("L-BFGS")
+    quad = population_error(task, act, fixed.state, method="quad")
+    assert abs(final.value - quad.value) <= 4 * (final.abs_err + quad.abs_err) + 1e-12
+    bs_act, bs_state = einf.bayes_softmax_at_atoms(task.prior, 2)
+    assert einf.precise_error(task, bs_act, bs_state, "deterministic").method == "quad"
 
 
 @pytest.mark.slow

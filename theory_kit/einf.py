@@ -39,8 +39,9 @@ from .expect import montecarlo as mc
 from .executor import run_sweep, runs_in_process
 from .expect.drift import ENGINES, SampleDrift
 from .expect.engines import DEFAULT_QMC_POINTS, DriftEngine, build_engine
-from .fixedpoint import (POINTS, RUNOFF, Certificate, DriftMap, FixedPoint, SampledError,
-                         bayes_posterior, check_objective, runoff_check, solve_drift_root,
+from .fixedpoint import (POINTS, RUNOFF, Certificate, DriftMap, FixedPoint, PairwiseError,
+                         SampledError, bayes_posterior, check_objective,
+                         polish_gradient_flow, runoff_check, solve_drift_root,
                          solve_gradient_flow)
 from .initial import InitialCondition
 from .model import Prior, State, Task, check_int, fail
@@ -51,6 +52,8 @@ from .results import Checkpoint, read_json, to_jsonable, write_json
 MAX_SIGN_PATTERNS = 256
 UNKNOWN_ERROR = "+/- unknown (not converged)"   # the text of a run without an error bar
 FLOWS = ("ode", "sampled")
+POLISH = ("none", "pairwise")   # RunSettings.polish: the deterministic solve after the sampled one
+PRECISE_METHODS = ERROR_METHODS + ("deterministic",)   # precise_error's methods
 HELD_OUT = 3            # seed offset of the held-out points of a run-off check (1, 2: sample_shift)
 
 
@@ -58,9 +61,19 @@ HELD_OUT = 3            # seed offset of the held-out points of a run-off check 
 def precise_error(task: Task, act: Activation, state: State, method: str = "auto",
                   mc_samples: int = 400_000, seed: int = 12345) -> ErrorResult:
     """E at ``state`` by ``error.population_error`` (``auto``: quadrature, with Monte Carlo
-    when quadrature cannot reach 1e-8); with ``mc``, ``mc_samples`` noise draws."""
+    when quadrature cannot reach 1e-8); with ``mc``, ``mc_samples`` noise draws.
+
+    ``deterministic``: the pairwise Laplace engine where it applies (per-head activations,
+    discrete priors, any H: ``expect.pairwise``, E-only patterns of 1- and 2-head sub-models),
+    else ``auto``."""
     if method == "mc":
         return population_error(task, act, state, method="mc", n=mc_samples, seed=seed)
+    if method == "deterministic":
+        if pairwise_applies(task, act, state.H):
+            obj = PairwiseError.for_activation(task, act, state.H)
+            value, err = obj.engine.error(*obj.unpack(obj.pack_state(state)))
+            return ErrorResult(value, err, "laplace pairs")
+        method = "auto"
     return population_error(task, act, state, method=method)
 
 
@@ -418,7 +431,11 @@ class RunSettings:
     points (their leading Sobol points, at least 256; 1: off), then the full set polishes and
     certifies (``fixedpoint.solve_gradient_flow``'s ``coarse``).  A gradient-flow
     solution whose sampled E disagrees with the precise E is solved again with 4x the points,
-    up to ``solver_refine`` times (:func:`solve_checked`).
+    up to ``solver_refine`` times (:func:`solve_checked`).  ``polish="pairwise"`` (gradient
+    flow, where ``expect.pairwise`` applies: per-head activations, discrete priors, any H) then
+    polishes and certifies the solution on the deterministic E (:func:`polish_pairwise`),
+    whose value and abs_err become the run's E (``error_method`` "deterministic" gives the
+    same engine's E without the polish).
 
     ``flow`` is how the state gets to the hand-over: ``ode`` integrates the order-parameter ODE
     on the drift engine ``drift`` (``n_samples`` draws); ``sampled`` (gradient flow only)
@@ -451,6 +468,7 @@ class RunSettings:
     solver_refine: int = 2
     solver_coarse: int = 4
     flow: str = "ode"
+    polish: str = "none"
 
     def __post_init__(self) -> None:
         for name in ("gamma", "dt", "rtol", "atol", "drift_tol"):
@@ -459,8 +477,9 @@ class RunSettings:
                 fail(name, "must be a finite number > 0", value)
         if self.method not in ODE_METHODS:
             fail("method", f"must be one of {', '.join(ODE_METHODS)}", self.method)
-        if self.error_method not in ERROR_METHODS:
-            fail("error_method", f"must be one of {', '.join(ERROR_METHODS)}", self.error_method)
+        if self.error_method not in PRECISE_METHODS:
+            fail("error_method", f"must be one of {', '.join(PRECISE_METHODS)}",
+                 self.error_method)
         check_int(self.n_samples, "samples", 2)
         check_int(self.error_samples, "error_samples", 2)
         check_int(self.solver_points, "solver_points", 16)
@@ -474,6 +493,11 @@ class RunSettings:
         if self.flow == "sampled" and not self.gradient_flow:
             fail("flow", "'sampled' integrates gradient flow only (needs gradient_flow=True)",
                  self.flow)
+        if self.polish not in POLISH:
+            fail("polish", f"must be one of {', '.join(POLISH)}", self.polish)
+        if self.polish != "none" and not self.gradient_flow:
+            fail("polish", "the deterministic polish minimises E (needs gradient_flow=True)",
+                 self.polish)
         if self.solver_sampling not in POINTS:
             fail("solver_sampling", f"must be one of {', '.join(POINTS)}", self.solver_sampling)
 
@@ -541,7 +565,7 @@ def run_to_convergence(task: Task, act: Activation, ic: InitialCondition,
         fixed, final, used = solve_checked(task, act, state, settings, engine)
         state = fixed.state
         hist["solver_points"] = used.solver_points
-        if settings.shift_check:
+        if settings.shift_check and fixed.presolve is None:   # a polished point has no samples
             shift = sample_shift(task, act, fixed, used)
     else:
         final = precise_error(task, act, state, settings.error_method, settings.error_samples)
@@ -595,7 +619,35 @@ def solve_checked(task: Task, act: Activation, start: State, settings: RunSettin
         check = runoff_check(held_out, held_out.pack_state(fixed.state),
                              held_out.pack_state(start))
         fixed = dataclasses.replace(fixed, runoff=check.to_dict())
+    if settings.polish == "pairwise" and pairwise_applies(task, act, start.H):
+        fixed, final = polish_pairwise(task, act, start, fixed, settings.drift_tol)
     return fixed, final, used
+
+
+def pairwise_applies(task: Task, act: Activation, H: int) -> bool:
+    """Whether the deterministic pairwise engine covers (task, act, H) (``expect.pairwise``)."""
+    from .expect.pairwise import applicability
+    return applicability(task, act, H)[0]
+
+
+def polish_pairwise(task: Task, act: Activation, start: State, sampled: FixedPoint,
+                    tol: float) -> tuple[FixedPoint, ErrorResult]:
+    """The sampled solver's fixed point polished and certified on the deterministic E
+    (:func:`fixedpoint.polish_gradient_flow` on :class:`fixedpoint.PairwiseError`): from the
+    sampled solution, or from the hand-over ``start`` when the sampled descent ran off (its
+    end point is far out on a sample artefact).  The sampled solve is kept in the result's
+    ``presolve`` (certificate, sampled E, run-off check); E and its abs_err are the
+    deterministic engine's at the polished point."""
+    obj = PairwiseError.for_activation(task, act, start.H)
+    origin = start if sampled.certificate.kind == RUNOFF else sampled.state
+    fixed = polish_gradient_flow(obj, obj.pack_state(origin), tol)
+    presolve = {"certificate": sampled.certificate.to_dict(), "solver": sampled.solver,
+                "sampled_error": sampled.sampled_error, "runoff": sampled.runoff,
+                "saddles": len(sampled.saddles), "seconds": sampled.seconds,
+                "polished_from": "hand-over" if origin is start else "sampled solution"}
+    fixed = dataclasses.replace(fixed, presolve=presolve)
+    return fixed, ErrorResult(fixed.sampled_error, float(fixed.error_abs_err),
+                              "laplace pairs", {"level": obj.level})
 
 
 def solver_objective(task: Task, act: Activation, H: int, settings: RunSettings,
@@ -735,10 +787,11 @@ def _finished(out: str, params: dict) -> bool:
 # ----------------------------------------------------------------------------- Bayes floor
 def bayes_floor(task: Task, method: str = "auto", mc_samples: int = 400_000,
                 seed: int = 12345) -> ErrorResult:
-    """E_Bayes of the task (``error.bayes_error``); with ``mc``, ``mc_samples`` draws."""
+    """E_Bayes of the task (``error.bayes_error``); with ``mc``, ``mc_samples`` draws;
+    ``deterministic`` is ``auto`` (quadrature) here."""
     if method == "mc":
         return bayes_error(task, method="mc", n=mc_samples, seed=seed)
-    return bayes_error(task, method=method)
+    return bayes_error(task, method="auto" if method == "deterministic" else method)
 
 
 def bayes_excess(task: Task, act: Activation, state: State, n: int = 400_000,

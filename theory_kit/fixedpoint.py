@@ -12,6 +12,11 @@ E∞ runs integrate only until the state has left the plateau, then *solve*:
   exact gradient.
 * **Finite γ**: a root of the full drift (γ² term included) of the ODE's own fixed-sample
   engine, in (M, Q, a, b) coordinates (:func:`solve_drift_root`, MINPACK ``hybr``).
+* **Deterministic polish** (gradient flow, per-head activations, discrete priors, any H):
+  :class:`PairwiseError` is E with its exact gradient from the pairwise decomposition on the
+  Laplace engine (``expect.pairwise``: no samples, ~1e-8 with an error estimate), and
+  :func:`polish_gradient_flow` minimises and certifies on it from the sampled solution (or
+  from the hand-over when the sampled descent ran off into a sample artefact).
 
 **Certificate** (:class:`Certificate`).  The drift norm at the solution must be below a
 stated tolerance, and the linearisation must be stable:
@@ -67,9 +72,48 @@ RUNOFF_FACTOR = 300.0   # a descent whose ‖x‖ grows past this factor has run
 RUNOFF = "keys diverge"
 
 
+# ----------------------------------------------------------------------------- key space
+class KeySpace:
+    """The solver's coordinates x = (K, a if trained, b if trained), K = [M | P] ∈ R^{H×(F+H)},
+    Q = K Kᵀ; untrained a, b stay at ``a0``, ``b0``.  Shared by the sampled objective and the
+    deterministic one (:class:`PairwiseError`); needs attributes task, H, a0, b0, train_a,
+    train_b."""
+
+    @property
+    def dim(self) -> int:
+        return self.H * (self.task.F + self.H) + self.H * (int(self.train_a) + int(self.train_b))
+
+    def pack(self, K: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        parts = [np.ravel(K)] + ([a] if self.train_a else []) + ([b] if self.train_b else [])
+        return np.concatenate(parts)
+
+    def unpack(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        H, width = self.H, self.task.F + self.H
+        K = x[:H * width].reshape(H, width)
+        rest = x[H * width:]
+        a = rest[:H] if self.train_a else self.a0
+        b = rest[-H:] if self.train_b else self.b0
+        return K, np.asarray(a, float), np.asarray(b, float)
+
+    def pack_state(self, state: State) -> np.ndarray:
+        """A flat vector realising ``state`` (the orthogonal part factorised by eigh)."""
+        vals, vecs = np.linalg.eigh(state.orthogonal_part())
+        P = vecs * np.sqrt(np.clip(vals, 0.0, None))
+        return self.pack(np.hstack([state.M, P]), state.a, state.b)
+
+    def state(self, x: np.ndarray) -> State:
+        K, a, b = self.unpack(x)
+        return State(K[:, :self.task.F], K @ K.T, a, b)
+
+    def quotient(self, x: np.ndarray) -> np.ndarray:
+        """Z: orthonormal columns orthogonal to the gauge orbit at x (:func:`gauge_directions`)."""
+        return quotient_basis(gauge_directions(self, x), self.dim)
+
+
+
 # ----------------------------------------------------------------------------- sampled E
 @dataclass
-class SampledError:
+class SampledError(KeySpace):
     """E(K, a, b) on fixed samples (common random numbers) with its exact gradient.
 
     Keys live in R^{F+H}: K = [M | P], Q = K Kᵀ.  A token's projections on that space are
@@ -187,32 +231,6 @@ class SampledError:
                    act.train_b if train_b is None else train_b, n=n, seed=seed, points=points,
                    tilt=tilt, control=control)
 
-    @property
-    def dim(self) -> int:
-        return self.H * (self.task.F + self.H) + self.H * (int(self.train_a) + int(self.train_b))
-
-    def pack(self, K: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        parts = [np.ravel(K)] + ([a] if self.train_a else []) + ([b] if self.train_b else [])
-        return np.concatenate(parts)
-
-    def unpack(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        H, width = self.H, self.task.F + self.H
-        K = x[:H * width].reshape(H, width)
-        rest = x[H * width:]
-        a = rest[:H] if self.train_a else self.a0
-        b = rest[-H:] if self.train_b else self.b0
-        return K, np.asarray(a, float), np.asarray(b, float)
-
-    def pack_state(self, state: State) -> np.ndarray:
-        """A flat vector realising ``state`` (the orthogonal part factorised by eigh)."""
-        vals, vecs = np.linalg.eigh(state.orthogonal_part())
-        P = vecs * np.sqrt(np.clip(vals, 0.0, None))
-        return self.pack(np.hstack([state.M, P]), state.a, state.b)
-
-    def state(self, x: np.ndarray) -> State:
-        K, a, b = self.unpack(x)
-        return State(K[:, :self.task.F], K @ K.T, a, b)
-
     def _per_sample(self, x: np.ndarray) -> tuple:
         """(K, w (n, L), e (n, L), Jv (n, H, L), Av, Bv, Qv (n, H)) at x, v = e = target − w
         (target: the posterior p with ``control``, else the one-hot ẽ): the generated kernels
@@ -260,6 +278,11 @@ class SampledError:
         out[:, :self.task.F] += np.einsum("nh,nf->hf", A[:, :, 0], self.samples.theta)
         return out
 
+    def hessian(self, x: np.ndarray, Z: np.ndarray) -> tuple[np.ndarray, float]:
+        """(Zᵀ ∇²E Z by :func:`fd_hessian` of the exact gradient, 0): the eigenvalue tolerance
+        of the sampled objective is :func:`_eig_tol` alone."""
+        return fd_hessian(lambda y: self.value_and_grad(y)[1], x, Z), 0.0
+
     def value_and_grad(self, x: np.ndarray) -> tuple[float, np.ndarray]:
         """(E, ∂E/∂x) on the fixed samples."""
         self.evaluations += 1
@@ -303,6 +326,201 @@ class SampledError:
         np.add.at(groups, self.samples.group, wts[:, None] * per)
         groups *= self.samples.n_groups
         return float(np.sqrt(np.sum(groups.var(axis=0, ddof=1)) / len(groups)))
+
+
+# ----------------------------------------------------------------------------- deterministic E
+@dataclass
+class PairwiseError(KeySpace):
+    """E(K, a, b) and its gradient by the deterministic engine: the pairwise decomposition of
+    a per-head activation into 1- and 2-head sub-models on the Laplace engine
+    (``expect.pairwise``).  Same coordinates as :class:`SampledError`, no samples: there is
+    nothing for the keys to fit, so a descent on it cannot run off into a sample artefact.
+
+    ``value_and_grad`` works at one fixed resolution ``level`` (a smooth function, for L-BFGS
+    and finite differences); :meth:`evaluate` adds the error estimates (``Fields.value_err``,
+    ``grad_err``).  ``hessian`` differentiates the gradient per coordinate and recomputes only
+    the sub-models that contain that coordinate's head (H − 1 pairs and one single of the
+    H(H−1)/2 + H), bit for bit the same columns as differencing the whole gradient."""
+
+    task: Task
+    act: Activation
+    H: int
+    a0: np.ndarray
+    b0: np.ndarray
+    train_a: bool
+    train_b: bool
+    level: float = 0.75
+    engine: object = field(init=False, repr=False)
+    evaluations: int = field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        from .expect.pairwise import PairwiseLaplace   # imports the Laplace engine (numba)
+        self.engine = PairwiseLaplace(self.task, self.act, self.H)
+
+    @classmethod
+    def for_activation(cls, task: Task, act: Activation, H: int) -> "PairwiseError":
+        """The objective with the activation's default a, b and training flags."""
+        return cls(task, act, H, act.a_default(H, task.L), act.b_default(H, task.L),
+                   act.train_a, act.train_b)
+
+    @property
+    def n(self) -> str:
+        """What the solver records as its points: none (deterministic)."""
+        return "pairwise laplace"
+
+    def _pack_fields(self, f) -> np.ndarray:
+        return self.pack(f.dK, f.da, f.db)
+
+    def value_and_grad(self, x: np.ndarray) -> tuple[float, np.ndarray]:
+        """(E, ∂E/∂x) at the fixed resolution ``level``."""
+        self.evaluations += 1
+        f = self.engine.fields(*self.unpack(x), level=self.level)
+        return f.value, self._pack_fields(f)
+
+    def evaluate(self, x: np.ndarray, tol: float = DRIFT_TOL) -> tuple[float, float, np.ndarray,
+                                                                      float]:
+        """(E, abs_err of E, ∂E/∂x, ‖abs_err of ∂E/∂x‖) from two resolutions
+        (``PairwiseLaplace.evaluate``)."""
+        f = self.engine.evaluate(*self.unpack(x), tol=tol)
+        return f.value, f.value_err, self._pack_fields(f), f.grad_err
+
+    def head_of(self, i: int) -> int:
+        """The head that coordinate i of x belongs to."""
+        width = self.task.F + self.H
+        return i // width if i < self.H * width else (i - self.H * width) % self.H
+
+    def hessian(self, x: np.ndarray, Z: np.ndarray) -> tuple[np.ndarray, float]:
+        """(Zᵀ ∇²E Z, its finite-difference error): central differences of the exact gradient
+        per coordinate (step h = FD_STEP·max(1, ‖x‖)), each column from the sub-models of its
+        head only (class docstring).  The error stated is the asymmetry max |∇²E − ∇²Eᵀ| of
+        the full matrix before it is symmetrised (the columns are independent differences, so
+        it measures their truncation and rounding), projected: ≤ that × ‖Z‖² = that."""
+        self.evaluations += 2 * len(x)
+        return head_local_hessian(self.partial_grad, self.head_of, x, Z)
+
+    def partial_grad(self, x: np.ndarray, head: int) -> np.ndarray:
+        """∂/∂x of the decomposition's terms that involve ``head`` (fixed resolution)."""
+        return self._pack_fields(self.engine.fields(*self.unpack(x), level=self.level,
+                                                    heads=[head]))
+
+
+
+class ZeroOrthogonal:
+    """The deterministic E on the face P = 0 of key space: coordinates x_r = (M, a if trained,
+    b if trained), keys K = [M | 0], Q = M Mᵀ.
+
+    Why: E depends on P only through P Pᵀ, so at P = 0 the gradient along P vanishes exactly,
+    the mixed second derivatives ∂²E/∂M∂P vanish, and the P-block of the Hessian is
+    2 G_Q ⊗ I_H with G_Q = ∂E/∂Q (symmetric, at Q = M Mᵀ).  A stationary point of E restricted
+    to the face whose M-Hessian and 2 G_Q are both positive is therefore a local minimum of E
+    in the full key space, with no gauge zero modes (the orbit [0 | 0 · R] is a point).  The
+    face has H·F coordinates instead of H·(F+H) (32 against 96 at H = 8, F = 4), so descent
+    and Hessian cost ~3x less; gradient flow drives the orthogonal parts to 0 at the minima
+    measured (softmax, F = 2 and 4: Q − M Mᵀ = 0 to round-off)."""
+
+    def __init__(self, full: PairwiseError) -> None:
+        self.full = full
+        self.H, self.task = full.H, full.task
+        self.train_a, self.train_b = full.train_a, full.train_b
+
+    @property
+    def evaluations(self) -> int:
+        return self.full.evaluations
+
+    @property
+    def n(self) -> str:
+        return self.full.n + " (P = 0)"
+
+    @property
+    def dim(self) -> int:
+        return self.H * self.task.F + self.H * (int(self.train_a) + int(self.train_b))
+
+    def embed(self, xr: np.ndarray) -> np.ndarray:
+        """The full key-space vector of x_r (K = [M | 0])."""
+        F, H = self.task.F, self.H
+        K = np.hstack([xr[:H * F].reshape(H, F), np.zeros((H, H))])
+        rest = xr[H * F:]
+        a = rest[:H] if self.train_a else self.full.a0
+        b = rest[-H:] if self.train_b else self.full.b0
+        return self.full.pack(K, a, b)
+
+    def restrict(self, g: np.ndarray) -> np.ndarray:
+        """The face's components of a full key-space vector (drops the P part)."""
+        K, a, b = self.full.unpack(g)
+        return np.concatenate([K[:, :self.task.F].ravel()] + ([a] if self.train_a else [])
+                              + ([b] if self.train_b else []))
+
+    def value_and_grad(self, xr: np.ndarray) -> tuple[float, np.ndarray]:
+        v, g = self.full.value_and_grad(self.embed(xr))
+        return v, self.restrict(g)
+
+    def state(self, xr: np.ndarray) -> State:
+        return self.full.state(self.embed(xr))
+
+    def head_of(self, i: int) -> int:
+        F, H = self.task.F, self.H
+        return i // F if i < H * F else (i - H * F) % H
+
+    def quotient(self, xr: np.ndarray) -> np.ndarray:
+        return np.eye(self.dim)
+
+    def hessian(self, xr: np.ndarray, Z: np.ndarray) -> tuple[np.ndarray, float]:
+        """The face's Hessian (head-local differences, :func:`head_local_hessian`)."""
+        self.full.evaluations += 2 * len(xr)
+        return head_local_hessian(
+            lambda y, h: self.restrict(self.full.partial_grad(self.embed(y), h)),
+            self.head_of, xr, Z)
+
+    def orthogonal_curvature(self, xr: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+        """(eigenvalues, eigenvectors, finite-difference error) of 2 G_Q, the Hessian's P-block
+        (class docstring): column h from ±ε of head h's orthogonal part along one direction,
+        ∂E/∂P = 2 G_Q P, differenced with head h's terms only; error = the asymmetry."""
+        x = self.embed(xr)
+        F, H = self.task.F, self.H
+        eps = FD_STEP * max(1.0, float(np.linalg.norm(x)))
+        cols = []
+        for h in range(H):
+            parts = []
+            for sign in (1.0, -1.0):
+                K, a, b = self.full.unpack(x.copy())
+                K[h, F] = sign * eps
+                parts.append(self.full.unpack(self.full.partial_grad(self.full.pack(K, a, b),
+                                                                     h))[0][:, F])
+            cols.append((parts[0] - parts[1]) / (2 * eps))
+        self.full.evaluations += 2 * H
+        G2 = np.array(cols).T
+        fd_err = float(np.max(np.abs(G2 - G2.T)))
+        eigs, vecs = np.linalg.eigh(0.5 * (G2 + G2.T))
+        return eigs, vecs, fd_err
+
+    def orthogonal_direction(self, v: np.ndarray) -> np.ndarray:
+        """The unit full-space direction δP = v e_1ᵀ (the heads' orthogonal parts along one
+        axis, weights v), scalars unchanged."""
+        K = np.zeros((self.H, self.task.F + self.H))
+        K[:, self.task.F] = v
+        zero = np.zeros(self.H)
+        y = self.full.pack(K, zero, zero)
+        return y / np.linalg.norm(y)
+
+
+def head_local_hessian(partial_grad, head_of, x: np.ndarray, Z: np.ndarray
+                       ) -> tuple[np.ndarray, float]:
+    """(Zᵀ ∇²E Z, finite-difference error) by central differences per coordinate i (step
+    h = FD_STEP·max(1, ‖x‖)) of ``partial_grad(y, head_of(i))``, the gradient of the terms that
+    involve i's head (the others cancel exactly).  The error stated is the asymmetry
+    max |∇²E − ∇²Eᵀ| of the matrix before it is symmetrised (independent differences per
+    column, so it measures their truncation and rounding); ‖Z‖ = 1 keeps it a bound."""
+    h = FD_STEP * max(1.0, float(np.linalg.norm(x)))
+    cols = []
+    for i in range(len(x)):
+        e = np.zeros(len(x))
+        e[i] = h
+        part = [partial_grad(y, head_of(i)) for y in (x + e, x - e)]
+        cols.append((part[0] - part[1]) / (2 * h))
+    full = np.array(cols).T
+    fd_err = float(np.max(np.abs(full - full.T)))
+    full = 0.5 * (full + full.T)
+    return Z.T @ full @ Z, fd_err
 
 
 def bayes_posterior(prior: Prior, proj: np.ndarray) -> np.ndarray:
@@ -425,6 +643,8 @@ class FixedPoint:
     evaluations: int
     seconds: float
     runoff: dict | None = None      # RunoffCheck.to_dict() of a run-off (einf.solve_checked)
+    error_abs_err: float | None = None   # abs_err of sampled_error when it is deterministic
+    presolve: dict | None = None    # the sampled solve a deterministic polish started from
 
     def to_dict(self) -> dict:
         """The fixed point as JSON.  The wall-clock ``seconds`` sit apart in ``timing``: they are
@@ -433,13 +653,15 @@ class FixedPoint:
         return {"state": self.state.to_dict(), "certificate": self.certificate.to_dict(),
                 "solver": self.solver, "sampled_error": self.sampled_error,
                 "saddles": self.saddles, "evaluations": self.evaluations,
-                "runoff": self.runoff, "timing": {"seconds": self.seconds}}
+                "runoff": self.runoff, "error_abs_err": self.error_abs_err,
+                "presolve": self.presolve, "timing": {"seconds": self.seconds}}
 
     @classmethod
     def from_dict(cls, d: dict) -> "FixedPoint":
         seconds = d["timing"]["seconds"] if "timing" in d else d["seconds"]   # older files
         return cls(State(**d["state"]), Certificate.from_dict(d["certificate"]), d["solver"],
-                   d["sampled_error"], d["saddles"], d["evaluations"], seconds, d.get("runoff"))
+                   d["sampled_error"], d["saddles"], d["evaluations"], seconds, d.get("runoff"),
+                   d.get("error_abs_err"), d.get("presolve"))
 
 
 def _eig_tol(eigs: np.ndarray) -> float:
@@ -459,9 +681,10 @@ def _drift_tol(x: np.ndarray, tol: float) -> float:
 
 
 # ----------------------------------------------------------------------------- gradient flow
-def _minimise(obj: SampledError, x0: np.ndarray, maxiter: int,
-              bound: float = np.inf) -> tuple[np.ndarray, bool]:
-    """L-BFGS from x0: (the last iterate, whether it was stopped for ‖x‖ > ``bound``)."""
+def _minimise(obj: KeySpace, x0: np.ndarray, maxiter: int,
+              bound: float = np.inf, gtol: float = 1e-12) -> tuple[np.ndarray, bool]:
+    """L-BFGS from x0: (the last iterate, whether it was stopped for ‖x‖ > ``bound``);
+    ``gtol``: L-BFGS-B's bound on the largest gradient entry."""
     last = [x0]
 
     def watch(xk: np.ndarray) -> None:
@@ -470,7 +693,7 @@ def _minimise(obj: SampledError, x0: np.ndarray, maxiter: int,
             raise StopIteration
 
     res = optimize.minimize(obj.value_and_grad, x0, jac=True, method="L-BFGS-B",
-                            callback=watch, options={"maxiter": maxiter, "gtol": 1e-12,
+                            callback=watch, options={"maxiter": maxiter, "gtol": gtol,
                                                      "ftol": 1e-15, "maxcor": 30})
     x = res.x if res.x is not None else last[0]
     return x, bool(np.linalg.norm(x) > bound)
@@ -490,7 +713,7 @@ def runoff_bound(x: np.ndarray) -> float:
     return RUNOFF_FACTOR * max(1.0, float(np.linalg.norm(x)))
 
 
-def _newton(obj: SampledError, x: np.ndarray, Z: np.ndarray, Hq: np.ndarray,
+def _newton(obj: KeySpace, x: np.ndarray, Z: np.ndarray, Hq: np.ndarray,
             tol: float, steps: int = 12) -> np.ndarray:
     """Chord-Newton steps on the quotient, x ← x − Z Hq⁻¹ Zᵀ ∇E, kept while ‖∇E‖ falls."""
     grad = lambda y: obj.value_and_grad(y)[1]
@@ -539,20 +762,18 @@ class _Local:
     eig_tol: float
 
 
-def _classify(obj: SampledError, x: np.ndarray) -> _Local:
+def _classify(obj: KeySpace, x: np.ndarray) -> _Local:
     """Quotient Hessian at x (gauge removed) and the kind of stationary point it indicates."""
-    grad = lambda y: obj.value_and_grad(y)[1]
-    gauge = gauge_directions(obj, x)
-    Z = quotient_basis(gauge, obj.dim)
-    Hq = fd_hessian(grad, x, Z)
+    Z = obj.quotient(x)
+    Hq, fd_err = obj.hessian(x, Z)
     eigs, vecs = np.linalg.eigh(Hq)
-    etol = _eig_tol(eigs)
+    etol = max(_eig_tol(eigs), fd_err)
     kind = "minimum"
     if eigs[0] < -etol:
         kind = "saddle"
     elif eigs[0] <= etol:
         kind = "degenerate minimum" if _probe(obj, x, Z @ vecs[:, 0]) else "saddle"
-    return _Local(kind, eigs, Z @ vecs, Z, Hq, len(gauge), etol)
+    return _Local(kind, eigs, Z @ vecs, Z, Hq, obj.dim - Z.shape[1], etol)
 
 
 def _certificate(obj: SampledError, x: np.ndarray, local: _Local, tol: float) -> Certificate:
@@ -611,6 +832,109 @@ def solve_gradient_flow(obj: SampledError, state: State, tol: float = DRIFT_TOL,
         solver += f"; descent first on {coarse.n} of the {obj.n} points"
     return FixedPoint(obj.state(x), cert, solver, float(obj.value_and_grad(x)[0]),
                       saddles + fine_saddles, evals, time.perf_counter() - start)
+
+
+GRADIENT_UNRESOLVED = "gradient unresolved"
+# L-BFGS of the polish stops at this largest gradient entry and Newton on the quotient (with
+# the Hessian the certificate needs anyway) takes over: each gradient costs ~10 CPU s at H = 8
+# (F = 4, ν = 10, |k| ≈ 4), and L-BFGS to 1e-12 spends most of its iterations on the last
+# digits that two Newton steps give.
+POLISH_GTOL = 1e-6
+
+
+def _descend(obj, x: np.ndarray, tol: float, max_escapes: int, maxiter: int,
+             bound: float) -> tuple[np.ndarray, "_Local | None", list[dict]]:
+    """L-BFGS (to ``POLISH_GTOL``), quotient Hessian, saddles escaped up to ``max_escapes``
+    times, chord-Newton at a minimum: (last point, its classification or None after a run-off,
+    the saddles passed)."""
+    saddles: list[dict] = []
+    local = None
+    for attempt in range(max_escapes + 1):
+        x, ran_off = _minimise(obj, x, maxiter, bound, POLISH_GTOL)
+        if ran_off:
+            return x, None, saddles
+        local = _classify(obj, x)
+        if local.kind != "saddle":
+            if local.kind == "minimum":
+                x = _newton(obj, x, local.Z, local.Hq, tol)
+            break
+        saddles.append({"sampled_error": obj.value_and_grad(x)[0],
+                        "min_eigenvalue": float(local.eigs[0]), "points": obj.n,
+                        "state": obj.state(x).to_dict()})
+        if _stalled(saddles) or attempt == max_escapes:
+            break
+        x = escape(obj, x, local.vecs[:, 0])
+    return x, local, saddles
+
+
+def _on_face(obj: PairwiseError, x0: np.ndarray, tol: float, max_escapes: int, maxiter: int
+             ) -> tuple[np.ndarray, "_Local | None", list[dict]]:
+    """:func:`_descend` on the face P = 0 (:class:`ZeroOrthogonal`) from x0's M, a, b, then the
+    P-block 2 G_Q: (full-space point, classification of the full Hessian — None when the
+    face's point is no minimum of the full space —, saddles passed).  A P-block with a
+    negative eigenvalue makes the point a saddle of the full space, left along that direction
+    (the saddle is recorded and the returned point is the escaped one)."""
+    face = ZeroOrthogonal(obj)
+    xr, local, saddles = _descend(face, face.restrict(x0), tol, max_escapes, maxiter,
+                                  runoff_bound(x0))
+    x = face.embed(xr)
+    if local is None or local.kind not in STABLE_KINDS:
+        return x, None, saddles
+    eigs, vecs, fd_err = face.orthogonal_curvature(xr)
+    etol = max(_eig_tol(eigs), fd_err, local.eig_tol)
+    direction = face.orthogonal_direction(vecs[:, 0])
+    if eigs[0] > etol or (eigs[0] >= -etol and _probe(obj, x, direction)):
+        kind = local.kind if eigs[0] > etol else "degenerate minimum"
+        low = float(min(local.eigs[0], eigs[0]))
+        return x, dataclasses.replace(local, kind=kind, eigs=np.array([low]), eig_tol=etol,
+                                      zero_modes=0), saddles
+    saddles.append({"sampled_error": obj.value_and_grad(x)[0], "min_eigenvalue": float(eigs[0]),
+                    "points": face.n, "state": obj.state(x).to_dict()})
+    return escape(obj, x, direction), None, saddles
+
+
+def polish_gradient_flow(obj: PairwiseError, x0: np.ndarray, tol: float = DRIFT_TOL,
+                         max_escapes: int = 2, maxiter: int = 500,
+                         face: bool = True) -> FixedPoint:
+    """A certified local minimum of the deterministic E (:class:`PairwiseError`) from x0 (e.g.
+    the sampled solution, or where the flow handed over).
+
+    First (``face``) on the face P = 0 of key space (:class:`ZeroOrthogonal`: H·F coordinates,
+    the full Hessian block-diagonal there), then, when the point found is no minimum of the
+    full space (a negative eigenvalue of 2 G_Q) or the face's descent fails, in the full key
+    space from there.  Each stage is the loop of :func:`solve_gradient_flow` (:func:`_descend`:
+    L-BFGS, Hessian by head-local finite differences of the exact gradient with their error,
+    saddles escaped, chord-Newton).  Certificate: ``drift_norm`` = ½‖∂E/∂x‖ (full space)
+    against ½ ``tol`` (as the sampled solver's), ``drift_stderr`` = ½ its abs_err (two
+    resolutions of every sub-model, ``PairwiseError.evaluate``); a gradient whose error exceeds
+    ``tol`` cannot certify (kind "gradient unresolved"); the eigenvalue tolerance is the larger
+    of :func:`_eig_tol` and the finite-difference errors.  ``sampled_error`` of the result holds
+    the deterministic E (no samples), ``error_abs_err`` its abs_err."""
+    start, evals0 = time.perf_counter(), obj.evaluations
+    local, saddles, where = None, [], "full key space"
+    x = x0
+    if face:
+        x, local, saddles = _on_face(obj, x0, tol, max_escapes, maxiter)
+        where = "the face P = 0 (full Hessian block-diagonal there)"
+    if local is None:
+        x, local, more = _descend(obj, x if face else x0, tol, max_escapes, maxiter,
+                                  runoff_bound(x0))
+        saddles += more
+        where = "full key space" + (" (after the face P = 0)" if face else "")
+    value, value_err, grad, grad_err = obj.evaluate(x, tol)
+    if local is None:
+        cert = Certificate(0.5 * float(np.linalg.norm(grad)), 0.5 * tol, float("nan"),
+                           float("nan"), RUNOFF, 0, 0.5 * grad_err)
+    else:
+        kind = GRADIENT_UNRESOLVED if grad_err > tol and local.kind in STABLE_KINDS \
+            else local.kind
+        cert = Certificate(0.5 * float(np.linalg.norm(grad)), 0.5 * tol, float(local.eigs[0]),
+                           local.eig_tol, kind, local.zero_modes, 0.5 * grad_err)
+    solver = (f"L-BFGS + Newton on K = [M | P], {where} (Hessian by finite differences of "
+              f"the exact gradient) on the deterministic E (pairwise Laplace, level "
+              f"{obj.level:g})")
+    return FixedPoint(obj.state(x), cert, solver, value, saddles, obj.evaluations - evals0,
+                      time.perf_counter() - start, error_abs_err=value_err)
 
 
 def _runoff_certificate(obj: SampledError, x: np.ndarray, tol: float) -> Certificate:

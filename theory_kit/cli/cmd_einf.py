@@ -48,7 +48,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--T-min", type=float, default=0.0, help="never stop before this time")
     p.add_argument("--T-max", type=float, default=3000.0, help="give up (unconverged) here")
     p.add_argument("--method", default="solve_ivp", help="ODE integrator: rk4 or solve_ivp")
-    p.add_argument("--error-method", default="auto", help="E engine: auto, quad, mc, mpmath")
+    p.add_argument("--error-method", default="auto",
+                   help="E engine: auto, quad, mc, mpmath, or deterministic (the pairwise "
+                        "Laplace engine for per-head activations at any H, else auto)")
     p.add_argument("--error-samples", type=int, default=400_000,
                    help="Monte Carlo draws for E when the error engine is mc (or unavailable)")
     p.add_argument("--no-solve", action="store_true",
@@ -56,7 +58,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--solver-points", type=int, default=2 ** 14,
                    help="Sobol points of the gradient-flow solver's objective (>= 16)")
     p.add_argument("--drift-tol", type=float, default=1e-8,
-                   help="certificate: drift norm below this (relative to max(1, |x|))")
+                   help="certificate: drift norm below this (absolute)")
+    p.add_argument("--polish", default="none",
+                   help="gradient flow: polish and certify the sampled solution on the "
+                        "deterministic E (none, or pairwise: per-head activations, discrete "
+                        "priors, any H)")
     p.add_argument("--no-shift-check", action="store_true",
                    help="skip re-solving on an independent sample set (the sample shift of E)")
     p.add_argument("--no-global-min", action="store_true", help="skip the global minimum")
@@ -80,7 +86,8 @@ def settings_from_args(args: argparse.Namespace) -> einf.RunSettings:
                             error_samples=check_int(args.error_samples, "error-samples", 2),
                             drift=args.engine, solve=not args.no_solve,
                             solver_points=check_int(args.solver_points, "solver-points", 16),
-                            drift_tol=args.drift_tol, shift_check=not args.no_shift_check)
+                            drift_tol=args.drift_tol, shift_check=not args.no_shift_check,
+                            polish=args.polish)
 
 
 def run_einf(args: argparse.Namespace) -> int:

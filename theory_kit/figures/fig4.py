@@ -70,6 +70,8 @@ class Plan:
     solver_points_left_softmax: int | None = None      # None: solver_points_left
     solver_refine_left_softmax: int = 2
     flow: str = "ode"
+    polish: str = "none"                # einf.RunSettings.polish (per-head activations only)
+    error_method: str = "mc"            # E at the fixed points (einf.precise_error)
     L: int = 5
     eta: float = 1.0
     D: int = 10_000
@@ -92,9 +94,10 @@ class Plan:
                 points = self.solver_points_left_softmax
             refine = self.solver_refine_left_softmax if name == "softmax" else 2
         return einf.RunSettings(gamma=1.0, gradient_flow=True, rule=rule, rtol=1e-4,
-                                n_samples=self.n_samples, error_method="mc",
+                                n_samples=self.n_samples, error_method=self.error_method,
                                 error_samples=self.error_samples, solver_points=points,
-                                solver_refine=refine, shift_check=False, flow=self.flow)
+                                solver_refine=refine, shift_check=False, flow=self.flow,
+                                polish=self.polish)
 
     def points(self) -> list[dict]:
         """One dict per (panel, x): the task parameters and H."""
@@ -114,11 +117,14 @@ class Plan:
 # 0.062741, above the symmetric state's 0.062680), 2^15 and 2^16 certify bounded minima at
 # 0.062137 and 0.062109 (65 and 137 CPU s at load 13).  No re-solve on 4x points there: at
 # H = 8 the descent still runs off on 2^15 and 2^16 points (78 and 221 CPU s; held-out check
-# 'sample artefact' both times), and 2^17 would cost ~10 CPU min a run.
+# 'sample artefact' both times), and 2^17 would cost ~10 CPU min a run.  So the full plan
+# polishes and certifies softmax and softmax-1 on the deterministic E (polish "pairwise":
+# einf.polish_pairwise, from the hand-over where the sampled descent ran off) and reports E
+# of every run by the deterministic engines (pairwise Laplace, else quadrature).
 FULL = Plan(H_values=(1, 2, 4, 8), nu_values=(0.5, 1.0, 2.0, 4.0, 8.0), runs=5, n_samples=400,
             error_samples=40_000, tol=0.1, T_max=100.0, chunk=20.0, solver_points=2 ** 11,
             solver_points_left=2 ** 12, solver_points_left_softmax=2 ** 15,
-            solver_refine_left_softmax=0)
+            solver_refine_left_softmax=0, polish="pairwise", error_method="deterministic")
 # Quick: the flow to the hand-over on the solver's own points (einf.SampledFlow), so that a
 # cold run compiles only the sample kernels (~3 CPU s per activation), not the drift kernels
 # (~15 CPU s each, 3/4 of a cold quick run's CPU before).
@@ -158,8 +164,28 @@ def drift_kernels(quick: bool) -> bool:
     return plan(quick).flow != "sampled"
 
 
-def run_seconds(point: dict, p: Plan, points: int) -> float:
-    """CPU seconds of one run of ``point`` (flow to hand-over, solver, E by Monte Carlo)."""
+# The deterministic polish (per-head activations): a sub-model (one or two heads) costs
+# POLISH_SUB_SECONDS × atoms / 8 at level 0.75 (measured ~0.2 CPU s at F = 4, ν = 10, |k| ≈ 3;
+# it grows with the key norms), a descent ≈ POLISH_GRADIENTS gradients of all the sub-models,
+# the Hessian on the face P = 0 2·H·(dim of the face + H) sub-models.
+POLISH_SUB_SECONDS = 0.2
+POLISH_GRADIENTS = 40
+
+
+def polish_seconds(point: dict, p: Plan, name: str | None) -> float:
+    """CPU seconds of the deterministic polish of one run (0 where it does not apply)."""
+    if p.polish == "none" or name not in ("softmax", "softmax1"):
+        return 0.0
+    H, F = point["H"], point["F"]
+    terms = 1 if H <= 2 else H * (H - 1) // 2 + H
+    face = H * F + (H if name == "softmax1" else 0)
+    subs = terms * POLISH_GRADIENTS + 2 * H * (face + H)
+    return subs * POLISH_SUB_SECONDS * 2 ** (F - 1) / 8
+
+
+def run_seconds(point: dict, p: Plan, points: int, name: str | None = None) -> float:
+    """CPU seconds of one run of ``point`` (flow to hand-over, solver, the polish of ``name``,
+    E by Monte Carlo)."""
     atoms, H, F = 2 ** (point["F"] - 1), point["H"], point["F"]
     per_eval = EVAL_FIXED + EVAL_ROW * points * atoms * H * p.L
     if p.flow == "sampled":
@@ -167,7 +193,8 @@ def run_seconds(point: dict, p: Plan, points: int) -> float:
     else:
         flow = 1.6 * p.T_max * (4e-8 * p.n_samples * atoms * H ** 2 * p.L + 2e-3)
     evals = 20 + 4.5 * H * (F + H + 1)
-    return flow + evals * per_eval + 2.5e-7 * p.error_samples * atoms * H * p.L
+    return (flow + evals * per_eval + 2.5e-7 * p.error_samples * atoms * H * p.L
+            + polish_seconds(point, p, name))
 
 
 def estimate_seconds(quick: bool) -> float:
@@ -178,7 +205,7 @@ def estimate_seconds(quick: bool) -> float:
     cost = 0.0
     for pt in p.points():
         for name in ACTIVATIONS:
-            cost += p.runs * run_seconds(pt, p, p.settings(pt, name).solver_points)
+            cost += p.runs * run_seconds(pt, p, p.settings(pt, name).solver_points, name)
         cost += 2e-6 * p.error_samples * 2 ** (pt["F"] - 1) * p.L
     return cost
 
