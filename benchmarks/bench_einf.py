@@ -68,9 +68,11 @@ def bench_pairwise(H: int, scale: float, repeat: int) -> None:
     dim = det.dim
     local = 2 * dim * H          # per coordinate: its head's H - 1 pairs and its single
     whole = 2 * dim * len(det.engine.terms())
+    face = 2 * H * (H * 4) + 2 * H * H      # the face P = 0 (ZeroOrthogonal) + its P-block
+    per_sub = t_det / len(det.engine.terms())
     print(f"Hessian sub-model evaluations: head-local {local}, whole-gradient differences "
-          f"{whole} (ratio {whole / local:.1f}); about {local * t_det / len(det.engine.terms()):.0f}"
-          " CPU s at this state")
+          f"{whole} (ratio {whole / local:.1f}), on the face P = 0 {face}; about "
+          f"{local * per_sub:.0f} / {face * per_sub:.0f} CPU s at this state")
 
 
 def best_time(fn, repeat: int) -> float:

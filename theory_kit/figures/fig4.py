@@ -15,10 +15,12 @@ F = 4, ν = 10, where 2^11 points let the keys of B-softmax and softmax-1 at H =
 points with the Bayes posterior as control variate, drift norm ≤ 1e-8, quotient Hessian
 positive, saddles escaped, sampled E consistent with the precise one, else solved again with
 more points).  Runs that fail the certificate are drawn hollow; runs of one point
-that reached different fixed points (``einf.group_runs``) get different markers.  E at the
-fixed points and the Bayes error by Monte Carlo with ``error_samples`` draws (its standard
-error is in the data): the quadrature engine takes tens of seconds per point at F = 4,
-H ≥ 4, too slow for 135 runs.
+that reached different fixed points (``einf.group_runs``) get different markers.  Full plan:
+softmax and softmax-1 (per-head) are then polished and certified on the deterministic E
+(``einf.polish_pairwise``: the pairwise Laplace decomposition, any H), and E at every fixed
+point comes from the deterministic engines (``einf.precise_error`` 'deterministic': pairwise
+Laplace, else quadrature).  Quick plan: no polish, E and the Bayes error by Monte Carlo with
+``error_samples`` draws (its standard error is in the data), for its 60 s budget.
 
 Every run is one job: jobs run in parallel processes (``jobs``) and each finished run is a
 file in ``workdir``, so a stopped computation resumes.
@@ -48,7 +50,8 @@ CAPTION = ("E∞ of softmax, softmax-1 and B-softmax (lines: mean over the runs 
            "L = 5, η = 1, 5 runs. Left: F = 4, flipping spike ν_f = 10, against H; right: "
            "F = 2, H = 4, ν1 = ν2 = ν, against ν. Gradient-flow limit (our choice), initial "
            "overlaps drawn at D = 10^4, gradient flow until hand-over, then the fixed point "
-           "solved and certified; E by Monte Carlo.")
+           "solved and certified (full: softmax / softmax-1 polished on the deterministic E); "
+           "E deterministic (full) or by Monte Carlo (quick).")
 MARKERS = ("o", "^", "s", "D", "v")
 RUNOFF_MARKER = "x"     # a run whose keys diverged (never certified; fixedpoint.runoff_check)
 
