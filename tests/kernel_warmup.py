@@ -31,6 +31,11 @@ from typing import Callable
 # that a single test compiles are left to it (warming them would move the cost, not cut it).
 ACTIVATIONS: tuple[str, ...] = ("softmax", "bsoftmax", "softmax1", "relu", "sigmoid", "erf",
                                 "linear", "softplus")
+# The activations whose per-sample compiled drift (``drift_rows``) the default run uses (the
+# oracle tests of tests/test_codegen.py; production runs the fused pass): one per class of
+# identical drift code, the others differ from one of these in the weight functions only
+# (SAME_NUMBA_DRIFT in tests/test_codegen.py, which checks that).
+PER_SAMPLE_DRIFT: tuple[str, ...] = ("softmax", "bsoftmax", "softmax1", "sigmoid", "softplus")
 SHARED = "shared"   # the activation-independent kernels (reduced SGD step, laplace pass)
 WAIT_SECONDS = 900.0   # a share that never finishes (a crashed worker) delays the run at most this
 
@@ -43,15 +48,18 @@ def _activation(name: str):
 
 
 def warm_activation(name: str) -> None:
-    """Every compiled per-activation entry point of ``name``: the parts a figure compiles
-    (``runner.compile_kernels``) and the per-sample drift (``drift_rows``, which the oracle
-    tests call), each once on tiny inputs."""
+    """Every compiled per-activation entry point of ``name`` that the default run uses: the
+    parts a figure compiles (``runner.compile_kernels``) and, for :data:`PER_SAMPLE_DRIFT`,
+    the per-sample drift (``drift_rows``, which the oracle tests call), each once on tiny
+    inputs."""
     import numpy as np
     from theory_kit import codegen
     from theory_kit.figures import runner
     act = _activation(name)
     for part in runner.KERNEL_PARTS:
         runner.compile_kernels(act, part)
+    if name not in PER_SAMPLE_DRIFT:
+        return
     rng = np.random.default_rng(0)
     S, zeta = rng.standard_normal((8, 2, 3)), rng.standard_normal((8, 2, 3))
     codegen.drift_integrand(act, backend="numba")(
@@ -84,9 +92,10 @@ def warm(names: list[str], report: Callable[[str, float], None] | None = None) -
             report(name, _cpu() - start)
 
 
-# CPU s of each item on a cold cache (``python tests/kernel_warmup.py``, 2026-12-01, load 10)
-COST = {SHARED: 14.0, "softmax": 18.0, "bsoftmax": 24.0, "softmax1": 21.5, "relu": 17.0,
-        "sigmoid": 16.5, "erf": 16.0, "linear": 14.5, "softplus": 25.0}
+# CPU s of each item on a cold cache (``python tests/kernel_warmup.py``, 2026-12-01, load 10;
+# relu, erf, linear without drift_rows: 2026-12-02, load ~6, softmax 25.4 in the same run)
+COST = {SHARED: 14.0, "softmax": 18.0, "bsoftmax": 24.0, "softmax1": 21.5, "relu": 11.0,
+        "sigmoid": 16.5, "erf": 12.5, "linear": 10.0, "softplus": 25.0}
 
 
 def shares(workers: int) -> list[list[str]]:
