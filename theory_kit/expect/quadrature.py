@@ -48,7 +48,7 @@ from functools import lru_cache
 
 import numpy as np
 import sympy as sp
-from scipy import special, stats
+from scipy import special
 
 from ..activations import S_SYMBOL, Activation
 from ..model import GaussianPrior, State, Task, ValidationError
@@ -221,9 +221,10 @@ def gaussian_nodes(A: np.ndarray, level: float, cost_per_node: float,
         return np.zeros((1, A.shape[0])), np.ones(1), False
     rules = tensor_rules(A, level)
     if tensor_cost(rules, cost_per_node) > MAX_GRID:
+        from scipy.stats import qmc   # here: scipy.stats costs ~1 CPU s to import, on this path only
         seed = 0 if replicate is None else replicate
-        pts = stats.qmc.Sobol(d=r, scramble=True, seed=np.random.default_rng([seed, r])
-                              ).random_base2(RQMC_POINTS_LOG2)
+        pts = qmc.Sobol(d=r, scramble=True, seed=np.random.default_rng([seed, r])
+                        ).random_base2(RQMC_POINTS_LOG2)
         z = special.ndtri(np.clip(pts, 1e-300, 1 - 1e-16))
         return z @ A.T, np.full(len(z), 1.0 / len(z)), True
     z = np.stack([g.ravel() for g in np.meshgrid(*[z for z, _ in rules], indexing="ij")], axis=1)
