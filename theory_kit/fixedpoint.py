@@ -73,11 +73,20 @@ RUNOFF = "keys diverge"
 
 
 # ----------------------------------------------------------------------------- key space
+@dataclass
 class KeySpace:
     """The solver's coordinates x = (K, a if trained, b if trained), K = [M | P] ∈ R^{H×(F+H)},
-    Q = K Kᵀ; untrained a, b stay at ``a0``, ``b0``.  Shared by the sampled objective and the
-    deterministic one (:class:`PairwiseError`); needs attributes task, H, a0, b0, train_a,
-    train_b."""
+    Q = K Kᵀ; untrained a, b stay at ``a0``, ``b0``.  The fields (task, act, H, a0, b0,
+    train_a, train_b) come first in the sampled objective and the deterministic one
+    (:class:`PairwiseError`)."""
+
+    task: Task
+    act: Activation
+    H: int
+    a0: np.ndarray
+    b0: np.ndarray
+    train_a: bool
+    train_b: bool
 
     @property
     def dim(self) -> int:
@@ -148,13 +157,6 @@ class SampledError(KeySpace):
     E_Bayes at |K| ~ 10³, while the excess cannot go below 0, which B-softmax reaches exactly
     at the atoms on every sample set."""
 
-    task: Task
-    act: Activation
-    H: int
-    a0: np.ndarray
-    b0: np.ndarray
-    train_a: bool
-    train_b: bool
     n: int = 20_000
     seed: int = 0
     points: str = "sobol"
@@ -342,13 +344,6 @@ class PairwiseError(KeySpace):
     the sub-models that contain that coordinate's head (H − 1 pairs and one single of the
     H(H−1)/2 + H), bit for bit the same columns as differencing the whole gradient."""
 
-    task: Task
-    act: Activation
-    H: int
-    a0: np.ndarray
-    b0: np.ndarray
-    train_a: bool
-    train_b: bool
     level: float = 0.75
     engine: object = field(init=False, repr=False)
     evaluations: int = field(default=0, init=False)
