@@ -31,14 +31,19 @@ from theory_kit.activations import get_activation
 from theory_kit.model import Task, make_prior
 
 
-def cpu_time(fn, repeat: int) -> float:
-    """Smallest CPU seconds (user + sys of this process) of ``repeat`` calls."""
+def best_time(fn, repeat: int, clock=time.perf_counter) -> float:
+    """Smallest seconds of ``repeat`` calls on ``clock`` (wall by default)."""
     times = []
     for _ in range(repeat):
-        start = time.process_time()
+        start = clock()
         fn()
-        times.append(time.process_time() - start)
+        times.append(clock() - start)
     return min(times)
+
+
+def cpu_time(fn, repeat: int) -> float:
+    """Smallest CPU seconds (user + sys of this process) of ``repeat`` calls."""
+    return best_time(fn, repeat, time.process_time)
 
 
 def bench_pairwise(H: int, scale: float, repeat: int) -> None:
@@ -73,15 +78,6 @@ def bench_pairwise(H: int, scale: float, repeat: int) -> None:
     print(f"Hessian sub-model evaluations: head-local {local}, whole-gradient differences "
           f"{whole} (ratio {whole / local:.1f}), on the face P = 0 {face}; about "
           f"{local * per_sub:.0f} / {face * per_sub:.0f} CPU s at this state")
-
-
-def best_time(fn, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def main() -> None:

@@ -801,24 +801,7 @@ def solve_gradient_flow(obj: SampledError, state: State, tol: float = DRIFT_TOL,
     saddles: list[dict] = []
     if coarse is not None:
         x, saddles = _presolve(obj, coarse, x, max_escapes, maxiter, bound)
-    fine_saddles: list[dict] = []
-    for attempt in range(max_escapes + 1):
-        x, ran_off = _minimise(obj, x, maxiter, bound)
-        if ran_off:
-            local = None
-            break
-        local = _classify(obj, x)
-        if local.kind != "saddle":
-            if local.kind == "minimum":
-                x = _newton(obj, x, local.Z, local.Hq, tol)
-            break
-        value = obj.value_and_grad(x)[0]
-        fine_saddles.append({"sampled_error": value, "min_eigenvalue": float(local.eigs[0]),
-                             "points": obj.n, "state": obj.state(x).to_dict()})
-        if _stalled(fine_saddles):
-            break
-        if attempt < max_escapes:
-            x = escape(obj, x, local.vecs[:, 0])
+    x, local, fine_saddles = _descend(obj, x, tol, max_escapes, maxiter, bound, gtol=1e-12)
     cert = _certificate(obj, x, local, tol) if local is not None else _runoff_certificate(
         obj, x, tol)
     evals = obj.evaluations - evals0
@@ -838,14 +821,15 @@ POLISH_GTOL = 1e-6
 
 
 def _descend(obj, x: np.ndarray, tol: float, max_escapes: int, maxiter: int,
-             bound: float) -> tuple[np.ndarray, "_Local | None", list[dict]]:
-    """L-BFGS (to ``POLISH_GTOL``), quotient Hessian, saddles escaped up to ``max_escapes``
-    times, chord-Newton at a minimum: (last point, its classification or None after a run-off,
-    the saddles passed)."""
+             bound: float, gtol: float = POLISH_GTOL
+             ) -> tuple[np.ndarray, "_Local | None", list[dict]]:
+    """L-BFGS (to ``gtol``), quotient Hessian, saddles escaped up to ``max_escapes`` times,
+    chord-Newton at a minimum: (last point, its classification or None after a run-off, the
+    saddles passed).  The sampled solve and the polish share it."""
     saddles: list[dict] = []
     local = None
     for attempt in range(max_escapes + 1):
-        x, ran_off = _minimise(obj, x, maxiter, bound, POLISH_GTOL)
+        x, ran_off = _minimise(obj, x, maxiter, bound, gtol)
         if ran_off:
             return x, None, saddles
         local = _classify(obj, x)
@@ -853,9 +837,7 @@ def _descend(obj, x: np.ndarray, tol: float, max_escapes: int, maxiter: int,
             if local.kind == "minimum":
                 x = _newton(obj, x, local.Z, local.Hq, tol)
             break
-        saddles.append({"sampled_error": obj.value_and_grad(x)[0],
-                        "min_eigenvalue": float(local.eigs[0]), "points": obj.n,
-                        "state": obj.state(x).to_dict()})
+        saddles.append(_saddle_record(obj, x, local.eigs[0], obj.n))
         if _stalled(saddles) or attempt == max_escapes:
             break
         x = escape(obj, x, local.vecs[:, 0])
@@ -883,9 +865,16 @@ def _on_face(obj: PairwiseError, x0: np.ndarray, tol: float, max_escapes: int, m
         low = float(min(local.eigs[0], eigs[0]))
         return x, dataclasses.replace(local, kind=kind, eigs=np.array([low]), eig_tol=etol,
                                       zero_modes=0), saddles
-    saddles.append({"sampled_error": obj.value_and_grad(x)[0], "min_eigenvalue": float(eigs[0]),
-                    "points": face.n, "state": obj.state(x).to_dict()})
+    saddles.append(_saddle_record(obj, x, eigs[0], face.n))
     return escape(obj, x, direction), None, saddles
+
+
+def _saddle_record(obj: KeySpace, x: np.ndarray, min_eigenvalue: float, points: object
+                   ) -> dict:
+    """What a run reports of a saddle it escaped: E there, the negative curvature, the
+    objective's points and the state."""
+    return {"sampled_error": obj.value_and_grad(x)[0], "min_eigenvalue": float(min_eigenvalue),
+            "points": points, "state": obj.state(x).to_dict()}
 
 
 def polish_gradient_flow(obj: PairwiseError, x0: np.ndarray, tol: float = DRIFT_TOL,
@@ -1027,9 +1016,7 @@ def _presolve(obj: SampledError, coarse: SampledError, x: np.ndarray, max_escape
         local = _classify(coarse, y)
         if local.kind != "saddle":
             break
-        saddles.append({"sampled_error": coarse.value_and_grad(y)[0],
-                        "min_eigenvalue": float(local.eigs[0]), "points": coarse.n,
-                        "state": coarse.state(y).to_dict()})
+        saddles.append(_saddle_record(coarse, y, local.eigs[0], coarse.n))
         if _stalled(saddles) or attempt == max_escapes:
             break
         y = escape(coarse, y, local.vecs[:, 0])
