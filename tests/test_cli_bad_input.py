@@ -161,6 +161,11 @@ def build_cases() -> list[tuple[str, list[str], str]]:
                             ("--min-starts", "0", "min-starts"),
                             ("--error-method", "bogus", "error_method")):
         add(f"einf {opt} {bad}", with_eq("einf", opt, bad), param)
+    flow = BASE["einf"] + ["--gradient-flow", "--polish", "pairwise"]
+    add("einf --polish pairwise, joint activation",   # it was skipped without a word
+        with_opt("einf", "--activation", "bsoftmax") + flow[len(BASE["einf"]):], "polish")
+    add("einf --polish pairwise, Gaussian prior", flow + ["--prior", "gaussian"], "polish")
+    add("einf --polish bogus", with_opt("einf", "--polish", "bogus"), "polish")
     for name in ("missing.json", "malformed.json", "log.txt"):
         add(f"compare --data {name}", with_opt("compare", "--data", f"{{out}}/{name}"), "data")
     for bad in ("0", "nan"):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from .. import einf
 from ..expect.drift import ENGINES
-from ..model import OutputError, check_int, fail
+from ..model import OutputError, ValidationError, check_int, fail
 from ..resources import check_einf
 from .common import (add_activation_args, add_executor_args, add_progress_arg, add_task_args,
                      build_activation, build_task, print_json, strata_of, sweep_executor)
@@ -99,6 +99,11 @@ def run_einf(args: argparse.Namespace) -> int:
         raise OutputError(f"workdir: {args.workdir} exists and is not a folder")
     check_int(args.min_starts, "min-starts", 1)
     H, runs = check_int(args.H, "H", 1), check_int(args.runs, "runs", 1)
+    if settings.polish == "pairwise":   # the library skips it where it does not apply; asked for
+        from ..expect.pairwise import applicability   # on the command line, that is bad input
+        ok, why = applicability(task, act, H)
+        if not ok:
+            raise ValidationError(f"polish: 'pairwise' {why}; use --polish none")
     D = check_int(args.D, "D", task.F + args.H)
     check_einf(runs, check_int(args.jobs, "jobs", 1), settings.n_samples, H, task.L,
                strata_of(task), args.T_min, args.T_max, settings.solver_points, settings.solve,
