@@ -55,6 +55,7 @@ from . import laplace as lp
 LEVELS = (0.75, 1.0, 4.0 / 3.0)     # fixed resolutions tried by ``evaluate``, coarsest first
 DEFAULT_LEVEL = 0.75               # LaplaceDrift.evaluate's first rung
 DEFAULT_TOL = 1e-8
+PARTS = ("E", "dK", "da", "db")    # what one sub-model gives, in ``sub_model``'s order
 
 
 def c_H(H: int) -> int:
@@ -164,6 +165,10 @@ class PairwiseLaplace:
         return float(fld["error"]), dK, -2.0 * fld["da"], -2.0 * fld["db"], defect, fld
 
     # ------------------------------------------------------------------ the combination
+    def constant(self) -> float:
+        """c_H (1 + Δ), the decomposition's constant (0 at H ≤ 2, where it is one term)."""
+        return c_H(self.H) * (1.0 + self.task.delta)
+
     def terms(self, heads: list[int] | None = None) -> list[tuple[tuple[int, ...], float]]:
         """(sub-model heads, coefficient) of the decomposition; with ``heads``, only the terms
         that involve one of them (what a finite difference along those heads changes)."""
@@ -183,7 +188,7 @@ class PairwiseLaplace:
         terms involving them (and no constant): a partial sum for finite differences."""
         H = self.H
         dK, da, db = np.zeros_like(K, dtype=float), np.zeros(H), np.zeros(H)
-        value = 0.0 if heads is not None or H <= 2 else c_H(H) * (1.0 + self.task.delta)
+        value = 0.0 if heads is not None else self.constant()
         for sub, coef in self.terms(heads):
             e, gK, ga, gb, _, _ = self.sub_model(K, a, b, sub, level)
             idx = list(sub)
@@ -202,7 +207,7 @@ class PairwiseLaplace:
         H = self.H
         start = self.evaluations
         for level in LEVELS:
-            value = 0.0 if H <= 2 else c_H(H) * (1.0 + self.task.delta)
+            value = self.constant()
             grads = [np.zeros_like(K, dtype=float), np.zeros(H), np.zeros(H)]
             errs = [np.zeros_like(K, dtype=float), np.zeros(H), np.zeros(H)]
             value_err = 0.0
@@ -210,15 +215,13 @@ class PairwiseLaplace:
                 fine = self.sub_model(K, a, b, sub, level)
                 coarse = self.sub_model(K, a, b, sub, level * lp.COARSE)
                 idx = list(sub)
-                floor = max(64 * np.finfo(float).eps, fine[4])
+                err = lp.LaplaceDrift.abs_err(dict(zip(PARTS, fine[:4])),
+                                              dict(zip(PARTS, coarse[:4])), fine[4])
                 value += coef * fine[0]
-                value_err += abs(coef) * max(abs(fine[0] - coarse[0]),
-                                             floor * max(1.0, abs(fine[0])))
-                for j in range(3):
+                value_err += abs(coef) * float(err["E"])
+                for j, name in enumerate(PARTS[1:]):
                     grads[j][idx] += coef * fine[1 + j]
-                    errs[j][idx] += abs(coef) * np.maximum(
-                        np.abs(fine[1 + j] - coarse[1 + j]),
-                        floor * np.maximum(1.0, np.abs(fine[1 + j])))
+                    errs[j][idx] += abs(coef) * err[name]
             grad_err = float(np.sqrt(sum(np.sum(e ** 2) for e in errs)))
             worst = max(value_err, max(float(np.max(e)) if e.size else 0.0 for e in errs))
             if worst < tol:
@@ -230,8 +233,8 @@ class PairwiseLaplace:
               tol: float = DEFAULT_TOL) -> tuple[float, float]:
         """(E, abs_err) only, from ``LaplaceDrift.evaluate_error`` per sub-model (its own
         resolution ladder; the E-only patterns cost ~1/3 of the fields)."""
-        H, F = self.H, self.task.F
-        value = 0.0 if H <= 2 else c_H(H) * (1.0 + self.task.delta)
+        F = self.task.F
+        value = self.constant()
         err = 0.0
         for sub, coef in self.terms():
             idx = list(sub)
