@@ -367,6 +367,18 @@ def test_cli_einf_bad_input_exits_2(extra, capsys):
         assert "polish" in err
 
 
+def test_cli_einf_unwritable_workdir_exits_3_before_running(tmp_path, capsys, monkeypatch):
+    """A --workdir that cannot be created (its parent is a file: refused even to root) exits 3
+    naming workdir before any run starts; it used to surface only when the first run was
+    saved, minutes later, naming 'out'."""
+    (tmp_path / "file.txt").write_text("x")
+    monkeypatch.setattr(einf, "run_to_convergence", lambda *a, **k: pytest.fail("a run started"))
+    argv = ["einf", "--activation", "softmax", "--L", "5", "--nu", "2,2", "--H", "2",
+            "--runs", "1", "--no-global-min", "--workdir", str(tmp_path / "file.txt" / "runs")]
+    assert main(argv) == 3
+    assert "workdir: cannot create or write" in capsys.readouterr().err
+
+
 def test_solve_checked_polishes_on_the_deterministic_E():
     """With ``polish="pairwise"`` the sampled solution (softmax, H = 2, 2^10 points) is polished
     and certified on the deterministic E, E is the pairwise Laplace value (checked against the

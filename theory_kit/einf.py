@@ -45,7 +45,7 @@ from .fixedpoint import (POINTS, RUNOFF, Certificate, DriftMap, FixedPoint, Pair
                          solve_gradient_flow)
 from .initial import InitialCondition
 from .model import Prior, State, Task, check_int, fail
-from .ode import METHODS as ODE_METHODS, build_system, integrate_ode
+from .ode import METHODS as ODE_METHODS, BoundaryError, build_system, integrate_ode
 from .progress import progress_bar
 from .results import Checkpoint, read_json, to_jsonable, write_json
 
@@ -547,7 +547,17 @@ def run_to_convergence(task: Task, act: Activation, ic: InitialCondition,
     try:
         while t < rule.T_max and not rule.converged(t, hist["speed"]):
             span = min(rule.chunk, rule.T_max - t)
-            new, error_ode = advance(state, span)
+            try:
+                new, error_ode = advance(state, span)
+            except BoundaryError as err:
+                if not (settings.gradient_flow and settings.solve):
+                    raise
+                # A fixed-sample drift's error along a vanishing direction of Q − M Mᵀ does not
+                # vanish with it, so the sampled ODE can reach the PSD boundary in finite time,
+                # where the exact flow only tends to it (P → 0 at a minimum of E).  The solver
+                # works on K = [M | P], where that boundary is not an edge: it takes over here.
+                hist["early_handover"] = {"t": t, "reason": str(err)}
+                break
             speed = relative_speed(state, new, span)
             state, t = new, t + span
             for key, val in (("t", t), ("error_ode", error_ode), ("speed", speed)):
@@ -890,14 +900,15 @@ class EinfResult:
 
 def _one_run(job: tuple) -> EinfRun:
     task, act_params, ic, settings, out, progress = job
-    if out is not None and not _writable_folder(Path(out).parent):
+    if out is not None and not writable_folder(Path(out).parent):
         out = None   # a remote worker without the caller's disk: no checkpoints inside the run
     # rebuilt here: an activation's cached NumPy callables do not pickle to worker processes
     return run_to_convergence(task, activation_from_params(act_params), ic, settings, out=out,
                               progress=progress)
 
 
-def _writable_folder(folder: Path) -> bool:
+def writable_folder(folder: Path) -> bool:
+    """Whether ``folder`` exists or can be created, and is writable."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError:
@@ -984,8 +995,10 @@ def _run_status(run: dict) -> str:
     kind = run["kind"] + (f": {run['runoff_verdict']}" if run.get("runoff_verdict") else "")
     verdict = "certified " + kind if run["certified"] else f"NOT CERTIFIED ({kind})"
     saddles = f", {run['saddles_passed']} saddle(s) passed" if run["saddles_passed"] else ""
+    early = (" (early: the sampled ODE reached the PSD boundary)"
+             if run.get("history", {}).get("early_handover") else "")
     return (f"{verdict}: drift {run['drift_norm']:.1e}, min eigenvalue "
-            f"{run['min_eigenvalue']:.2g}{saddles}; solver from T = {run['T']:g}")
+            f"{run['min_eigenvalue']:.2g}{saddles}; solver from T = {run['T']:g}{early}")
 
 
 def _plus_minus(abs_err: float | None) -> str:

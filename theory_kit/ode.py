@@ -63,10 +63,19 @@ ADAPTIVE = {"rk45": RK45, "dop853": DOP853, "solve_ivp": RK45}
 CHECKPOINT_SECONDS = 10.0  # at most this long between checkpoints of a long run
 PSD_BLOWUP_TOL = 1e-7
 DIVERGENCE_BOUND = 1e8  # |Q_hh'| beyond this is a divergence, long before overflow
+STAGE_RETRY_FACTOR = 0.25  # an adaptive step whose stages leave the admissible set: retry this much smaller
+STAGE_RETRY_FLOOR = 1e-9   # ... down to this fraction of max(1, |t|), then the blow-up is the ODE's
 
 
 class BlowUpError(ValidationError):
     """The integration left the admissible set (non-finite values or Q not PSD) at some time."""
+
+
+class BoundaryError(BlowUpError):
+    """Q lost positive semi-definiteness: the state crossed the boundary of the PSD cone.
+
+    The exact flow cannot cross it (Q is a Gram matrix), so an accepted state there is either
+    a step too large (RK4) or an artefact of the drift estimate near the boundary."""
 
 
 ROW_KEYS = ("t", "M", "Q", "a", "b", "error", "error_stderr", "drift_err")
@@ -213,7 +222,7 @@ def check_admissible(t: float, M: np.ndarray, Q: np.ndarray, a: np.ndarray,
                           f"{scale:.3g} > {DIVERGENCE_BOUND:.0e} (diverging); reduce gamma")
     low = float(np.linalg.eigvalsh(0.5 * (Q + Q.T)).min())
     if low < -PSD_BLOWUP_TOL * scale:
-        raise BlowUpError(f"gamma: the integration blew up at t = {t:.6g}: Q lost positive "
+        raise BoundaryError(f"gamma: the integration blew up at t = {t:.6g}: Q lost positive "
                           f"semi-definiteness (smallest eigenvalue {low:.3g}); reduce gamma "
                           "(or dt)")
 
@@ -592,7 +601,7 @@ class _AdaptiveRun(_Run):
         while solver.status == "running":
             t_old = self.t
             self.system.step_err = 0.0     # ``drift_err`` of dense records: this step's drifts
-            message = solver.step()
+            message = self.step_inside(solver)
             if solver.status == "failed":
                 raise BlowUpError(f"gamma: the adaptive integration failed at t = {t_old:.6g}: "
                                   f"{message}")
@@ -603,6 +612,26 @@ class _AdaptiveRun(_Run):
                 bar.update(self.t - t_old)
             if solver.status == "running":
                 self.maybe_save()
+
+    def step_inside(self, solver: RK45 | DOP853) -> str | None:
+        """One step of ``solver`` whose stages all stay admissible.
+
+        An explicit stage can overshoot a boundary that the flow only approaches: in gradient
+        flow λ_min(Q) can decay towards 0 (Gaussian prior: two keys turn antiparallel while
+        their orthogonal parts decay), the steps grow long, and a trial stage lands past the
+        boundary, where the drift is undefined (the accepted states stay inside).  Such a
+        step is retried at :data:`STAGE_RETRY_FACTOR` of its size, as SciPy does after a
+        failed error test (the solver's t, y and f are untouched by a step that raised); a
+        blow-up that persists below :data:`STAGE_RETRY_FLOOR`·max(1, |t|) is the ODE's own and
+        is raised; ``stats["stage_retries"]`` counts the retries."""
+        while True:
+            try:
+                return solver.step()
+            except BlowUpError:
+                self.stats["stage_retries"] = self.stats.get("stage_retries", 0) + 1
+                solver.h_abs *= STAGE_RETRY_FACTOR
+                if solver.h_abs < STAGE_RETRY_FLOOR * max(1.0, abs(solver.t)):
+                    raise
 
     def record_due(self, t_new: float, solver: RK45 | DOP853 | None) -> None:
         """Record every requested time ≤ t_new (the step's end exactly, earlier ones from the

@@ -94,9 +94,11 @@ def run_einf(args: argparse.Namespace) -> int:
     task = build_task(args)
     act = build_activation(args)
     settings = settings_from_args(args)
-    if args.workdir is not None and Path(args.workdir).exists() and not Path(
-            args.workdir).is_dir():  # found only when the first run is saved, minutes later
-        raise OutputError(f"workdir: {args.workdir} exists and is not a folder")
+    if args.workdir is not None:    # else found only when the first run is saved, minutes later
+        if Path(args.workdir).exists() and not Path(args.workdir).is_dir():
+            raise OutputError(f"workdir: {args.workdir} exists and is not a folder")
+        if not einf.writable_folder(Path(args.workdir)):
+            raise OutputError(f"workdir: cannot create or write to the folder {args.workdir}")
     check_int(args.min_starts, "min-starts", 1)
     H, runs = check_int(args.H, "H", 1), check_int(args.runs, "runs", 1)
     if settings.polish == "pairwise":   # the library skips it where it does not apply; asked for
