@@ -355,3 +355,93 @@ def test_freed_memory_retention_is_accepted_and_can_be_turned_off(monkeypatch):
     assert retain_freed_memory.__wrapped__() is True
     monkeypatch.setenv("THEORY_KIT_RETAIN_HEAP", "0")
     assert retain_freed_memory.__wrapped__() is False
+
+
+def _scaled(M, Q, a, b, eps):
+    """The state with M and Q scaled by 1 + eps (Q stays PSD): relative distance ~eps."""
+    return M * (1 + eps), Q * (1 + eps), a, b
+
+
+def test_per_step_check_reuses_the_anchor_rung_with_an_honest_abs_err():
+    """Inside ``per_step_check`` the first drift after ``begin_step`` runs the ladder; drifts
+    and E-only records near it compute only its rung (fields bit for bit those of that rung),
+    with the anchor's largest abs_err per field, which still bounds the actual error (against
+    doubled resolution); a far state, a new step and the end of the block run the ladder
+    again.  Here the anchor's abs_err (8.4e-9) is close to tol, and the near states' own
+    ladders would climb to level 1: they keep the anchor's rung, still within its bound."""
+    act = get_activation("softmax")
+    task = Task(4, make_prior("flipping", nu=[2.0, 1.5]))
+    state = _state(act, 2, 4)
+    plain, fine = LaplaceDrift(), LaplaceDrift(level=2.0)
+    eng = LaplaceDrift()
+    with eng.per_step_check():
+        eng.begin_step()
+        anchor = eng.evaluate(task, act, *state)
+        assert eng.ladder_checks == 1
+        for eps in (0.03, 0.08):
+            near = _scaled(*state, eps)
+            d = eng.evaluate(task, act, *near)
+            E, E_err = eng.evaluate_error(task, act, *near)
+            assert eng.ladder_checks == 1                       # no ladder: the anchor's rung
+            level = eng._anchor.level
+            ref = LaplaceDrift.unpack(task, act, near[0], near[1],
+                                      plain.raw(task, act, *near, level))
+            exact = fine.evaluate(task, act, *near)
+            assert abs(E - fine.evaluate_error(task, act, *near)[0]) <= E_err
+            assert E_err >= float(np.max(anchor.stderr["error"]))
+            for f, x in _fields(d).items():
+                assert np.array_equal(x, ref[f] if f != "error" else np.asarray(ref[f])), f
+                assert np.all(d.stderr[f] >= np.max(anchor.stderr[f])), f
+                assert np.all(np.abs(_fields(exact)[f] - x) <= d.stderr[f]), f
+        far = _scaled(*state, 0.2)                              # beyond REUSE_SPAN = 0.1
+        d = eng.evaluate(task, act, *far)
+        assert eng.ladder_checks == 2                           # and it is the new anchor
+        ref = plain.evaluate(task, act, *far)
+        assert all(np.array_equal(d.stderr[f], ref.stderr[f]) for f in d.stderr)
+        eng.begin_step()
+        eng.evaluate(task, act, *_scaled(*far, 0.01))
+        assert eng.ladder_checks == 3
+    eng.evaluate(task, act, *_scaled(*far, 0.01))               # outside: every call checks
+    assert eng.ladder_checks == 4
+
+
+@pytest.mark.slow
+def test_per_step_check_is_honest_along_the_fig1_curve():
+    """The Fig. 1 setting (softmax H = 2, L = 10, dop853 at rtol 1e-8) to t = 30, where the
+    steps move the state farthest from their anchors: at every reused drift and E-only record
+    the actual error of each entry (against ``LaplaceDrift(level=2)``) is within the reported
+    abs_err (the anchor's largest per field)."""
+    from theory_kit.figures.panels import Setting
+    from theory_kit.ode import integrate_ode
+    s = Setting("softmax", 10, 2, "flipping", (2.0, 2.0), gamma=1.0, T=30.0, D_init=10_000)
+    task, act = s.task(), s.act()
+    seen = []
+
+    class Logged(LaplaceDrift):
+        def logged(self, kind, fn, args):
+            checks = self.ladder_checks
+            out = fn(*args)
+            if self.ladder_checks == checks:         # a reused call (no ladder of its own)
+                seen.append((kind, args[2:], out))
+            return out
+
+        def evaluate(self, *args):
+            return self.logged("drift", super().evaluate, args)
+
+        def evaluate_error(self, *args):
+            return self.logged("E", super().evaluate_error, args)
+
+    eng = Logged()
+    traj = integrate_ode(task, act, s.initial(), 1.0, 30.0, times=np.linspace(0, 30, 16),
+                         method="dop853", rtol=1e-8, atol=1e-11, engine=eng, progress=False)
+    assert eng.ladder_checks < 0.25 * (traj.stats["rhs_evaluations"]
+                                       + traj.stats["error_evaluations"])
+    exact = LaplaceDrift(level=2.0)
+    assert len(seen) > 100
+    for kind, st, got in seen[::4]:
+        if kind == "E":
+            assert abs(got[0] - exact.evaluate_error(task, act, *st)[0]) <= got[1]
+            continue
+        ref = _fields(exact.evaluate(task, act, *st))
+        for f, x in _fields(got).items():
+            assert np.all(np.abs(ref[f] - x) <= got.stderr[f]), (f, st)

@@ -413,3 +413,63 @@ def test_dense_records_take_e_from_the_error_only_evaluation():
         # drift_err of dQ/dt adds the estimates of its linear and noise parts (each < 1e-8)
         assert 0 < traj.error_stderr[i] < 1e-8 and 0 < traj.drift_err[i] < 2e-8
     assert np.ptp(traj.error) > 1e-3                 # E moves: the comparison has power
+
+
+def _laplace_kw():
+    task = Task(3, make_prior("flipping", nu=[2.0, 1.0]))
+    act = get_activation("softmax1")
+    return task, act, _ic(act, task, M=[[0.3, 0.1]], Q=[[1.0]])
+
+
+def test_adaptive_laplace_run_checks_the_resolution_once_per_step():
+    """With ``laplace`` the adaptive path runs the resolution ladder once per step (the
+    engine's ``per_step_check``): far fewer ladders, the trajectory of a ladder at every call
+    (here some of its calls climb to a finer rung, the reused ones keep the step's: the two
+    differ far below the drift's abs_err), and every recorded abs_err an estimate > 0."""
+    from theory_kit.expect.laplace import LaplaceDrift
+
+    class EveryCall(LaplaceDrift):
+        per_step_check = None
+
+    task, act, ic = _laplace_kw()
+    kw = dict(gamma=1.0, T=3.0, times=np.linspace(0, 3, 7), method="dop853", rtol=1e-8,
+              atol=1e-11, progress=False)
+    once, every = LaplaceDrift(), EveryCall()
+    a = integrate_ode(task, act, ic, engine=once, **kw)
+    b = integrate_ode(task, act, ic, engine=every, **kw)
+    assert np.array_equal(a.t, b.t)
+    for key in ("M", "Q", "a", "b", "error"):
+        assert np.abs(getattr(a, key) - getattr(b, key)).max() < 1e-10, key
+    calls = a.stats["rhs_evaluations"] + a.stats["error_evaluations"]
+    assert every.ladder_checks == calls
+    # one per step and one per move beyond REUSE_SPAN (these steps are long), plus the start
+    assert a.stats["steps"] < once.ladder_checks < 0.25 * calls
+    assert np.all(a.drift_err > 0) and np.all(a.drift_err < 2e-8)
+    assert np.all(a.error_stderr > 0) and np.all(a.error_stderr < 1e-8)
+
+
+def test_adaptive_laplace_resume_reproduces_the_uninterrupted_run(tmp_path):
+    """A resumed run starts its first step with a fresh solver (a full ladder at the step's
+    start, where the uninterrupted run reused the last step's rung): the same numbers,
+    drift_err and error_stderr included."""
+    from theory_kit.expect.laplace import LaplaceDrift
+
+    class Interrupting(LaplaceDrift):
+        def evaluate(self, *args):
+            self.calls = getattr(self, "calls", 0) + 1
+            if self.calls > 40:
+                raise KeyboardInterrupt
+            return super().evaluate(*args)
+
+    task, act, ic = _laplace_kw()
+    kw = dict(gamma=1.0, T=3.0, times=np.linspace(0.5, 3, 6), method="dop853", rtol=1e-8,
+              atol=1e-11, progress=False, checkpoint_every=1)
+    full = integrate_ode(task, act, ic, engine=LaplaceDrift(), **kw)
+    out = tmp_path / "run.json"
+    with pytest.raises(KeyboardInterrupt):
+        integrate_ode(task, act, ic, engine=Interrupting(), out=out, **kw)
+    resumed_engine = LaplaceDrift()
+    resumed = integrate_ode(task, act, ic, engine=resumed_engine, out=out, **kw)
+    assert resumed.stats["rhs_evaluations"] - 40 < full.stats["rhs_evaluations"] - 20
+    for key in ("t", "M", "Q", "a", "b", "error", "error_stderr", "drift_err"):
+        assert np.array_equal(getattr(full, key), getattr(resumed, key)), key

@@ -21,7 +21,9 @@ Integrators:
   resumed run takes exactly the steps of the uninterrupted one (the pairs carry no other
   state: the first stage is recomputed from (t, y) and the step size is restored).
   Adaptive steps need a smooth right-hand side: a deterministic engine, or fixed samples
-  (common random numbers); fresh samples are only accepted with ``rk4``.
+  (common random numbers); fresh samples are only accepted with ``rk4``.  An engine with a
+  per-step convergence check (``laplace``: ``per_step_check``, ``begin_step``) runs it once
+  per step instead of at every call.
 
 The integration always starts at t = 0 from the initial condition; ``times`` are where the
 trajectory is recorded (the start is in the output only when 0 is requested).  At every
@@ -40,6 +42,7 @@ whatever time that happens.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass, field
@@ -597,10 +600,19 @@ class _AdaptiveRun(_Run):
         if self.t >= float(self.grid[-1]):
             self.record_due(self.t, None)
             return
-        solver = self.solver()
+        # an engine with a per-step convergence check (``laplace``) runs it once per step
+        per_step = getattr(self.system.engine, "per_step_check", None)
+        with per_step() if per_step is not None else contextlib.nullcontext():
+            self.steps(self.solver(), bar)
+
+    def steps(self, solver: RK45 | DOP853, bar: object) -> None:
+        """Step to the end, recording and checkpointing on the way."""
+        begin_step = getattr(self.system.engine, "begin_step", None)
         while solver.status == "running":
             t_old = self.t
             self.system.step_err = 0.0     # ``drift_err`` of dense records: this step's drifts
+            if begin_step is not None:
+                begin_step()
             message = self.step_inside(solver)
             if solver.status == "failed":
                 raise BlowUpError(f"gamma: the adaptive integration failed at t = {t_old:.6g}: "
