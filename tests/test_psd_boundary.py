@@ -8,13 +8,14 @@ tightened tolerances, and the deterministic Laplace engine's drift at the solver
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from theory_kit import einf
 from theory_kit.activations import get_activation
 from theory_kit.expect.engines import build_engine
 from theory_kit.initial import InitialCondition
 from theory_kit.model import Task, make_prior
-from theory_kit.ode import integrate_ode
+from theory_kit.ode import BoundaryError, integrate_ode
 
 TASK = Task(5, make_prior("gaussian", nu=[2.0, 2.0]))
 ACT = get_activation("softmax")
@@ -39,6 +40,17 @@ def test_adaptive_step_retries_a_stage_that_overshoots_the_psd_boundary():
     assert 0 < np.linalg.eigvalsh(loose.Q[-1])[0] < 1e-5
     assert np.abs(loose.M[-1] - tight.M[-1]).max() < 1e-5
     assert np.abs(loose.Q[-1] - tight.Q[-1]).max() < 1e-5
+
+
+def test_sampled_gradient_flow_crossing_the_boundary_blames_the_samples_not_gamma():
+    """The same flow on 4000 fixed samples crosses the boundary (τ ≈ 69) where the exact flow
+    above does not; in gradient flow γ only sets the clock, so the error names the samples."""
+    engine = build_engine("mc", TASK, ACT, 2, samples=4000, seed=0)
+    with pytest.raises(BoundaryError) as err:
+        _flow(engine, 100.0, rtol=1e-5, atol=1e-8)
+    message = str(err.value)
+    assert message.startswith("samples: the gradient flow crossed the PSD boundary at t = 6")
+    assert "gamma" not in message
 
 
 def test_einf_hands_over_to_the_solver_where_the_sampled_ode_reaches_the_boundary():

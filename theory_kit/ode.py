@@ -163,7 +163,7 @@ class OdeSystem:
         if self._last is not None and np.array_equal(self._last[0], y):
             return self._last[1]
         M, Q, a, b = self.split(y)
-        check_admissible(t, M, Q, a, b)
+        check_admissible(t, M, Q, a, b, self.noise_rate == 0)
         self.evaluations += 1
         result = self.engine.evaluate(self.task, self.act, M, 0.5 * (Q + Q.T), a, b)
         self.step_err = max(self.step_err, self.rhs_error(result))
@@ -179,7 +179,7 @@ class OdeSystem:
         if fn is None or (self._last is not None and np.array_equal(self._last[0], y)):
             return None
         M, Q, a, b = self.split(y)
-        check_admissible(t, M, Q, a, b)
+        check_admissible(t, M, Q, a, b, self.noise_rate == 0)
         self.error_evaluations += 1
         return fn(self.task, self.act, M, 0.5 * (Q + Q.T), a, b)
 
@@ -212,9 +212,12 @@ class OdeSystem:
 
 
 def check_admissible(t: float, M: np.ndarray, Q: np.ndarray, a: np.ndarray,
-                     b: np.ndarray) -> None:
-    """Raise :class:`BlowUpError` at time t on non-finite values, a non-PSD Q, or
-    max |Q_hh'| > DIVERGENCE_BOUND."""
+                     b: np.ndarray, gradient_flow: bool = False) -> None:
+    """Raise :class:`BlowUpError` at time t on non-finite values, a non-PSD Q
+    (:class:`BoundaryError`), or max |Q_hh'| > DIVERGENCE_BOUND.
+
+    In gradient flow γ only sets the clock, so a crossing of the PSD boundary is blamed on
+    the drift estimate or the step, not on γ."""
     for name, arr in (("M", M), ("Q", Q), ("a", a), ("b", b)):
         if not np.all(np.isfinite(arr)):
             raise BlowUpError(f"gamma: the integration blew up at t = {t:.6g}: {name} is not "
@@ -224,10 +227,16 @@ def check_admissible(t: float, M: np.ndarray, Q: np.ndarray, a: np.ndarray,
         raise BlowUpError(f"gamma: the integration blew up at t = {t:.6g}: |Q| reached "
                           f"{scale:.3g} > {DIVERGENCE_BOUND:.0e} (diverging); reduce gamma")
     low = float(np.linalg.eigvalsh(0.5 * (Q + Q.T)).min())
+    if low < -PSD_BLOWUP_TOL * scale and gradient_flow:
+        raise BoundaryError(f"samples: the gradient flow crossed the PSD boundary at t = {t:.6g}: "
+                            f"Q lost positive semi-definiteness (smallest eigenvalue {low:.3g}), "
+                            "which the exact flow cannot; a sampled drift's error near the "
+                            "boundary carries it across: use more --samples or a deterministic "
+                            "--engine (or a smaller --dt with rk4)")
     if low < -PSD_BLOWUP_TOL * scale:
         raise BoundaryError(f"gamma: the integration blew up at t = {t:.6g}: Q lost positive "
-                          f"semi-definiteness (smallest eigenvalue {low:.3g}); reduce gamma "
-                          "(or dt)")
+                            f"semi-definiteness (smallest eigenvalue {low:.3g}); reduce gamma "
+                            "(or dt)")
 
 
 def rk4_step(system: OdeSystem, t: float, y: np.ndarray, h: float) -> np.ndarray:
