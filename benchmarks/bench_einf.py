@@ -12,6 +12,8 @@ gradients (a correctness check of the benchmark itself).
 pairwise Laplace decomposition) at Fig. 4's F = 4, ν = 10, L = 5 with ``--H`` heads, against
 the sampled objective on 2^15 Sobol points (Fig. 4's softmax solver) in the same run, in CPU
 seconds (``time.process_time``: the machine is shared): one E + gradient of each, their ratio,
+the same at the polish's descent and certificate levels and at 0.75 (their differences to
+level 1),
 one sub-model with the gradient-flow patterns against ``LaplaceDrift.evaluate`` (all fields,
 dQ_noise included), and the sub-model evaluations of the head-local Hessian against those of
 differencing the whole gradient.
@@ -46,6 +48,21 @@ def cpu_time(fn, repeat: int) -> float:
     return best_time(fn, repeat, time.process_time)
 
 
+def bench_levels(det: fp.PairwiseError, x: np.ndarray, repeat: int) -> None:
+    """E + gradient at the polish's levels (descent, certificate) and at 0.75 (its level
+    before 2026-12-02) against level 1 (the reference for the differences), same run."""
+    from theory_kit.expect import pairwise
+    ref = det.engine.fields(*det.unpack(x), level=1.0)
+    base = None
+    for level in (0.75, pairwise.DEFAULT_LEVEL, pairwise.DESCENT_LEVEL):
+        f = det.engine.fields(*det.unpack(x), level=level)
+        t = cpu_time(lambda: det.engine.fields(*det.unpack(x), level=level), repeat)
+        base = base or t
+        print(f"  level {level:g}: {t:.2f} CPU s ({base / t:.2f}x level 0.75), |E - E(1)| "
+              f"{abs(f.value - ref.value):.1e}, max |grad - grad(1)| "
+              f"{np.max(np.abs(f.grad() - ref.grad())):.1e}")
+
+
 def bench_pairwise(H: int, scale: float, repeat: int) -> None:
     """The deterministic objective against the sampled one (module docstring)."""
     from theory_kit.expect.laplace import LaplaceDrift
@@ -60,9 +77,10 @@ def bench_pairwise(H: int, scale: float, repeat: int) -> None:
     x = det.pack(K, det.a0, det.b0)
     t_det = cpu_time(lambda: det.value_and_grad(x), repeat)
     t_smp = cpu_time(lambda: smp.value_and_grad(x), repeat)
-    print(f"H = {H}, |k| ~ {scale:g}: deterministic E + gradient {t_det:.2f} CPU s "
-          f"({len(det.engine.terms())} sub-models), sampled (2^15 points) {t_smp:.2f} CPU s, "
-          f"ratio {t_det / t_smp:.1f}")
+    print(f"H = {H}, |k| ~ {scale:g}: deterministic E + gradient {t_det:.2f} CPU s at level "
+          f"{det.level:g} ({len(det.engine.terms())} sub-models), sampled (2^15 points) "
+          f"{t_smp:.2f} CPU s, ratio {t_det / t_smp:.1f}")
+    bench_levels(det, x, repeat)
     pair, a, b = K[:2, :4], det.a0[:2], det.b0[:2]
     full = LaplaceDrift()
     t_grad = cpu_time(lambda: det.engine.sub_model(K, det.a0, det.b0, (0, 1), 0.75), repeat)

@@ -9,6 +9,7 @@ import functools
 import os
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -546,3 +547,62 @@ def test_a_runoff_is_solved_again_on_more_points_at_every_attempt_then_checked(m
     d = einf.EinfRun.from_dict(run.to_dict()).to_dict()
     assert d["runoff_verdict"] == fixed.runoff["verdict"] and not np.isfinite(d["abs_err"])
     assert fixed.runoff["verdict"] in einf._run_status({**d, "certified": False})
+
+
+# ----------------------------------------------------------------------------- Newton stage
+class CurvedValley:
+    """E(x, y) = ½ A (y − x²)² + ½ ε (x − 1)², minimum 0 at (1, 1): a curved valley whose floor
+    is flat (smallest Hessian eigenvalue ≈ ε/5 at the minimum, largest ≈ 5A).  Far along the
+    floor a Newton step follows the floor's tangent out of the valley, the situation of the
+    polish at softmax F = 4, ν = 10, H = 8 (smallest eigenvalue 3.6e-6).  Exact gradient;
+    the Hessian by the solver's own finite differences."""
+
+    dim, n, A, eps = 2, "analytic", 1.0, 1e-4
+
+    def value_and_grad(self, x: np.ndarray) -> tuple[float, np.ndarray]:
+        r = x[1] - x[0] ** 2
+        value = 0.5 * self.A * r ** 2 + 0.5 * self.eps * (x[0] - 1.0) ** 2
+        return value, np.array([-2.0 * self.A * r * x[0] + self.eps * (x[0] - 1.0), self.A * r])
+
+    def quotient(self, x: np.ndarray) -> np.ndarray:
+        return np.eye(2)
+
+    def hessian(self, x: np.ndarray, Z: np.ndarray) -> tuple[np.ndarray, float]:
+        return fp.fd_hessian(lambda y: self.value_and_grad(y)[1], x, Z), 0.0
+
+    def state(self, x: np.ndarray):     # what a saddle record stores
+        return types.SimpleNamespace(to_dict=lambda: {"x": x.tolist()})
+
+
+def test_trust_region_newton_goes_on_where_the_newton_step_leaves_the_valley():
+    """On the valley floor at x = 0.3 the Newton step (length ≈ 1) leaves the parabola and
+    raises ‖∇E‖: the old chord-Newton stopped there (x returned unchanged).  The trust-region
+    steps lower E (their merit function; ‖∇E‖ need not fall on the way along a curved floor)
+    and report that the quadratic model did not hold."""
+    obj = CurvedValley()
+    x0 = np.array([0.3, 0.09])
+    g0 = obj.value_and_grad(x0)[1]
+    Hq = obj.hessian(x0, np.eye(2))[0]
+    newton = x0 - np.linalg.solve(Hq, g0)
+    assert np.linalg.norm(obj.value_and_grad(newton)[1]) > np.linalg.norm(g0)  # the premise
+    x, exact = fp._newton(obj, x0, np.eye(2), Hq, 1e-8)
+    assert not exact
+    assert obj.value_and_grad(x)[0] < 0.9 * obj.value_and_grad(x0)[0]
+
+
+def test_descent_certifies_the_minimum_at_the_end_of_a_flat_curved_valley():
+    """The loop of the polish (L-BFGS, Hessian, Newton) where L-BFGS stopped far out on the
+    valley's floor (gtol 1e-2, standing in for the L-BFGS that stalled at softmax H = 8,
+    seed 1): the chord-Newton step raised ‖∇E‖ and the old loop ended there, 7e-5 from
+    stationary.  Now it ends at (1, 1) (the closed form) with ‖∇E‖ ≤ 1e-8, classified a
+    minimum by the Hessian of the point returned (against the analytic Hessian there)."""
+    obj = CurvedValley()
+    x, local, saddles = fp._descend(obj, np.array([0.3, 0.09]), 1e-8, 2, 500, np.inf,
+                                    gtol=1e-2)
+    assert not saddles and local.kind == "minimum"
+    assert np.linalg.norm(obj.value_and_grad(x)[1]) <= 1e-8
+    assert np.allclose(x, [1.0, 1.0], atol=1e-6)
+    A, eps = obj.A, obj.eps
+    exact = np.array([[A * (6 * x[0] ** 2 - 2 * x[1]) + eps, -2 * A * x[0]],
+                      [-2 * A * x[0], A]])
+    assert np.allclose(local.eigs, np.linalg.eigvalsh(exact), rtol=1e-4, atol=local.eig_tol)

@@ -7,6 +7,8 @@ Monte Carlo on the full H-head model, and central differences of the quadrature 
 gradient."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -153,3 +155,37 @@ def test_saddle_of_the_deterministic_E_is_detected():
     K[:, 0] = t[0]
     local = fp._classify(obj, obj.pack(K, obj.a0, obj.b0))
     assert local.kind == "saddle" and local.eigs[0] < -local.eig_tol
+
+
+def test_with_the_polish_the_sampled_solve_runs_once_without_its_precise_E(monkeypatch):
+    """``solve_checked`` with ``polish="pairwise"``: the sampled solve is never re-solved on
+    more points and no precise E is computed at its point (the polish uses only the sampled
+    state and whether it ran off); the sampled solve here is made to look like a run-off, so
+    the old code re-solved it ``solver_refine`` times and the polish starts from the
+    hand-over.  The polished E still agrees with the direct H = 2 quadrature."""
+    act = get_activation("softmax")
+    M = np.array([[0.9, 0.3], [0.8, -0.4]])
+    start = State(M, M @ M.T + 0.1 * np.eye(2), act.a_default(2, 4), act.b_default(2, 4))
+    settings = einf.RunSettings(gradient_flow=True, solver_points=2 ** 10, solver_refine=2,
+                                shift_check=False, polish="pairwise",
+                                error_method="deterministic")
+    solves, real_solve = [], einf.solve_fixed_point
+
+    def run_off(*args, **kw):
+        fixed = real_solve(*args, **kw)
+        solves.append(fixed)
+        return dataclasses.replace(fixed, certificate=dataclasses.replace(
+            fixed.certificate, kind=fp.RUNOFF))
+
+    def no_precise(*args, **kw):
+        raise AssertionError("precise E computed at the sampled point")
+
+    monkeypatch.setattr(einf, "solve_fixed_point", run_off)
+    monkeypatch.setattr(einf, "precise_error", no_precise)
+    fixed, final, used = einf.solve_checked(TASK, act, start, settings)
+    assert len(solves) == 1 and used.solver_points == 2 ** 10
+    assert fixed.presolve["polished_from"] == "hand-over"
+    assert fixed.presolve["state"] == solves[0].state.to_dict()
+    assert fixed.certificate.certified
+    quad = population_error(TASK, act, fixed.state, method="quad")
+    assert abs(final.value - quad.value) <= 4 * (final.abs_err + quad.abs_err) + 1e-12

@@ -606,10 +606,19 @@ def solve_checked(task: Task, act: Activation, start: State, settings: RunSettin
     recedes as the points grow: softmax at F = 4, ν = 10, H = 4 ran off on 2^14 tilted points
     and certifies a bounded minimum on 2^15 plain ones); one still running off at the last
     attempt is checked on a held-out point set (:func:`fixedpoint.runoff_check`, stored as the
-    fixed point's ``runoff``): does the population E fall along the run-off, or rise?"""
+    fixed point's ``runoff``): does the population E fall along the run-off, or rise?
+
+    With the polish (``settings.polish``, where it applies) the sampled solve runs once and
+    neither its precise E nor the re-solves on more points are computed: the polish takes only
+    the sampled state and whether it ran off (then it starts from ``start``), and its own
+    deterministic E and certificate replace both (the sampled state is kept in the result's
+    ``presolve``)."""
     used = settings
+    polish = settings.polish == "pairwise" and pairwise_applies(task, act, start.H)
     for attempt in range(settings.solver_refine + 1):
         fixed = solve_fixed_point(task, act, start, used, engine)
+        if polish:      # the polish takes the sampled point or, after a run-off, the hand-over
+            break       # (polish_pairwise): no precise E there, no re-solve on more points
         final = precise_error(task, act, fixed.state, settings.error_method,
                               settings.error_samples)
         if not settings.gradient_flow:
@@ -629,7 +638,7 @@ def solve_checked(task: Task, act: Activation, start: State, settings: RunSettin
         check = runoff_check(held_out, held_out.pack_state(fixed.state),
                              held_out.pack_state(start))
         fixed = dataclasses.replace(fixed, runoff=check.to_dict())
-    if settings.polish == "pairwise" and pairwise_applies(task, act, start.H):
+    if polish:
         fixed, final = polish_pairwise(task, act, start, fixed, settings.drift_tol)
     return fixed, final, used
 
@@ -654,6 +663,7 @@ def polish_pairwise(task: Task, act: Activation, start: State, sampled: FixedPoi
     presolve = {"certificate": sampled.certificate.to_dict(), "solver": sampled.solver,
                 "sampled_error": sampled.sampled_error, "runoff": sampled.runoff,
                 "saddles": len(sampled.saddles), "seconds": sampled.seconds,
+                "state": sampled.state.to_dict(),
                 "polished_from": "hand-over" if origin is start else "sampled solution"}
     fixed = dataclasses.replace(fixed, presolve=presolve)
     return fixed, ErrorResult(fixed.sampled_error, float(fixed.error_abs_err),

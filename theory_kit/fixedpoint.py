@@ -47,6 +47,7 @@ error of the gradient at the solution (how far from 0 the population gradient ma
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 import warnings
@@ -344,13 +345,29 @@ class PairwiseError(KeySpace):
     the sub-models that contain that coordinate's head (H − 1 pairs and one single of the
     H(H−1)/2 + H), bit for bit the same columns as differencing the whole gradient."""
 
-    level: float = 0.75
+    level: float | None = None          # None: expect.pairwise.DEFAULT_LEVEL
+    descent_level: float | None = None  # None: expect.pairwise.DESCENT_LEVEL
     engine: object = field(init=False, repr=False)
     evaluations: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
-        from .expect.pairwise import PairwiseLaplace   # imports the Laplace engine (numba)
-        self.engine = PairwiseLaplace(self.task, self.act, self.H)
+        from .expect import pairwise     # imports the Laplace engine (numba)
+        self.engine = pairwise.PairwiseLaplace(self.task, self.act, self.H)
+        if self.level is None:
+            self.level = pairwise.DEFAULT_LEVEL
+        if self.descent_level is None:
+            self.descent_level = pairwise.DESCENT_LEVEL
+
+    @contextlib.contextmanager
+    def at_descent_level(self):
+        """``level`` set to ``descent_level`` inside the block (an inexact-Newton schedule:
+        L-BFGS far from the minimum needs ~1e-6 in the gradient, not 1e-14)."""
+        fine = self.level
+        self.level = self.descent_level
+        try:
+            yield self
+        finally:
+            self.level = fine
 
     @classmethod
     def for_activation(cls, task: Task, act: Activation, H: int) -> "PairwiseError":
@@ -708,20 +725,86 @@ def runoff_bound(x: np.ndarray) -> float:
     return RUNOFF_FACTOR * max(1.0, float(np.linalg.norm(x)))
 
 
+NEWTON_STEPS = 30      # trust-region steps of :func:`_newton` (one gradient each)
+NEWTON_ROUNDS = 3      # new Hessians after a Newton stage that moved x (:func:`_descend`)
+RECLASSIFY_MOVE = 1e-4  # ... by more than this × max(1, ‖x‖) (100 finite-difference steps)
+ROUNDING = 1e-13       # relative size of E's rounding: a smaller predicted fall is not testable
+
+
+def _trust_step(eigs: np.ndarray, vecs: np.ndarray, gq: np.ndarray, radius: float
+                ) -> np.ndarray:
+    """argmin of the model gᵀp + ½ pᵀ Hq p over ‖p‖ ≤ radius, Hq = vecs diag(eigs) vecsᵀ
+    positive definite: p(μ) = −(Hq + μ I)⁻¹ g with μ = 0 (the Newton step) when it fits, else
+    the μ > 0 with ‖p(μ)‖ = radius (Levenberg–Marquardt; ‖p(μ)‖ falls monotonically in μ)."""
+    c = vecs.T @ gq
+    size = lambda mu: float(np.sqrt(np.sum((c / (eigs + mu)) ** 2)))
+    mu = 0.0
+    if size(0.0) > radius:
+        hi = max(float(np.linalg.norm(c)) / radius, 1e-300)   # size(hi) ≤ radius
+        mu = optimize.brentq(lambda m: size(m) - radius, 0.0, hi, xtol=1e-14 * hi, rtol=1e-12)
+    return -vecs @ (c / (eigs + mu))
+
+
+def _bfgs_update(eigs: np.ndarray, vecs: np.ndarray, s: np.ndarray, y: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """The model Hessian B = vecs diag(eigs) vecsᵀ after the BFGS update with the step s and
+    the change of gradient y, B ← B − B s sᵀ B / sᵀBs + y yᵀ / yᵀs (positive definite stays
+    so), as (eigenvalues, eigenvectors); unchanged where yᵀs ≤ 0 or the step is at the
+    rounding of the gradient (y below 1e-12 of |s| |B|)."""
+    B = vecs @ (eigs[:, None] * vecs.T)
+    Bs = B @ s
+    ys, sBs = float(y @ s), float(s @ Bs)
+    if ys <= 1e-12 * float(np.linalg.norm(y) * np.linalg.norm(s)) or sBs <= 0 or \
+            np.linalg.norm(y) <= 1e-12 * np.linalg.norm(s) * float(np.max(np.abs(eigs))):
+        return eigs, vecs
+    B = B - np.outer(Bs, Bs) / sBs + np.outer(y, y) / ys
+    return np.linalg.eigh(0.5 * (B + B.T))
+
+
 def _newton(obj: KeySpace, x: np.ndarray, Z: np.ndarray, Hq: np.ndarray,
-            tol: float, steps: int = 12) -> np.ndarray:
-    """Chord-Newton steps on the quotient, x ← x − Z Hq⁻¹ Zᵀ ∇E, kept while ‖∇E‖ falls."""
-    grad = lambda y: obj.value_and_grad(y)[1]
-    g = grad(x)
+            tol: float, steps: int = NEWTON_STEPS) -> tuple[np.ndarray, bool]:
+    """Trust-region Newton steps on the quotient from the Hessian Hq (positive definite at a
+    minimum) until ‖∇E‖ ≤ tol: (last point, whether every step was the full Newton step of
+    the model, x ← x − Z B⁻¹ Zᵀ∇E, i.e. the quadratic model held).  The model Hessian B starts
+    at Hq and is BFGS-updated with every trial step's change of gradient
+    (:func:`_bfgs_update`, no extra evaluations): along a curved valley the chord Hessian's
+    flat direction no longer points along the floor.
+
+    Step p = Z :func:`_trust_step` (radius Δ; the first Δ is twice the Newton step's length,
+    so that the first step is the chord-Newton step of the old loop).  Taken when E falls by
+    at least 1/10 of the model's prediction −(gᵀp + ½pᵀB p) — or, where that
+    prediction is below E's rounding (``ROUNDING``·max(1, |E|)), when ‖∇E‖ falls; Δ is doubled
+    after a good step that reached the boundary, quartered after a rejected one.  Why: in a
+    flat valley (smallest eigenvalue ~1e-6 at softmax F = 4, ν = 10, H = 8) the full step
+    along the flat direction leaves the region where the quadratic model holds and the plain
+    chord-Newton step raised ‖∇E‖ and stopped (seed 1, ½‖∇E‖ = 3.7e-5); E itself, not ‖∇E‖,
+    is the merit function that a shorter step along the model's descent direction lowers."""
+    eigs, vecs = np.linalg.eigh(0.5 * (Hq + Hq.T))
+    e, g = obj.value_and_grad(x)
+    radius, exact = None, True
     for _ in range(steps):
         if np.linalg.norm(g) <= _drift_tol(x, tol):
             break
-        trial = x - Z @ np.linalg.solve(Hq, Z.T @ g)
-        g_trial = grad(trial)
-        if np.linalg.norm(g_trial) >= np.linalg.norm(g):
-            break
-        x, g = trial, g_trial
-    return x
+        gq = Z.T @ g
+        if radius is None:      # the first step is the Newton step
+            radius = 2.0 * float(np.linalg.norm((vecs.T @ gq) / eigs))
+        pq = _trust_step(eigs, vecs, gq, radius)
+        interior = float(np.linalg.norm(pq)) < 0.99 * radius    # μ = 0: the Newton step
+        predicted = -(gq @ pq + 0.5 * pq @ (vecs @ (eigs * (vecs.T @ pq))))
+        e_trial, g_trial = obj.value_and_grad(x + Z @ pq)
+        eigs, vecs = _bfgs_update(eigs, vecs, pq, Z.T @ (g_trial - g))
+        if predicted > ROUNDING * max(1.0, abs(e)):
+            good = e - e_trial >= 0.1 * predicted
+        else:
+            good = np.linalg.norm(g_trial) < np.linalg.norm(g)
+        if not good:
+            exact, radius = False, 0.25 * float(np.linalg.norm(pq))
+            continue
+        exact = exact and interior
+        if not interior and e - e_trial >= 0.75 * predicted:
+            radius *= 2.0
+        x, e, g = x + Z @ pq, e_trial, g_trial
+    return x, exact
 
 
 def step_scale(x: np.ndarray) -> float:
@@ -824,24 +907,48 @@ def _descend(obj, x: np.ndarray, tol: float, max_escapes: int, maxiter: int,
              bound: float, gtol: float = POLISH_GTOL
              ) -> tuple[np.ndarray, "_Local | None", list[dict]]:
     """L-BFGS (to ``gtol``), quotient Hessian, saddles escaped up to ``max_escapes`` times,
-    chord-Newton at a minimum: (last point, its classification or None after a run-off, the
-    saddles passed).  The sampled solve and the polish share it."""
+    trust-region Newton at a minimum (:func:`_newton`): (last point, its classification or
+    None after a run-off, the saddles passed).  The sampled solve and the polish share it.
+
+    The classification must be that of the point returned: when Newton moved x by more than
+    ``RECLASSIFY_MOVE``·max(1, ‖x‖) or its quadratic model failed (a damped or rejected
+    step), the Hessian is computed again there (up to ``NEWTON_ROUNDS`` times, each followed by
+    Newton with the new Hessian; after the last, the point is classified as it is) — a flat
+    valley's curvature can change sign along the way, and a saddle is never certified."""
     saddles: list[dict] = []
-    local = None
-    for attempt in range(max_escapes + 1):
+    local, attempt, rounds = None, 0, 0
+    while True:
         x, ran_off = _minimise(obj, x, maxiter, bound, gtol)
         if ran_off:
             return x, None, saddles
         local = _classify(obj, x)
         if local.kind != "saddle":
             if local.kind == "minimum":
-                x = _newton(obj, x, local.Z, local.Hq, tol)
+                y, exact = _newton(obj, x, local.Z, local.Hq, tol)
+                moved = np.linalg.norm(y - x) > RECLASSIFY_MOVE * max(1.0, np.linalg.norm(x))
+                x = y
+                if moved or not exact:
+                    if rounds < NEWTON_ROUNDS:
+                        rounds += 1
+                        continue
+                    local = _classify(obj, x)
             break
         saddles.append(_saddle_record(obj, x, local.eigs[0], obj.n))
         if _stalled(saddles) or attempt == max_escapes:
             break
+        attempt += 1
         x = escape(obj, x, local.vecs[:, 0])
     return x, local, saddles
+
+
+def _rough_descent(obj: PairwiseError, view: object, x: np.ndarray, maxiter: int,
+                   bound: float) -> np.ndarray:
+    """L-BFGS on ``view`` (``obj`` or its face) at ``obj.descent_level`` to ``POLISH_GTOL``:
+    the long way from the start at ~1/3 of the cost per gradient of the certificate's level
+    (its gradient error, ~1e-11, is far below the 1e-6 where this stops; :func:`_descend` then
+    continues at ``obj.level``, where L-BFGS takes few steps more)."""
+    with obj.at_descent_level():
+        return _minimise(view, x, maxiter, bound, POLISH_GTOL)[0]
 
 
 def _on_face(obj: PairwiseError, x0: np.ndarray, tol: float, max_escapes: int, maxiter: int
@@ -852,8 +959,8 @@ def _on_face(obj: PairwiseError, x0: np.ndarray, tol: float, max_escapes: int, m
     negative eigenvalue makes the point a saddle of the full space, left along that direction
     (the saddle is recorded and the returned point is the escaped one)."""
     face = ZeroOrthogonal(obj)
-    xr, local, saddles = _descend(face, face.restrict(x0), tol, max_escapes, maxiter,
-                                  runoff_bound(x0))
+    xr0 = _rough_descent(obj, face, face.restrict(x0), maxiter, runoff_bound(x0))
+    xr, local, saddles = _descend(face, xr0, tol, max_escapes, maxiter, runoff_bound(x0))
     x = face.embed(xr)
     if local is None or local.kind not in STABLE_KINDS:
         return x, None, saddles
@@ -886,9 +993,10 @@ def polish_gradient_flow(obj: PairwiseError, x0: np.ndarray, tol: float = DRIFT_
     First (``face``) on the face P = 0 of key space (:class:`ZeroOrthogonal`: H·F coordinates,
     the full Hessian block-diagonal there), then, when the point found is no minimum of the
     full space (a negative eigenvalue of 2 G_Q) or the face's descent fails, in the full key
-    space from there.  Each stage is the loop of :func:`solve_gradient_flow` (:func:`_descend`:
-    L-BFGS, Hessian by head-local finite differences of the exact gradient with their error,
-    saddles escaped, chord-Newton).  Certificate: ``drift_norm`` = ½‖∂E/∂x‖ (full space)
+    space from there.  Each stage is L-BFGS at the coarser ``obj.descent_level``
+    (:func:`_rough_descent`), then the loop of :func:`solve_gradient_flow` at ``obj.level``
+    (:func:`_descend`: L-BFGS, Hessian by head-local finite differences of the exact gradient
+    with their error, saddles escaped, trust-region Newton).  Certificate: ``drift_norm`` = ½‖∂E/∂x‖ (full space)
     against ½ ``tol`` (as the sampled solver's), ``drift_stderr`` = ½ its abs_err (two
     resolutions of every sub-model, ``PairwiseError.evaluate``); a gradient whose error exceeds
     ``tol`` cannot certify (kind "gradient unresolved"); the eigenvalue tolerance is the larger
@@ -901,8 +1009,8 @@ def polish_gradient_flow(obj: PairwiseError, x0: np.ndarray, tol: float = DRIFT_
         x, local, saddles = _on_face(obj, x0, tol, max_escapes, maxiter)
         where = "the face P = 0 (full Hessian block-diagonal there)"
     if local is None:
-        x, local, more = _descend(obj, x if face else x0, tol, max_escapes, maxiter,
-                                  runoff_bound(x0))
+        x = _rough_descent(obj, obj, x if face else x0, maxiter, runoff_bound(x0))
+        x, local, more = _descend(obj, x, tol, max_escapes, maxiter, runoff_bound(x0))
         saddles += more
         where = "full key space" + (" (after the face P = 0)" if face else "")
     value, value_err, grad, grad_err = obj.evaluate(x, tol)
@@ -916,7 +1024,7 @@ def polish_gradient_flow(obj: PairwiseError, x0: np.ndarray, tol: float = DRIFT_
                            local.eig_tol, kind, local.zero_modes, 0.5 * grad_err)
     solver = (f"L-BFGS + Newton on K = [M | P], {where} (Hessian by finite differences of "
               f"the exact gradient) on the deterministic E (pairwise Laplace, level "
-              f"{obj.level:g})")
+              f"{obj.level:g}; L-BFGS first at level {obj.descent_level:g})")
     return FixedPoint(obj.state(x), cert, solver, value, saddles, obj.evaluations - evals0,
                       time.perf_counter() - start, error_abs_err=value_err)
 
