@@ -189,3 +189,50 @@ def test_with_the_polish_the_sampled_solve_runs_once_without_its_precise_E(monke
     assert fixed.certificate.certified
     quad = population_error(TASK, act, fixed.state, method="quad")
     assert abs(final.value - quad.value) <= 4 * (final.abs_err + quad.abs_err) + 1e-12
+
+
+def test_the_polish_starts_from_the_hand_over_unless_the_sampled_point_is_certified_and_near():
+    """``einf.polish_from_sampled``: a certified sampled minimum near the hand-over is the start;
+    an uncertified one, a run-off, and a certified one whose keys grew past RUNOFF_GROWTH × the
+    hand-over's (a fit of the points: the old code started the polish there) are not."""
+    act = get_activation("softmax")
+    a, b = act.a_default(2, 4), act.b_default(2, 4)
+    start = State(np.array([[1.0, 0.0], [0.0, 1.0]]), np.eye(2), a, b)
+
+    def sampled(scale: float, kind: str) -> fp.FixedPoint:
+        M = scale * np.array([[1.0, 0.2], [-0.3, 1.0]])
+        cert = fp.Certificate(1e-10, 5e-9, 0.01, 1e-7, kind, 0)
+        return fp.FixedPoint(State(M, M @ M.T, a, b), cert, "sampled", 0.1, [], 1, 0.0)
+
+    assert einf.polish_from_sampled(start, sampled(2.0, "minimum"))
+    assert not einf.polish_from_sampled(start, sampled(2.0, "saddle"))
+    assert not einf.polish_from_sampled(start, sampled(2.0, fp.RUNOFF))
+    assert not einf.polish_from_sampled(start, sampled(3.0 * fp.RUNOFF_GROWTH, "minimum"))
+
+
+def test_beyond_the_key_cap_the_objective_is_the_clipped_E_plus_a_penalty():
+    """A head past ``fixedpoint.KEY_CAP`` (where the Laplace grids of a pair outgrow memory):
+    E is that of the keys clipped onto the cap (checked against the quadrature of the clipped
+    state) plus ½ (|k| − cap)², its gradient a directional derivative of that value (central
+    differences), and a polish ending there is never certified."""
+    act = get_activation("softmax")
+    obj = fp.PairwiseError.for_activation(TASK, act, 2)
+    K = np.zeros((2, TASK.F + 2))
+    K[0, :2] = [0.8, 0.6]
+    K[0] *= fp.KEY_CAP + 2.0
+    K[1, :3] = [0.5, -0.3, 0.2]
+    x = obj.pack(K, obj.a0, obj.b0)
+    assert obj.beyond_cap(x)
+    value, grad = obj.value_and_grad(x)
+    clipped = K.copy()
+    clipped[0] *= fp.KEY_CAP / np.linalg.norm(K[0])
+    quad = population_error(TASK, act, obj.state(obj.pack(clipped, obj.a0, obj.b0)),
+                            method="quad")
+    assert abs(value - 2.0 - quad.value) <= 4 * quad.abs_err + 1e-9
+    d = np.random.default_rng(5).standard_normal(len(x))
+    d /= np.linalg.norm(d)
+    h = 1e-5
+    fd = (obj.value_and_grad(x + h * d)[0] - obj.value_and_grad(x - h * d)[0]) / (2 * h)
+    assert abs(fd - grad @ d) <= 1e-6 * max(1.0, abs(fd))
+    polished = fp.polish_gradient_flow(obj, x, maxiter=0)
+    assert not polished.certificate.certified

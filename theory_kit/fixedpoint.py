@@ -332,6 +332,12 @@ class SampledError(KeySpace):
 
 
 # ----------------------------------------------------------------------------- deterministic E
+# The deterministic E is evaluated only for key norms |k_h| ≤ KEY_CAP: the Laplace grids of a
+# pair grow like |k|⁴ (softmax, F = 4, ν = 10, level 0.5: 0.29 GB and 0.3 CPU s at |k| = 3,
+# 0.65 GB and 1.9 s at |k| = 10, > 10 GB at |k| = 20; two polishes of H = 8 seed 1 were
+# killed at 21 GB when an L-BFGS line search tried such keys).  The certified minima have
+# |k| ≤ 6.04 (H = 8, seed 0).
+KEY_CAP = 10.0
 @dataclass
 class PairwiseError(KeySpace):
     """E(K, a, b) and its gradient by the deterministic engine: the pairwise decomposition of
@@ -384,10 +390,29 @@ class PairwiseError(KeySpace):
         return self.pack(f.dK, f.da, f.db)
 
     def value_and_grad(self, x: np.ndarray) -> tuple[float, np.ndarray]:
-        """(E, ∂E/∂x) at the fixed resolution ``level``."""
+        """(E, ∂E/∂x) at the fixed resolution ``level``; beyond the key cap (:meth:`beyond_cap`)
+        the continuous extension E(clip(x)) + ½ Σ_h (|k_h| − cap)², clip scaling each head
+        beyond the cap back onto it (a line search may try such points; E itself is never
+        evaluated there)."""
         self.evaluations += 1
-        f = self.engine.fields(*self.unpack(x), level=self.level)
-        return f.value, self._pack_fields(f)
+        K, a, b = self.unpack(x)
+        norms = np.linalg.norm(K, axis=1)
+        over = norms > KEY_CAP
+        if not np.any(over):
+            f = self.engine.fields(K, a, b, level=self.level)
+            return f.value, self._pack_fields(f)
+        scale = np.where(over, KEY_CAP / norms, 1.0)
+        f = self.engine.fields(K * scale[:, None], a, b, level=self.level)
+        unit = K / np.maximum(norms, 1e-300)[:, None]
+        radial = np.sum(f.dK * unit, axis=1)
+        excess = np.where(over, norms - KEY_CAP, 0.0)
+        dK = scale[:, None] * (f.dK - np.where(over, radial, 0.0)[:, None] * unit) \
+            + excess[:, None] * unit     # d clip = (cap/|k|)(I − k̂k̂ᵀ); the penalty's k̂
+        return f.value + 0.5 * float(np.sum(excess ** 2)), self.pack(dK, f.da, f.db)
+
+    def beyond_cap(self, x: np.ndarray) -> bool:
+        """Whether a head's key norm exceeds ``KEY_CAP`` (there E is not evaluated)."""
+        return bool(np.max(np.linalg.norm(self.unpack(x)[0], axis=1)) > KEY_CAP)
 
     def evaluate(self, x: np.ndarray, tol: float = DRIFT_TOL) -> tuple[float, float, np.ndarray,
                                                                       float]:
@@ -465,6 +490,9 @@ class ZeroOrthogonal:
     def value_and_grad(self, xr: np.ndarray) -> tuple[float, np.ndarray]:
         v, g = self.full.value_and_grad(self.embed(xr))
         return v, self.restrict(g)
+
+    def beyond_cap(self, xr: np.ndarray) -> bool:
+        return self.full.beyond_cap(self.embed(xr))
 
     def state(self, xr: np.ndarray) -> State:
         return self.full.state(self.embed(xr))
@@ -917,9 +945,10 @@ def _descend(obj, x: np.ndarray, tol: float, max_escapes: int, maxiter: int,
     valley's curvature can change sign along the way, and a saddle is never certified."""
     saddles: list[dict] = []
     local, attempt, rounds = None, 0, 0
+    beyond = getattr(obj, "beyond_cap", lambda y: False)     # the deterministic E's KEY_CAP
     while True:
         x, ran_off = _minimise(obj, x, maxiter, bound, gtol)
-        if ran_off:
+        if ran_off or beyond(x):
             return x, None, saddles
         local = _classify(obj, x)
         if local.kind != "saddle":
@@ -1013,6 +1042,13 @@ def polish_gradient_flow(obj: PairwiseError, x0: np.ndarray, tol: float = DRIFT_
         x, local, more = _descend(obj, x, tol, max_escapes, maxiter, runoff_bound(x0))
         saddles += more
         where = "full key space" + (" (after the face P = 0)" if face else "")
+    if obj.beyond_cap(x):      # never certified, and E is not evaluated there
+        value, grad = obj.value_and_grad(x)
+        cert = Certificate(0.5 * float(np.linalg.norm(grad)), 0.5 * tol, float("nan"),
+                           float("nan"), RUNOFF, 0)
+        return FixedPoint(obj.state(x), cert, f"beyond the key cap {KEY_CAP:g} of the "
+                          "deterministic E", value, saddles, obj.evaluations - evals0,
+                          time.perf_counter() - start, error_abs_err=float("inf"))
     value, value_err, grad, grad_err = obj.evaluate(x, tol)
     if local is None:
         cert = Certificate(0.5 * float(np.linalg.norm(grad)), 0.5 * tol, float("nan"),
