@@ -210,11 +210,12 @@ def test_the_polish_starts_from_the_hand_over_unless_the_sampled_point_is_certif
     assert not einf.polish_from_sampled(start, sampled(3.0 * fp.RUNOFF_GROWTH, "minimum"))
 
 
-def test_beyond_the_key_cap_the_objective_is_the_clipped_E_plus_a_penalty():
+def test_beyond_the_key_cap_the_objective_is_the_clipped_E_plus_a_penalty(monkeypatch):
     """A head past ``fixedpoint.KEY_CAP`` (where the Laplace grids of a pair outgrow memory):
     E is that of the keys clipped onto the cap (checked against the quadrature of the clipped
     state) plus ½ (|k| − cap)², its gradient a directional derivative of that value (central
-    differences), and a polish ending there is never certified."""
+    differences), and a polish ending there is never certified (caps 3 and 0.5 here: cheap)."""
+    monkeypatch.setattr(fp, "KEY_CAP", 3.0)
     act = get_activation("softmax")
     obj = fp.PairwiseError.for_activation(TASK, act, 2)
     K = np.zeros((2, TASK.F + 2))
@@ -234,5 +235,7 @@ def test_beyond_the_key_cap_the_objective_is_the_clipped_E_plus_a_penalty():
     h = 1e-5
     fd = (obj.value_and_grad(x + h * d)[0] - obj.value_and_grad(x - h * d)[0]) / (2 * h)
     assert abs(fd - grad @ d) <= 1e-6 * max(1.0, abs(fd))
-    polished = fp.polish_gradient_flow(obj, x, maxiter=0)
-    assert not polished.certificate.certified
+    monkeypatch.setattr(fp, "KEY_CAP", 0.5)     # the minimum (|k| ≈ 1.75) lies beyond it
+    polished = fp.polish_gradient_flow(obj, x, maxiter=50)
+    assert obj.beyond_cap(obj.pack_state(polished.state))
+    assert polished.certificate.kind == fp.RUNOFF and not polished.certificate.certified

@@ -168,11 +168,15 @@ def drift_kernels(quick: bool) -> bool:
 
 
 # The deterministic polish (per-head activations): a sub-model (one or two heads) costs
-# POLISH_SUB_SECONDS × atoms / 8 at level 0.75 (measured ~0.2 CPU s at F = 4, ν = 10, |k| ≈ 3;
-# it grows with the key norms), a descent ≈ POLISH_GRADIENTS gradients of all the sub-models,
-# the Hessian on the face P = 0 2·H·(dim of the face + H) sub-models.
+# POLISH_SUB_SECONDS × atoms / 8 at the certificate's level 0.5625 (F = 4, ν = 10: ~0.15 CPU s
+# at |k| ≈ 3, 2x that at level 0.75; it grows with the key norms, and softmax H = 8 ends at
+# |k| ≈ 6, where the old level-0.75 gradients cost 14–18 s, ~0.45 s a sub-model), the descent's
+# POLISH_GRADIENTS gradients of all sub-models at level 0.5 (DESCENT_RATIO of that cost; H = 8
+# seed 0 took 3736 sub-model evaluations, ~86 gradients and the face Hessian), the Hessian on
+# the face P = 0 2·H·(dim of the face + H) sub-models.
 POLISH_SUB_SECONDS = 0.2
-POLISH_GRADIENTS = 40
+POLISH_GRADIENTS = 90
+DESCENT_RATIO = 0.75
 
 
 def polish_seconds(point: dict, p: Plan, name: str | None) -> float:
@@ -182,7 +186,7 @@ def polish_seconds(point: dict, p: Plan, name: str | None) -> float:
     H, F = point["H"], point["F"]
     terms = 1 if H <= 2 else H * (H - 1) // 2 + H
     face = H * F + (H if name == "softmax1" else 0)
-    subs = terms * POLISH_GRADIENTS + 2 * H * (face + H)
+    subs = terms * POLISH_GRADIENTS * DESCENT_RATIO + 2 * H * (face + H)
     return subs * POLISH_SUB_SECONDS * 2 ** (F - 1) / 8
 
 
