@@ -85,7 +85,10 @@ def _clipped_eigh_factor(O: np.ndarray, P: np.ndarray) -> bool:
     return True
 
 
-@njit(types.boolean(F8_2, F8_2), cache=True)
+# no signature: compiled inside its first compiled caller, not at import (the explicit
+# signature compiled it in every process importing this module: ~4.7 CPU s per test worker
+# on a cold cache, in both workers' start)
+@njit(cache=True)
 def factor_into(O: np.ndarray, P: np.ndarray) -> bool:
     """P (H × H) with P Pᵀ = O: lower Cholesky (from O's lower triangle, as LAPACK potrf),
     or, when a pivot is not > 0, V diag(√max(λ, 0)) from eigh of ½(O + Oᵀ).
