@@ -59,6 +59,7 @@ METHOD, RTOL, ATOL = "dop853", 1e-8, 1e-11  # the deterministic curve's integrat
 
 SGD_REPEATS = 3   # brute-force SGD segments timed; the best is the baseline (sgd_seconds)
 
+
 def curve(engine: object, T: float, method: str, **kw: object) -> tuple[float, Trajectory]:
     """CPU seconds (this process, all threads: robust on a shared machine) and trajectory of
     one Fig. 1 curve (``out=`` keeps it, and resumes a killed run; the seconds are then those
@@ -98,13 +99,14 @@ def sgd_seconds(sgd_T: float, repeats: int = SGD_REPEATS) -> tuple[float, list[f
     return min(every), every
 
 
-def sgd_how(sgd_T: float, T: float, best: float, every: list[float]) -> str:
-    """How the SGD time to T was obtained, in words."""
+def sgd_baseline(sgd_T: float, T: float) -> tuple[float, str]:
+    """(CPU seconds of one SGD run to T from :func:`sgd_seconds` on sgd_T, how, in words)."""
+    best, every = sgd_seconds(sgd_T)
     runs = ", ".join(f"{x:.1f}" for x in every)
     if sgd_T >= T:
-        return f"measured in full, best of {runs} s"
-    return (f"extrapolated from {sgd_T:g} time units = {int(sgd_T * D)} steps, best of "
-            f"{runs} s")
+        return best * T / sgd_T, f"measured in full, best of {runs} s"
+    return best * T / sgd_T, (f"extrapolated from {sgd_T:g} time units = {int(sgd_T * D)} "
+                              f"steps, best of {runs} s")
 
 
 def part_steps(T: float) -> None:
@@ -150,11 +152,9 @@ def part_curve(T: float, engine_name: str, sgd_T: float, save: str | None
     print(f"  tolerances tightened tenfold ({tight.stats['rhs_evaluations']} RHS calls + "
           f"{tight.stats.get('error_evaluations', 0)} E-only, {tight_secs:.1f} s): "
           f"|dm| {dm:.1e}, |dQ| {dq:.1e} (goal < 1e-6: {ok})")
-    measured, every = sgd_seconds(sgd_T)
-    sgd_full = measured * T / sgd_T
+    sgd_full, how = sgd_baseline(sgd_T, T)
     ratio = sgd_full / secs
-    print(f"  brute-force SGD, D = {D}, one run to T = {T:g}: {sgd_full:.0f} s "
-          f"({sgd_how(sgd_T, T, measured, every)})")
+    print(f"  brute-force SGD, D = {D}, one run to T = {T:g}: {sgd_full:.0f} s ({how})")
     print(f"  ratio SGD / theory = {ratio:.1f} (goal >= 1000: {'met' if ratio >= 1000 else 'NOT met'})")
     print(f"  m(T) = {np.round(traj.M[-1], 6).tolist()}, E(T) = {traj.error[-1]:.8f}")
     print(f"  tau_2 (delta = 0.2, 126 records) = {tau2(traj):.2f}; tightened curve: "
@@ -174,9 +174,8 @@ def part_default(T: float, reference: Trajectory, sgd_T: float, samples: int,
     auto = build_engine("auto", s.task(), s.act(), s.H, samples=samples, state=s.initial().state)
     sel = auto.params()["selection"]
     print(f"[default] engine auto picks {sel['engine']} here ({sel['reason']})")
-    measured, every = sgd_seconds(sgd_T)
-    sgd_full = measured * T / sgd_T
-    print(f"  brute-force SGD timed again: {sgd_full:.0f} s ({sgd_how(sgd_T, T, measured, every)})")
+    sgd_full, how = sgd_baseline(sgd_T, T)
+    print(f"  brute-force SGD timed again: {sgd_full:.0f} s ({how})")
     if sel["engine"] == det_engine:
         ratio = sgd_full / det_secs
         ok = "met" if ratio >= 300 and det_accuracy < 2e-3 else "NOT met"
@@ -259,7 +258,7 @@ def part_cost(T: float, engine_name: str, sgd_T: float) -> None:
     ok = "met" if max(dm, dq) < ACCURACY_GOAL else "NOT met"
     print(f"  tolerances tightened tenfold (same RHS): |dm| {dm:.1e}, |dQ| {dq:.1e} "
           f"(goal < 1e-6: {ok})")
-    sgd_cpu, _ = cpu(lambda: sgd_seconds(sgd_T, repeats=1))
+    sgd_cpu, _ = cpu(lambda: sgd_seconds(sgd_T, repeats=1))   # CPU of the whole call
     sgd_full = sgd_cpu * T / sgd_T
     ratio = sgd_full / det_curve
     print(f"  brute-force SGD, D = {D}: {sgd_cpu:.1f} CPU s for {sgd_T:g} time units "

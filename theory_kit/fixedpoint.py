@@ -99,11 +99,13 @@ class KeySpace:
 
     def unpack(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         H, width = self.H, self.task.F + self.H
-        K = x[:H * width].reshape(H, width)
-        rest = x[H * width:]
-        a = rest[:H] if self.train_a else self.a0
-        b = rest[-H:] if self.train_b else self.b0
-        return K, np.asarray(a, float), np.asarray(b, float)
+        return (x[:H * width].reshape(H, width), *self.scalars(x[H * width:]))
+
+    def scalars(self, rest: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(a, b) from the coordinates after the keys (``a0``, ``b0`` where not trained)."""
+        a = rest[:self.H] if self.train_a else self.a0
+        b = rest[-self.H:] if self.train_b else self.b0
+        return np.asarray(a, float), np.asarray(b, float)
 
     def pack_state(self, state: State) -> np.ndarray:
         """A flat vector realising ``state`` (the orthogonal part factorised by eigh)."""
@@ -470,22 +472,18 @@ class ZeroOrthogonal:
 
     @property
     def dim(self) -> int:
-        return self.H * self.task.F + self.H * (int(self.train_a) + int(self.train_b))
+        return self.full.dim - self.H * self.H        # the full space without P
 
     def embed(self, xr: np.ndarray) -> np.ndarray:
         """The full key-space vector of x_r (K = [M | 0])."""
         F, H = self.task.F, self.H
         K = np.hstack([xr[:H * F].reshape(H, F), np.zeros((H, H))])
-        rest = xr[H * F:]
-        a = rest[:H] if self.train_a else self.full.a0
-        b = rest[-H:] if self.train_b else self.full.b0
-        return self.full.pack(K, a, b)
+        return self.full.pack(K, *self.full.scalars(xr[H * F:]))
 
     def restrict(self, g: np.ndarray) -> np.ndarray:
         """The face's components of a full key-space vector (drops the P part)."""
         K, a, b = self.full.unpack(g)
-        return np.concatenate([K[:, :self.task.F].ravel()] + ([a] if self.train_a else [])
-                              + ([b] if self.train_b else []))
+        return self.full.pack(K[:, :self.task.F], a, b)
 
     def value_and_grad(self, xr: np.ndarray) -> tuple[float, np.ndarray]:
         v, g = self.full.value_and_grad(self.embed(xr))

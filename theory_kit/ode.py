@@ -227,16 +227,17 @@ def check_admissible(t: float, M: np.ndarray, Q: np.ndarray, a: np.ndarray,
         raise BlowUpError(f"gamma: the integration blew up at t = {t:.6g}: |Q| reached "
                           f"{scale:.3g} > {DIVERGENCE_BOUND:.0e} (diverging); reduce gamma")
     low = float(np.linalg.eigvalsh(0.5 * (Q + Q.T)).min())
-    if low < -PSD_BLOWUP_TOL * scale and gradient_flow:
+    if low >= -PSD_BLOWUP_TOL * scale:
+        return
+    if gradient_flow:
         raise BoundaryError(f"samples: the gradient flow crossed the PSD boundary at t = {t:.6g}: "
                             f"Q lost positive semi-definiteness (smallest eigenvalue {low:.3g}), "
                             "which the exact flow cannot; a sampled drift's error near the "
                             "boundary carries it across: use more --samples or a deterministic "
                             "--engine (or a smaller --dt with rk4)")
-    if low < -PSD_BLOWUP_TOL * scale:
-        raise BoundaryError(f"gamma: the integration blew up at t = {t:.6g}: Q lost positive "
-                            f"semi-definiteness (smallest eigenvalue {low:.3g}); reduce gamma "
-                            "(or dt)")
+    raise BoundaryError(f"gamma: the integration blew up at t = {t:.6g}: Q lost positive "
+                        f"semi-definiteness (smallest eigenvalue {low:.3g}); reduce gamma "
+                        "(or dt)")
 
 
 def rk4_step(system: OdeSystem, t: float, y: np.ndarray, h: float) -> np.ndarray:
