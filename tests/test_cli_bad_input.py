@@ -264,3 +264,19 @@ def test_phi_rejects_non_finite_and_complex_constants():
         with pytest.raises(ValidationError, match="^phi: must be real and finite"):
             parse_phi(bad)
     assert str(parse_phi("log(1+exp(s))")) == "log(exp(s) + 1)"
+
+
+@pytest.mark.parametrize("workdir", ["", "   "])
+def test_einf_empty_workdir_exits_3_naming_it(workdir, tmp_path, capsys, monkeypatch):
+    """``--workdir ""`` used to be taken as the current folder (``Path("")``), so the runs'
+    files landed wherever the command was started; it is an output error like ``--out ""``,
+    raised before any run starts."""
+    from theory_kit import einf
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(einf, "run_to_convergence", lambda *a, **k: pytest.fail("a run started"))
+    argv = ["einf", "--activation", "softmax", "--L", "5", "--nu", "2,2", "--H", "2",
+            "--runs", "1", "--no-global-min", "--workdir", workdir]
+    code, err = run_cli(argv, capsys)
+    assert code == 3
+    assert "workdir: must be a folder name (got an empty path)" in err
+    assert not list(tmp_path.iterdir())
