@@ -19,6 +19,13 @@ dQ_noise included), and the sub-model evaluations of the head-local Hessian agai
 differencing the whole gradient.
 
     python benchmarks/bench_einf.py --pairwise [--H 8] [--scale 3]
+
+``--presolve``: the sampled solve of a Fig. 4 full-plan run with the polish (softmax, F = 4,
+ν = 10, ``--H`` heads, seed ``--seed``; the hand-over by the plan's own ODE) stopped at
+``einf.polish_key_bound`` against the same solve unbounded plus the held-out check of its
+run-off (what the polish did before), in CPU seconds and evaluations, same run.
+
+    python benchmarks/bench_einf.py --presolve [--H 8] [--seed 0]
 """
 from __future__ import annotations
 
@@ -98,6 +105,34 @@ def bench_pairwise(H: int, scale: float, repeat: int) -> None:
           f"{local * per_sub:.0f} / {face * per_sub:.0f} CPU s at this state")
 
 
+def bench_presolve(H: int, seed: int) -> None:
+    """The sampled solve with and without the polish's key bound (module docstring)."""
+    import dataclasses
+    from theory_kit.figures import fig4
+    from theory_kit.initial import InitialCondition
+    p = fig4.FULL
+    pt = next(q for q in p.points() if q["panel"] == "H" and q["H"] == H)
+    task, act = fig4.task_of(pt, p), get_activation("softmax")
+    settings = p.settings(pt, "softmax")
+    ic = InitialCondition.draw(act, H, task.F, task.L, p.D, p.eta, seed)
+    start = einf.run_to_convergence(task, act, ic, dataclasses.replace(
+        settings, solve=False, error_method="mc", error_samples=1000), progress=False).state
+    for bound in (einf.polish_key_bound(start), np.inf):
+        t0 = time.process_time()
+        fixed = einf.solve_fixed_point(task, act, start, settings, key_bound=bound)
+        t_solve, extra = time.process_time() - t0, ""
+        if not np.isfinite(bound) and fixed.certificate.kind == einf.RUNOFF:
+            t0 = time.process_time()
+            held = einf.solver_objective(task, act, H, settings, offset=einf.HELD_OUT)
+            check = fp.runoff_check(held, held.pack_state(fixed.state), held.pack_state(start))
+            extra = (f" + held-out check {time.process_time() - t0:.1f} CPU s "
+                     f"('{check.verdict}')")
+        print(f"H = {H}, seed {seed}, key bound {bound:.3g}: {fixed.certificate.kind}, "
+              f"{fixed.evaluations} evaluations, {t_solve:.1f} CPU s{extra}; max |k| "
+              f"{einf.largest_key_norm(fixed.state):.3g}, polish from the sampled solution: "
+              f"{einf.polish_from_sampled(start, fixed)}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--H", type=int, default=4)
@@ -107,7 +142,13 @@ def main() -> None:
     parser.add_argument("--pairwise", action="store_true",
                         help="the deterministic polish objective (module docstring)")
     parser.add_argument("--scale", type=float, default=3.0, help="key norms of --pairwise")
+    parser.add_argument("--presolve", action="store_true",
+                        help="the sampled solve with and without the polish's key bound")
+    parser.add_argument("--seed", type=int, default=0, help="run seed of --presolve")
     args = parser.parse_args()
+    if args.presolve:
+        bench_presolve(args.H, args.seed)
+        return
     if args.pairwise:
         bench_pairwise(args.H, args.scale, args.repeat)
         return

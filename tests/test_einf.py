@@ -399,6 +399,32 @@ def test_solve_checked_polishes_on_the_deterministic_E():
     assert einf.precise_error(task, bs_act, bs_state, "deterministic").method == "quad"
 
 
+def test_with_the_polish_the_sampled_descent_stops_at_the_key_bound(monkeypatch):
+    """The polish starts from the sampled solution only when its keys stay within
+    ``polish_key_bound`` of the hand-over's, so the sampled descent is stopped there (forced
+    with a bound of 0.5 on the case above, whose sampled solve certifies at |k| ≈ 1): it
+    is recorded as a run-off that stopped at the bound, gets no held-out check, and the
+    polish starts from the hand-over and certifies the same minimum as from the sampled
+    solution (the deterministic E has one minimum here)."""
+    task, act = Task(4, make_prior("flipping", nu=[2.0, 2.0])), get_activation("softmax")
+    settings = dataclasses.replace(FAST, solver_points=2 ** 10, polish="pairwise",
+                                   error_method="deterministic")
+    M = np.array([[0.9, 0.3], [0.8, -0.4]])
+    start = State(M, M @ M.T + 0.1 * np.eye(2), act.a_default(2, 4), act.b_default(2, 4))
+    monkeypatch.setattr(einf, "polish_key_bound", lambda _start: 0.5)
+    monkeypatch.setattr(einf, "runoff_check", lambda *a, **k: pytest.fail("held-out check"))
+    fixed, final, _ = einf.solve_checked(task, act, start, settings)
+    pre = fixed.presolve
+    assert pre["certificate"]["kind"] == einf.RUNOFF and pre["key_bound"] == 0.5
+    assert "stopped where a key norm passed 0.5" in pre["solver"]
+    assert pre["polished_from"] == "hand-over" and pre["runoff"] is None
+    assert fixed.certificate.certified
+    monkeypatch.undo()
+    again, _, _ = einf.solve_checked(task, act, start, settings)
+    assert again.presolve["polished_from"] == "sampled solution"
+    assert abs(again.sampled_error - final.value) <= 1e-10
+
+
 @pytest.mark.slow
 def test_converged_einf_ordering_and_floors():
     """Full convergence (default stop rule) in the documented setting: every run converges,

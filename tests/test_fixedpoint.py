@@ -169,6 +169,23 @@ def test_a_descent_whose_keys_run_off_is_stopped_and_never_certified(monkeypatch
     assert sol.evaluations < 200                    # stopped, not ground down
 
 
+def test_a_descent_is_stopped_where_a_key_norm_passes_key_bound():
+    """``key_bound``: the same descent as the run-off test's, whose keys grow from |k| = 0.1 to
+    the minimum's; stopped at the first iterate with a key norm past 0.5 (kind "keys diverge",
+    never certified) after fewer evaluations than the unbounded solve, which certifies its
+    minimum with keys beyond 0.5 (so the bound is what stopped it)."""
+    act = get_activation("softmax1")
+    obj = fp.SampledError.for_activation(TASK, act, 2, n=2 ** 10)
+    start = State(np.array([[0.1, 0.0], [0.0, 0.1]]), np.eye(2) * 0.02, obj.a0, obj.b0)
+    free = fp.solve_gradient_flow(obj, start)
+    assert free.certificate.certified and fp.max_key_norm(obj, obj.pack_state(free.state)) > 1.0
+    stopped = fp.solve_gradient_flow(obj, start, key_bound=0.5)
+    assert stopped.certificate.kind == fp.RUNOFF and not stopped.certificate.certified
+    assert 0.5 < fp.max_key_norm(obj, obj.pack_state(stopped.state)) < 1.0
+    assert stopped.evaluations < free.evaluations / 2
+    assert "stopped where a key norm passed 0.5" in stopped.solver
+
+
 def symmetric_plateau(obj: fp.SampledError) -> np.ndarray:
     """Both heads equal, no overlap with u2: K_h = (α, 0, β1, β2), E minimised over (α, β).
 
@@ -356,7 +373,7 @@ def test_a_saddle_left_by_the_solver_is_solved_again_on_more_points(monkeypatch)
     start = State(np.array([[1.0, 0.2], [0.3, -0.9]]), np.eye(2) * 1.2, np.ones(2), np.zeros(2))
     calls = []
 
-    def fake_solve(task, act_, state, s, engine=None, offset=0):
+    def fake_solve(task, act_, state, s, engine=None, offset=0, key_bound=np.inf):
         calls.append(s.solver_points)
         kind = "saddle" if s.solver_points == 256 or always_saddle else "minimum"
         cert = fp.Certificate(1e-12, 1e-8, -0.1 if kind == "saddle" else 0.1, 1e-7, kind, 1)
@@ -530,7 +547,7 @@ def test_a_runoff_is_solved_again_on_more_points_at_every_attempt_then_checked(m
     far = State(M_far, M_far @ M_far.T + 0.1 * np.eye(2), 0.5 * np.ones(2), np.zeros(2))
     calls = []
 
-    def fake_solve(task, act_, state, s, engine=None, offset=0):
+    def fake_solve(task, act_, state, s, engine=None, offset=0, key_bound=np.inf):
         calls.append(s.solver_points)
         cert = fp.Certificate(1e-6, 1e-8, float("nan"), float("nan"), fp.RUNOFF, 0)
         return fp.FixedPoint(far, cert, "fake", 0.5, [], 0, 0.0)
@@ -606,3 +623,4 @@ def test_descent_certifies_the_minimum_at_the_end_of_a_flat_curved_valley():
     exact = np.array([[A * (6 * x[0] ** 2 - 2 * x[1]) + eps, -2 * A * x[0]],
                       [-2 * A * x[0], A]])
     assert np.allclose(local.eigs, np.linalg.eigvalsh(exact), rtol=1e-4, atol=local.eig_tol)
+

@@ -612,11 +612,14 @@ def solve_checked(task: Task, act: Activation, start: State, settings: RunSettin
     neither its precise E nor the re-solves on more points are computed: the polish takes only
     the sampled state and whether it ran off (then it starts from ``start``), and its own
     deterministic E and certificate replace both (the sampled state is kept in the result's
-    ``presolve``)."""
+    ``presolve``).  There the sampled descent is stopped as soon as a key norm passes
+    :func:`polish_key_bound` (the polish would not start from such a point), and a run-off
+    gets no held-out check (the polish, not the check, decides)."""
     used = settings
     polish = settings.polish == "pairwise" and pairwise_applies(task, act, start.H)
+    key_bound = polish_key_bound(start) if polish else np.inf
     for attempt in range(settings.solver_refine + 1):
-        fixed = solve_fixed_point(task, act, start, used, engine)
+        fixed = solve_fixed_point(task, act, start, used, engine, key_bound=key_bound)
         if polish:      # the polish takes the sampled point or, after a run-off, the hand-over
             break       # (polish_pairwise): no precise E there, no re-solve on more points
         final = precise_error(task, act, fixed.state, settings.error_method,
@@ -633,7 +636,7 @@ def solve_checked(task: Task, act: Activation, start: State, settings: RunSettin
         if not refine or attempt == settings.solver_refine:
             break
         used = dataclasses.replace(used, solver_points=4 * used.solver_points)
-    if settings.gradient_flow and fixed.certificate.kind == RUNOFF:
+    if settings.gradient_flow and fixed.certificate.kind == RUNOFF and not polish:
         held_out = solver_objective(task, act, start.H, used, offset=HELD_OUT)
         check = runoff_check(held_out, held_out.pack_state(fixed.state),
                              held_out.pack_state(start))
@@ -649,6 +652,17 @@ def pairwise_applies(task: Task, act: Activation, H: int) -> bool:
     return applicability(task, act, H)[0]
 
 
+def largest_key_norm(state: State) -> float:
+    """max_h |k_h| = max_h √Q_hh."""
+    return float(np.sqrt(np.max(np.diag(state.Q))))
+
+
+def polish_key_bound(start: State) -> float:
+    """The largest key norm at which a sampled solution can still start the polish
+    (:func:`polish_from_sampled`): ``fixedpoint.RUNOFF_GROWTH`` × max(1, the hand-over's)."""
+    return RUNOFF_GROWTH * max(1.0, largest_key_norm(start))
+
+
 def polish_from_sampled(start: State, sampled: FixedPoint) -> bool:
     """Whether the polish starts from the sampled solution (else from the hand-over
     ``start``): only from a certified one whose largest key norm stays within
@@ -660,8 +674,7 @@ def polish_from_sampled(start: State, sampled: FixedPoint) -> bool:
     key norms are all there is to go by."""
     if not sampled.certificate.certified:
         return False
-    norms = lambda st: float(np.sqrt(np.max(np.diag(st.Q))))
-    return norms(sampled.state) <= RUNOFF_GROWTH * max(1.0, norms(start))
+    return largest_key_norm(sampled.state) <= polish_key_bound(start)
 
 
 def polish_pairwise(task: Task, act: Activation, start: State, sampled: FixedPoint,
@@ -678,7 +691,7 @@ def polish_pairwise(task: Task, act: Activation, start: State, sampled: FixedPoi
     presolve = {"certificate": sampled.certificate.to_dict(), "solver": sampled.solver,
                 "sampled_error": sampled.sampled_error, "runoff": sampled.runoff,
                 "saddles": len(sampled.saddles), "seconds": sampled.seconds,
-                "state": sampled.state.to_dict(),
+                "state": sampled.state.to_dict(), "key_bound": polish_key_bound(start),
                 "polished_from": "hand-over" if origin is start else "sampled solution"}
     fixed = dataclasses.replace(fixed, presolve=presolve)
     return fixed, ErrorResult(fixed.sampled_error, float(fixed.error_abs_err),
@@ -711,10 +724,12 @@ def auto_tilt(task: Task, act: Activation) -> float:
 
 
 def solve_fixed_point(task: Task, act: Activation, state: State, settings: RunSettings,
-                      engine: DriftEngine | None = None, offset: int = 0) -> FixedPoint:
+                      engine: DriftEngine | None = None, offset: int = 0,
+                      key_bound: float = np.inf) -> FixedPoint:
     """The certified fixed point reached from ``state``.
 
-    Gradient flow: :func:`fixedpoint.solve_gradient_flow` on :func:`solver_objective`.
+    Gradient flow: :func:`fixedpoint.solve_gradient_flow` on :func:`solver_objective` (its
+    descent stopped where a key norm passes ``key_bound``).
     Finite γ: :func:`fixedpoint.solve_drift_root` on the full drift of ``engine`` (the
     ODE's; ``offset`` shifts its seed), escaping saddles by an ODE chunk."""
     if settings.gradient_flow:
@@ -724,7 +739,7 @@ def solve_fixed_point(task: Task, act: Activation, state: State, settings: RunSe
                 settings, solver_points=settings.solver_points // settings.solver_coarse), offset)
         return solve_gradient_flow(solver_objective(task, act, state.H, settings, offset),
                                    state, settings.drift_tol, settings.max_escapes,
-                                   coarse=coarse)
+                                   coarse=coarse, key_bound=key_bound)
     if engine is None or offset:
         engine = dataclasses.replace(settings, mc_seed=settings.mc_seed + offset).engine(
             task, act, state.H)

@@ -719,22 +719,30 @@ def _drift_tol(x: np.ndarray, tol: float) -> float:
 
 
 # ----------------------------------------------------------------------------- gradient flow
+def max_key_norm(obj: KeySpace, x: np.ndarray) -> float:
+    """The largest key norm max_h |k_h| of x."""
+    return float(np.max(np.linalg.norm(obj.unpack(x)[0], axis=1)))
+
+
 def _minimise(obj: KeySpace, x0: np.ndarray, maxiter: int,
-              bound: float = np.inf, gtol: float = 1e-12) -> tuple[np.ndarray, bool]:
-    """L-BFGS from x0: (the last iterate, whether it was stopped for ‖x‖ > ``bound``);
-    ``gtol``: L-BFGS-B's bound on the largest gradient entry."""
+              bound: float = np.inf, gtol: float = 1e-12, key_bound: float = np.inf
+              ) -> tuple[np.ndarray, bool]:
+    """L-BFGS from x0: (the last iterate, whether it was stopped for ‖x‖ > ``bound`` or a key
+    norm > ``key_bound``); ``gtol``: L-BFGS-B's bound on the largest gradient entry."""
     last = [x0]
+    outside = lambda y: bool(np.linalg.norm(y) > bound or (
+        np.isfinite(key_bound) and max_key_norm(obj, y) > key_bound))
 
     def watch(xk: np.ndarray) -> None:
         last[0] = xk.copy()
-        if np.linalg.norm(xk) > bound:
+        if outside(xk):
             raise StopIteration
 
     res = optimize.minimize(obj.value_and_grad, x0, jac=True, method="L-BFGS-B",
                             callback=watch, options={"maxiter": maxiter, "gtol": gtol,
                                                      "ftol": 1e-15, "maxcor": 30})
     x = res.x if res.x is not None else last[0]
-    return x, bool(np.linalg.norm(x) > bound)
+    return x, outside(x)
 
 
 def runoff_bound(x: np.ndarray) -> float:
@@ -889,7 +897,8 @@ def _certificate(obj: SampledError, x: np.ndarray, local: _Local, tol: float) ->
 
 def solve_gradient_flow(obj: SampledError, state: State, tol: float = DRIFT_TOL,
                         max_escapes: int = 4, maxiter: int = 3000,
-                        coarse: SampledError | None = None) -> FixedPoint:
+                        coarse: SampledError | None = None,
+                        key_bound: float = np.inf) -> FixedPoint:
     """A certified local minimum of the sampled E reached from ``state``.
 
     Loop: L-BFGS from x; quotient Hessian Hq = Zᵀ∇²E Z (:func:`fd_hessian`, gauge removed by
@@ -903,20 +912,26 @@ def solve_gradient_flow(obj: SampledError, state: State, tol: float = DRIFT_TOL,
     n/4 Sobol points of the same seed) on which the same loop runs first
     (:func:`_presolve`): the long descent from the hand-over and the saddles met on the way
     cost a fraction of an evaluation of ``obj`` there, and ``obj``'s loop starts near its
-    minimum.  The certificate is always ``obj``'s."""
+    minimum.  The certificate is always ``obj``'s.
+
+    ``key_bound``: a descent whose largest key norm passes it is stopped there like a run-off
+    (kind ``RUNOFF``, never certified; for a caller that has no use for such a point)."""
     start, evals0 = time.perf_counter(), obj.evaluations
     x = obj.pack_state(state)
     bound = runoff_bound(x)
     saddles: list[dict] = []
     if coarse is not None:
-        x, saddles = _presolve(obj, coarse, x, max_escapes, maxiter, bound)
-    x, local, fine_saddles = _descend(obj, x, tol, max_escapes, maxiter, bound, gtol=1e-12)
+        x, saddles = _presolve(obj, coarse, x, max_escapes, maxiter, bound, key_bound)
+    x, local, fine_saddles = _descend(obj, x, tol, max_escapes, maxiter, bound, gtol=1e-12,
+                                      key_bound=key_bound)
     cert = _certificate(obj, x, local, tol) if local is not None else _runoff_certificate(
         obj, x, tol)
     evals = obj.evaluations - evals0
     solver = "L-BFGS + Newton on K = [M | P] (quotient Hessian)"
     if coarse is not None:
         solver += f"; descent first on {coarse.n} of the {obj.n} points"
+    if local is None and max_key_norm(obj, x) > key_bound:
+        solver += f"; stopped where a key norm passed {key_bound:.3g}"
     return FixedPoint(obj.state(x), cert, solver, float(obj.value_and_grad(x)[0]),
                       saddles + fine_saddles, evals, time.perf_counter() - start)
 
@@ -930,7 +945,7 @@ POLISH_GTOL = 1e-6
 
 
 def _descend(obj, x: np.ndarray, tol: float, max_escapes: int, maxiter: int,
-             bound: float, gtol: float = POLISH_GTOL
+             bound: float, gtol: float = POLISH_GTOL, key_bound: float = np.inf
              ) -> tuple[np.ndarray, "_Local | None", list[dict]]:
     """L-BFGS (to ``gtol``), quotient Hessian, saddles escaped up to ``max_escapes`` times,
     trust-region Newton at a minimum (:func:`_newton`): (last point, its classification or
@@ -945,7 +960,7 @@ def _descend(obj, x: np.ndarray, tol: float, max_escapes: int, maxiter: int,
     local, attempt, rounds = None, 0, 0
     beyond = getattr(obj, "beyond_cap", lambda y: False)     # the deterministic E's KEY_CAP
     while True:
-        x, ran_off = _minimise(obj, x, maxiter, bound, gtol)
+        x, ran_off = _minimise(obj, x, maxiter, bound, gtol, key_bound)
         if ran_off or beyond(x):
             return x, None, saddles
         local = _classify(obj, x)
@@ -1145,7 +1160,8 @@ def runoff_check(held_out: SampledError, x_end: np.ndarray, x_start: np.ndarray,
 
 
 def _presolve(obj: SampledError, coarse: SampledError, x: np.ndarray, max_escapes: int,
-              maxiter: int, bound: float) -> tuple[np.ndarray, list[dict]]:
+              maxiter: int, bound: float, key_bound: float = np.inf
+              ) -> tuple[np.ndarray, list[dict]]:
     """The descent loop of :func:`solve_gradient_flow` (L-BFGS, quotient Hessian, escapes) on
     ``coarse``; returns (start for ``obj``, the coarse saddles passed).  Its point is kept only
     when it did not run off (``bound``) and ``obj``'s E is lower there than at x: a sample set
@@ -1153,7 +1169,7 @@ def _presolve(obj: SampledError, coarse: SampledError, x: np.ndarray, max_escape
     does not, and then the full solve starts from x as without it."""
     y, saddles = x, []
     for attempt in range(max_escapes + 1):
-        y, ran_off = _minimise(coarse, y, maxiter, bound)
+        y, ran_off = _minimise(coarse, y, maxiter, bound, key_bound=key_bound)
         if ran_off:
             return x, []
         local = _classify(coarse, y)
