@@ -123,8 +123,7 @@ def bench_presolve(H: int, seed: int) -> None:
         t_solve, extra = time.process_time() - t0, ""
         if not np.isfinite(bound) and fixed.certificate.kind == einf.RUNOFF:
             t0 = time.process_time()
-            held = einf.solver_objective(task, act, H, settings, offset=einf.HELD_OUT)
-            check = fp.runoff_check(held, held.pack_state(fixed.state), held.pack_state(start))
+            check = einf.held_out_runoff_check(task, act, start, fixed.state, settings)
             extra = (f" + held-out check {time.process_time() - t0:.1f} CPU s "
                      f"('{check.verdict}')")
         print(f"H = {H}, seed {seed}, key bound {bound:.3g}: {fixed.certificate.kind}, "

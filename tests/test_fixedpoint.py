@@ -623,4 +623,3 @@ def test_descent_certifies_the_minimum_at_the_end_of_a_flat_curved_valley():
     exact = np.array([[A * (6 * x[0] ** 2 - 2 * x[1]) + eps, -2 * A * x[0]],
                       [-2 * A * x[0], A]])
     assert np.allclose(local.eigs, np.linalg.eigvalsh(exact), rtol=1e-4, atol=local.eig_tol)
-

@@ -40,8 +40,8 @@ from .executor import run_sweep, runs_in_process
 from .expect.drift import ENGINES, SampleDrift
 from .expect.engines import DEFAULT_QMC_POINTS, DriftEngine, build_engine
 from .fixedpoint import (POINTS, RUNOFF, RUNOFF_GROWTH, Certificate, DriftMap, FixedPoint,
-                         PairwiseError, SampledError, bayes_posterior, check_objective,
-                         polish_gradient_flow, runoff_check, solve_drift_root,
+                         PairwiseError, RunoffCheck, SampledError, bayes_posterior,
+                         check_objective, polish_gradient_flow, runoff_check, solve_drift_root,
                          solve_gradient_flow)
 from .initial import InitialCondition
 from .model import Prior, State, Task, check_int, fail
@@ -637,13 +637,19 @@ def solve_checked(task: Task, act: Activation, start: State, settings: RunSettin
             break
         used = dataclasses.replace(used, solver_points=4 * used.solver_points)
     if settings.gradient_flow and fixed.certificate.kind == RUNOFF and not polish:
-        held_out = solver_objective(task, act, start.H, used, offset=HELD_OUT)
-        check = runoff_check(held_out, held_out.pack_state(fixed.state),
-                             held_out.pack_state(start))
+        check = held_out_runoff_check(task, act, start, fixed.state, used)
         fixed = dataclasses.replace(fixed, runoff=check.to_dict())
     if polish:
         fixed, final = polish_pairwise(task, act, start, fixed, settings.drift_tol)
     return fixed, final, used
+
+
+def held_out_runoff_check(task: Task, act: Activation, start: State, end: State,
+                          settings: RunSettings) -> RunoffCheck:
+    """:func:`fixedpoint.runoff_check` of a run-off from ``start`` to ``end`` on the held-out
+    point set of ``settings``' solver objective (seed offset ``HELD_OUT``)."""
+    held_out = solver_objective(task, act, start.H, settings, offset=HELD_OUT)
+    return runoff_check(held_out, held_out.pack_state(end), held_out.pack_state(start))
 
 
 def pairwise_applies(task: Task, act: Activation, H: int) -> bool:

@@ -414,7 +414,7 @@ class PairwiseError(KeySpace):
 
     def beyond_cap(self, x: np.ndarray) -> bool:
         """Whether a head's key norm exceeds ``KEY_CAP`` (there E is not evaluated)."""
-        return bool(np.max(np.linalg.norm(self.unpack(x)[0], axis=1)) > KEY_CAP)
+        return max_key_norm(self, x) > KEY_CAP
 
     def evaluate(self, x: np.ndarray, tol: float = DRIFT_TOL) -> tuple[float, float, np.ndarray,
                                                                       float]:
