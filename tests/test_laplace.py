@@ -445,3 +445,116 @@ def test_per_step_check_is_honest_along_the_fig1_curve():
         ref = _fields(exact.evaluate(task, act, *st))
         for f, x in _fields(got).items():
             assert np.all(np.abs(ref[f] - x) <= got.stderr[f]), (f, st)
+
+
+# ----------------------------------------------------------------------------- bounded memory
+_LAP = LaplaceDrift()    # one pattern cache for the tests below (the expansion costs ~0.5 s)
+
+
+def _engine(task, act, M, Q, a, b, level):
+    from theory_kit.expect import laplace as lp
+    pats = _LAP._patterns(task, act, np.asarray(a, float))
+    rest_min = task.L - 1 - max(len(p.noise) for p in pats)
+    return lp._Engine(task, act, M, Q, np.asarray(a, float), np.asarray(b, float), level,
+                      rest_min), pats
+
+
+@pytest.mark.parametrize("prior,M", [
+    ("flipping", M3[:2] * 1.5),
+    # a Gaussian prior whose signal column has its larger variance on the other head: the
+    # noise column's inner head is the window axis, the signal column's inner sums are whole
+    ("gaussian", np.array([[0.15, 0.15], [1.2, 0.3]])),
+])
+def test_windowed_evaluation_equals_the_whole_grid(monkeypatch, prior, M):
+    """Under a budget that forces ≥ 3 windows of the u grid, the fields and the mass defect
+    equal the one-window evaluation's up to the order of the float additions (a window
+    counted twice, or a pattern summed in every window, would be off by O(1))."""
+    from theory_kit import resources
+    from theory_kit.expect import laplace as lp
+    act = get_activation("softmax")
+    task = Task(3, make_prior(prior, nu=[2.0, 1.5]))
+    Q = Q3[:2, :2] * 2.25
+    a, b = act.a_default(2, 3), act.b_default(2, 3)
+    eng, pats = _engine(task, act, M, Q, a, b, 0.4)
+    if prior == "gaussian":
+        assert eng.cols["noise"][0].first != eng.cols["signal"][0].first
+    axis, fixed, per_row = eng._nested_bytes(pats)
+    n = len(eng.ugs[axis].u)
+    whole, defect = eng.bounded(pats)
+    windows = []
+    orig = lp._Engine._window
+    monkeypatch.setattr(lp._Engine, "_window", lambda self, *args: windows.append(args)
+                        or orig(self, *args))
+    monkeypatch.setattr(resources, "ENGINE_MEMORY", int(fixed + per_row * n / 3.5))
+    eng, pats = _engine(task, act, M, Q, a, b, 0.4)
+    parts, parts_defect = eng.bounded(pats)
+    assert len(windows) >= 3
+    assert np.max(np.abs(parts - whole)) <= 1e-14 * max(1.0, np.max(np.abs(whole)))
+    assert abs(parts_defect - defect) <= 1e-15 and defect < 1e-6
+
+
+def test_split_kernel_segments_agree_with_one_split(monkeypatch):
+    """The inner kernel on u segments with their own c (what wide score ranges need, beyond
+    |k| ~ 8.5) against the one-c split, forced here by a smaller SPLIT_MAX."""
+    from theory_kit.expect import laplace as lp
+    act = get_activation("softmax")
+    task = Task(3, make_prior("flipping", nu=[2.0, 1.5]))
+    M, Q, a, b = _state(act, 2, 3, scale=2.0)
+    one = _LAP.raw(task, act, M, Q, a, b, 0.5)
+    calls = []
+    orig = lp._Engine._inner_weights
+    monkeypatch.setattr(lp._Engine, "_inner_weights",
+                        lambda self, col, g, keys, c, *rest: calls.append(c)
+                        or orig(self, col, g, keys, c, *rest))
+    monkeypatch.setattr(lp, "SPLIT_MAX", 120.0)
+    segmented = _LAP.raw(task, act, M, Q, a, b, 0.5)
+    assert len(set(calls)) > 2                               # several segments, several c
+    assert np.max(np.abs(segmented - one)) <= 1e-14 * max(1.0, np.max(np.abs(one)))
+
+
+def test_peak_memory_of_a_large_key_evaluation_stays_below_the_budget(monkeypatch):
+    """tracemalloc's peak of one rung at key norm ~3.4 under a budget of half its unbounded
+    peak: below the budget, the same fields; the unbounded estimate is not below the
+    unbounded peak (the estimate is what the windows are cut by)."""
+    import tracemalloc
+
+    from theory_kit import resources
+    act = get_activation("softmax")
+    task = Task(3, make_prior("flipping", nu=[10.0, 10.0]))
+    M, Q, a, b = _state(act, 2, 3, scale=3.0)
+    eng, pats = _engine(task, act, M, Q, a, b, 0.5625)
+    axis, fixed, per_row = eng._nested_bytes(pats)
+    estimate = fixed + per_row * len(eng.ugs[axis].u)
+
+    def peak():
+        tracemalloc.start()
+        try:
+            v = _LAP.raw(task, act, M, Q, a, b, 0.5625)
+            return v, tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+    whole, whole_peak = peak()
+    assert estimate >= whole_peak
+    budget = whole_peak / 2
+    monkeypatch.setattr(resources, "ENGINE_MEMORY", int(budget))
+    parts, parts_peak = peak()
+    assert parts_peak < budget
+    assert np.max(np.abs(parts - whole)) <= 1e-14 * max(1.0, np.max(np.abs(whole)))
+
+
+def test_a_state_beyond_the_budget_fails_naming_its_key_norm(monkeypatch):
+    """Key norm 1000: its score nodes alone (~10^9) exceed the budget, refused before they
+    are allocated; key norm 3 under a 2 MB budget cannot be cut into windows small enough."""
+    from theory_kit import resources
+    from theory_kit.model import ResourceError
+    act = get_activation("softmax")
+    task = Task(5, make_prior("flipping", nu=[10.0, 10.0]))
+    a, b = act.a_default(2, 5), act.b_default(2, 5)
+    for k, budget, what in [(1000.0, None, "score nodes"), (3.0, 2 << 20, "windows")]:
+        if budget:
+            monkeypatch.setattr(resources, "ENGINE_MEMORY", budget)
+        M = np.array([[0.9, 0.1], [0.1, 0.9]]) * k / np.sqrt(11)
+        Q = np.array([[1.0, 0.2], [0.2, 1.0]]) * k * k
+        with pytest.raises(ResourceError, match=rf"key norm \|k\| = {k:g} .*{what}"):
+            LaplaceDrift().evaluate(task, act, M, Q, a, b)

@@ -247,3 +247,16 @@ def check_monte_carlo(n: int, H: int, L: int, what: str = "Monte Carlo") -> None
     """n samples of H × L scores, processed in chunks (memory bounded, time not)."""
     check_time(float(n) * H * L * SECONDS_PER_SCORE, f"{what} with {n} samples of H = {H} x "
                f"L = {L} scores", "lower n (--samples) or L")
+
+
+# ----------------------------------------------------------------------------- engines
+# Bytes one deterministic-engine evaluation (``expect.laplace``) may hold at once: the engine
+# cuts its u grid into windows to stay below (``_Engine.bounded``).  A quarter of the limit,
+# so that two jobs and their callers' arrays fit, and at most 1 GiB (a drift along Fig. 1
+# holds ~0.1 GB; at key norm 10 the whole grid needs ~1 GB).
+ENGINE_MEMORY = 1 << 30
+
+
+def engine_memory_budget() -> int:
+    """Bytes per engine evaluation: min(:data:`ENGINE_MEMORY`, memory limit / 4)."""
+    return int(min(ENGINE_MEMORY, memory_limit() / 4))

@@ -52,6 +52,15 @@ This module takes their expectation without sampling:
    (``merged_column``), the kernel's e^{−x} is a vectorised polynomial, and every 2-D table is
    C-contiguous in head order: a further 1.3× (fields unchanged to ≤ 7e−16).
 
+7.  **Bounded memory.**  At key norm |k| = max_h √Q_hh every axis (z_1, z_2, u_0, u_1) grows
+   like |k|, so the two-head tables (U_0 × U_1 each, ~300 of them) and the inner sums grow like
+   |k|²; the inner kernel's exponent split fell back to whole (U, n_1, n_2) kernels beyond
+   |k| ≈ 8.5 (9.7 GB asked for at |k| = 10).  Now the split runs on u segments with their own
+   offset (``_batch_inner``), and an evaluation whose estimate exceeds
+   ``resources.engine_memory_budget()`` (a quarter of --max-memory, at most 1 GiB) is summed
+   over windows of one head's u grid (``_Engine.bounded``); a state whose nodes alone exceed
+   the budget (|k| ≳ 30 at the default budget) raises ``ResourceError`` naming its key norm.
+
 ``abs_err`` of every field is the difference to the same computation at the next coarser
 resolution (× ``COARSE``, as ``quadrature.quad_moments`` does), on a ladder chosen per state:
 the first rung whose largest abs_err is below ``tol`` (1e−8) is returned
@@ -67,6 +76,7 @@ engine, gives every field from one set of tables, and costs nothing in L.
 from __future__ import annotations
 
 import contextlib
+import copy
 import ctypes
 import ctypes.util
 import math
@@ -82,12 +92,13 @@ from scipy import special
 
 from ..activations import S_SYMBOL, Activation, lambdify_numpy
 from ..integrands import projection_matrix
-from ..model import GaussianPrior, Task, ValidationError
+from .. import resources
+from ..model import GaussianPrior, ResourceError, Task, ValidationError
 from . import montecarlo as mc
 from .drift import DriftMeans
 from .quadrature import (COARSE, EIG_TOL, MAX_PSI_SPAN, UGrid, exp_minus_exp, gaussian_nodes,
-                         kinks, log_phi, piecewise_gauss_legendre_normal, trapezoid_normal,
-                         u_grid, whiten)
+                         kinks, log_phi, piecewise_gauss_legendre_normal, tensor_rules,
+                         trapezoid_normal, u_grid, whiten)
 
 Mono = tuple[str, ...]           # sorted atom names at one token, e.g. ("D0", "P1", "W0")
 MAX_H = {"elementwise": 2, "per-head": 2, "joint": 3}
@@ -106,6 +117,7 @@ Z_LEVEL = 1.25                   # whitened-score step 0.24/σ (``trapezoid_norm
 GL_LEVEL = 1.6                   # Gauss–Legendre order 16 per panel (elementwise fields reach O(10–100))
 JOINT3_Z = 0.64                  # joint H = 3: 3-D grid, step 0.375/σ (coarse-run error ~5e−10, measured)
 INNER_BLOCK = 2 ** 16           # kernel entries (z_1 rows × U × z_2) per block of ``_batch_inner``
+WEIGHT_BLOCK = 2 ** 21           # weight entries (z_1 rows × z_2 × keys) per block of ``_batch_inner``
 FLAT_CHUNK = 4e6                 # kernel entries (u points × nodes) per chunk of the joint rule
 X_CLIP = 6.6                     # e^{−e^{6.6}} underflows: tφ beyond this contributes nothing
 LOG_PATTERN_BOUND = 80.0         # log of a bound on a pattern's factors other than plain tokens
@@ -115,6 +127,8 @@ STRETCH_WIDTH = 1.0              # ... with a transition of this width in u
 GAUSS_TAIL = 2e-17                # P(|z| > 8.5): the score mass the trapezoid does not see
 U_TOP_CUT = 46.0                 # the cut top of the u integral is ≤ e^{−46} ≈ 1e−20 per pattern
 REUSE_SPAN = 0.1                 # ``per_step_check``: relative distance to the step's anchor
+MIN_WINDOW = 8                   # fewest u points per window of a bounded evaluation
+NODE_ARRAYS = 12                 # node-sized arrays one column holds (scores, ψ, ratios, weights)
 
 
 # ============================================================================ token-sum algebra
@@ -448,17 +462,19 @@ class _NodeColumn:
             self._cache[key] = fn(self.t[h])
         return self._cache[key]
 
-    def linear(self, m: Mono) -> np.ndarray:
-        """Product of the S and P atoms of m at the nodes (P = R s, without the θ part)."""
-        out = np.ones(self.shape)
+    def linear(self, m: Mono, rows: slice = slice(None)) -> np.ndarray:
+        """Product of the S and P atoms of m at the nodes (P = R s, without the θ part); with
+        ``rows``, at those rows of the first axis only (the same values, entry by entry)."""
+        out = np.ones(self.shape)[rows]
+        s = [x[rows] for x in self.s]
         for x in m:
             if x[0] == "S":
-                out = out * self.s[int(x[1:])]
+                out = out * s[int(x[1:])]
             elif x[0] == "P":
                 row = self.group.R[int(x[1:])]
-                out = out * sum(row[h] * self.s[h] for h in range(len(self.s)))
+                out = out * sum(row[h] * s[h] for h in range(len(s)))
             elif x[0] == "r":
-                out = out * self.rnode[int(x[1:])]
+                out = out * self.rnode[int(x[1:])][rows]
         return out
 
 
@@ -572,7 +588,10 @@ class _Engine:
         if self.norm == "per-head" and H == 2:
             return self._nested_nodes(group)
         z_level = Z_LEVEL * (JOINT3_Z if H == 3 else 1.0) * self.level
-        y, w, _ = gaussian_nodes(whiten(group.cov), z_level, 0.0, None)
+        A = whiten(group.cov)
+        count = float(np.prod([len(z) for z, _ in tensor_rules(A, z_level)])) if A.size else 1.0
+        self._check_memory(8.0 * count * (NODE_ARRAYS + 2 * H), " for its score nodes")
+        y, w, _ = gaussian_nodes(A, z_level, 0.0, None)
         s = [group.mean[h] + y[:, h] for h in range(H)]
         return _NodeColumn(self.act, self.c, group, s, w)
 
@@ -582,6 +601,7 @@ class _Engine:
         first, second, s1, beta, sc = nested_factors(q)
         z1, w1 = trapezoid_normal(s1, Z_LEVEL * self.level)
         z2, w2 = trapezoid_normal(sc, Z_LEVEL * self.level)
+        self._check_memory(8.0 * NODE_ARRAYS * len(z1) * len(z2), " for its score nodes")
         s = [None, None]
         s[first] = (group.mean[first] + s1 * z1)[:, None]
         s[second] = group.mean[second] + beta * z1[:, None] + sc * z2[None, :]
@@ -830,14 +850,13 @@ class _Engine:
         key = (id(col), "inner", lin, k, beta, bool(active))
         if key in self._kernels:
             return self._kernels[key]
+        if active:              # the split kernel, never the whole (U, n1, n2) array
+            self._batch_inner(col, g, [key[2:]])
+            return self._kernels[key]
         inner_w = col.w2[None, :] * col.linear(lin)
         if beta:
             inner_w = np.nan_to_num(inner_w * col.ratio(g) ** beta, nan=0.0)
-        if active:
-            E = self._nested_kernel(col, g, k)                       # (U, n1, n2)
-            out = np.einsum("uab,ab->ua", E, np.broadcast_to(inner_w, E.shape[1:]))
-        else:
-            out = np.sum(np.broadcast_to(inner_w, col.shape), axis=1)    # (n1,)
+        out = np.sum(np.broadcast_to(inner_w, col.shape), axis=1)    # (n1,)
         self._kernels[key] = out
         return out
 
@@ -867,14 +886,20 @@ class _Engine:
     def mass_defect(self) -> float:
         """max |E[κ/N] + E[Σ W] − 1| over the normalisers (an exact identity), from the same
         tables and u grids: a check on the u range and rules that floors every abs_err."""
+        return _defect(self.mass_totals())
+
+    def mass_totals(self, heads: tuple | None = None) -> dict:
+        """E[κ/N] + E[Σ W] per normaliser (act_set → total; ``heads``: those normalisers only),
+        as u sums over this engine's grids (sums over u windows add up: ``bounded``)."""
         if self.norm == "elementwise":
-            return 0.0
+            return {}
         L, kappa = self.task.L, self.act.kappa
         if self.ugs:
-            checks = [((h,), self.ugs[h], [h]) for h in range(self.H)]
+            checks = [((h,), self.ugs[h], [h]) for h in range(self.H)
+                      if heads is None or h in heads]
         else:
             checks = [(("t",), self.ug, list(range(self.H)) if self.norm == "joint" else [0])]
-        worst = 0.0
+        out = {}
         for act_set, ug, heads in checks:
             Ts, Tn = self.plain("signal", act_set), self.plain("noise", act_set)
             total = 0.0
@@ -887,8 +912,117 @@ class _Engine:
                 total += float(np.sum(ug.w * (self.table("signal", m, act_set) * Tn ** (L - 1)
                                               + (L - 1) * self.table("noise", m, act_set)
                                               * Ts * Tn ** (L - 2))))
-            worst = max(worst, abs(total - 1.0)) if np.isfinite(total) else np.inf
-        return worst
+            out[act_set] = total
+        return out
+
+    # -- bounded memory -----------------------------------------------------------------
+    def bounded(self, pats: list["CompiledPattern"]) -> tuple[np.ndarray, float]:
+        """(slot vector, mass defect) of ``pats``, holding at most about
+        ``resources.engine_memory_budget()`` bytes at once.
+
+        The per-head two-head rule holds tables of (U_0 × U_1) per monomial and inner sums of
+        (U_g × n_1) per key: at key norm |k| every axis grows like |k|, and at |k| = 10 one
+        evaluation held ~0.6 GB of tables (at |k| = 20 ~2.5 GB).  Every pattern sum is a sum
+        over the u grid of its active heads, so when the estimate (:meth:`_nested_bytes`)
+        exceeds the budget the grid of one head (``axis``, the inner head of the noise
+        column: its inner sums then shrink with the window too) is cut into windows of
+        ``rows`` points, each window is one engine over that part of the grid
+        (:meth:`_window`), and the windows' sums are added: the first window takes every
+        pattern, the others only those whose active set holds ``axis``, and the mass totals
+        add up the same way.  Results differ from the one-window evaluation by the order of
+        the float additions only (≤ ~1e−15 relative, measured).  A state whose nodes alone
+        do not fit raises :class:`~theory_kit.model.ResourceError` naming its key norm."""
+        budget = resources.engine_memory_budget()
+        if not (self.norm == "per-head" and self.H == 2):
+            self._check_memory(self._flat_bytes(pats), "")
+            self.prefetch(pats)
+            return self.evaluate(pats), self.mass_defect()
+        axis, fixed, per_row = self._nested_bytes(pats)
+        n = len(self.ugs[axis].u)
+        if fixed + per_row * n <= budget:
+            self.prefetch(pats)
+            return self.evaluate(pats), self.mass_defect()
+        self._check_memory(fixed + per_row * MIN_WINDOW, f" even in windows of {MIN_WINDOW} "
+                           f"u points (the grid has {n})")
+        rows = int((budget - fixed) // per_row)
+        total, totals = None, {}
+        for lo in range(0, n, rows):
+            sub = self._window(axis, slice(lo, lo + rows))
+            use = pats if lo == 0 else _patterns_on(pats, self.norm, self.H, axis)
+            sub.prefetch(use)
+            v = sub.evaluate(use)
+            total = v if total is None else total + v
+            for key, t in sub.mass_totals(None if lo == 0 else (axis,)).items():
+                totals[key] = totals.get(key, 0.0) + t
+        return total, _defect(totals)
+
+    def _window(self, axis: int, rows: slice) -> "_Engine":
+        """This engine on the u points ``rows`` of head ``axis`` only (nodes shared)."""
+        sub = copy.copy(self)
+        sub.ugs = list(self.ugs)
+        sub.ugs[axis] = UGrid(self.ugs[axis].u[rows], self.ugs[axis].w[rows])
+        sub._tables, sub._kernels, sub._recording = {}, {}, None
+        return sub
+
+    def _check_memory(self, nbytes: float, how: str) -> None:
+        """ResourceError when ``nbytes`` (the least this state can be evaluated in) exceeds
+        ``resources.engine_memory_budget()``, naming the key norm max_h √Q_hh."""
+        budget = resources.engine_memory_budget()
+        if nbytes <= budget:
+            return
+        knorm = float(np.sqrt(max(float(np.max(np.diag(self.noise_group.cov))), 0.0)))
+        raise ResourceError(
+            f"resources: the laplace engine at key norm |k| = {knorm:.4g} (largest sqrt Q_hh) "
+            f"and level {self.level:g} needs about {resources.human(nbytes)} of memory{how}, "
+            f"over its budget of {resources.human(budget)} (a quarter of --max-memory, at most "
+            f"{resources.human(resources.ENGINE_MEMORY)}); its grids grow like |k| per axis: "
+            "use smaller keys, --engine mc, or raise --max-memory")
+
+    def _flat_bytes(self, pats: list["CompiledPattern"]) -> float:
+        """Bytes of one flat-rule evaluation (joint, H = 1, elementwise): the node arrays,
+        one node chunk of kernels and the u tables."""
+        nodes = sum(int(np.prod(col.shape)) for col in self.cols["noise"] + self.cols["signal"])
+        U = len(self.ug.u) if self.ug is not None else 1
+        plan = pattern_plan(pats, self.norm, self.H, self.task.L)
+        return 8.0 * (nodes * (NODE_ARRAYS + 2 * self.H) + 3 * min(FLAT_CHUNK, U * nodes)
+                      + 2 * len(plan.keys) * U)
+
+    def _nested_bytes(self, pats: list["CompiledPattern"]) -> tuple[int, float, float]:
+        """(axis, fixed bytes, bytes per u point of ``axis``) of a per-head two-head
+        evaluation, from the tables and keys its dry pass records: the two-head tables
+        (each column's, the combined ones of ``table`` and the partial products of
+        ``evaluate``: U_other per point), the inner sums (J keys × n_1 per point of u_g, and
+        as much again for the stacked copy of ``_batch_column``), the outer kernels (n_1 per
+        point of u_f and power of k_f), the node arrays and the blocks of ``_batch_inner``.
+        Within 1.2x of the tracemalloc peak (measured: test_laplace)."""
+        cols = self.cols["noise"] + self.cols["signal"]
+        items = self._recorded_items(pats, cols)
+        axis = 1 - self.cols["noise"][0].first
+        other = 1 - axis
+        U = [len(ug.u) for ug in self.ugs]
+        fixed, per_row = 0.0, 0.0
+
+        def add(entries_per_point: float, head: int) -> None:
+            nonlocal fixed, per_row
+            if head == axis:
+                per_row += entries_per_point
+            else:
+                fixed += entries_per_point * U[head]
+
+        for col, its in zip(cols, items):
+            f, g = col.first, 1 - col.first
+            n1 = col.shape[0]
+            fixed += NODE_ARRAYS * float(np.prod(col.shape))
+            n_inner, n_powers, n_both = _column_counts(its, self.H, f)
+            per_row += n_both * U[other]
+            add(2.0 * n_inner * n1, g)
+            add((n_powers + 2.0) * n1, f)
+        plan = pattern_plan(pats, self.norm, self.H, self.task.L)
+        both = sum(1 for _, _, act_set in plan.keys if len(act_set) == 2)
+        partial = sum(len(noise) + 2 for act_set, noise, *_ in plan.groups if len(act_set) == 2)
+        per_row += (both + partial) * U[other]
+        fixed += 4.0 * (INNER_BLOCK + WEIGHT_BLOCK)  # the blocks of ``_batch_inner``
+        return axis, 8.0 * fixed, 8.0 * per_row
 
     # -- batched per-head tables ------------------------------------------------------
     def prefetch(self, pats: list["CompiledPattern"]) -> None:
@@ -1037,58 +1171,85 @@ class _Engine:
 
     def _batch_inner(self, col: _NodeColumn, g: int, keys: list) -> None:
         """I_j(u, z1) = e^{k_j(u+c)} Σ_{z2} e^{−e^{u+ψ}} [w2 lin_j ratio^β_j e^{k_j(ψ−c)}] for all
-        keys at once (c = max ψ keeps both exponentials in range); falls back to the direct
-        kernels when the u range is too wide for that split.
+        keys at once (c keeps both exponentials in range), in blocks of z_1 rows, so that no
+        array but the result (J, U, n1) grows with the whole grid.
 
         The split loses only terms with e^{k(ψ−c)} < ``TINY`` (flushed), worth at most
         e^{k(u+c)} ``TINY`` ≤ e^{SPLIT_MAX − 644} ≈ 1e−28 of O(1) entries when
         k (u + c) ≤ ``SPLIT_MAX``; a term far below c matters only at u ≈ −ψ ≤ u_max, so that
-        one bound covers the whole score range.  (It was c = max ψ with k (u+c) ≤ 300 and
-        k (c − ψ_min) ≤ 600: at L ≤ 5, where the top of the u grid is not cut, every plateau
-        state of Fig. 11 and 12 fell back to the direct kernels, 4–6× slower; same fields to
-        ≤ 8e−16.)"""
+        one bound covers the whole score range.  Where one c cannot hold both exponentials
+        in range (wide score ranges: the ψ span times k_max beyond ~``SPLIT_MAX``), the u grid
+        is cut into segments of width ≤ ``SPLIT_MAX``/(2 k_max), each with its own
+        c ≤ SPLIT_MAX/k_max − (its top u): there k (ψ − c) may exceed ``SPLIT_MAX`` only where
+        u + ψ ≥ SPLIT_MAX/(2 k_max) ≥ 36 in the whole segment, so e^{−e^{u+ψ}} is exactly 0 and
+        the factor is clipped at e^{SPLIT_MAX} (finite, times 0).  The segments replace the
+        fall-back to the direct (U, n1, n2) kernels, which asked for 9.7 GB at |k| = 10
+        (the one-segment case is the same computation as before, bit for bit)."""
         psi = col.psi(g)                                                         # (n1, n2)
         fin = psi[np.isfinite(psi)]
         kmax = max(max(k for _, k, _, _ in keys), 1)
         u = self.ugs[g].u
+        psi_max = float(fin.max())
         # c ≤ max ψ lowered as far as k (u + c) ≤ SPLIT_MAX asks; then e^{k(ψ−c)} may exceed 1,
-        # by at most e^{SPLIT_MAX} (else the direct kernels)
-        c = min(float(fin.max()), SPLIT_MAX / kmax - float(u[-1]))
-        if kmax * (float(fin.max()) - c) > SPLIT_MAX:
-            for lin, k, beta, act in keys:
-                self._nested_inner(col, lin, g, k, beta, act)
-            return
-        # e^{u+ψ} = e^{u+c} e^{ψ−c}: both factors are finite here (k (u + c) and k (ψ − c) ≤
-        # SPLIT_MAX by the choice of c), so one exponential per entry; ``_minus_exp_product``
-        # writes 0 (not a subnormal) where e^{−e^x} < 1e−280
-        W = np.empty(psi.shape + (len(keys),))
-        with np.errstate(invalid="ignore"):
-            grow = {k: np.exp(k * (psi - c)) for k in {k for _, k, _, _ in keys} if k}
+        # by at most e^{SPLIT_MAX} (else segments)
+        c = min(psi_max, SPLIT_MAX / kmax - float(u[-1]))
+        if kmax * (psi_max - c) <= SPLIT_MAX:
+            segments = [(0, len(u), c)]
+        else:
+            width = SPLIT_MAX / (2.0 * kmax)
+            segments, lo = [], 0
+            while lo < len(u):
+                hi = int(np.searchsorted(u, u[lo] + width, side="right"))
+                segments.append((lo, hi, min(psi_max, SPLIT_MAX / kmax - float(u[hi - 1]))))
+                lo = hi
         # NaN (0 · ∞ where φ = 0) can only come from ψ = −∞ or the ratio φ′/φ: for φ = e^s
         # every factor is finite and the NaN scan is skipped
         finite = fin.size == psi.size
+        ks = np.array([k for _, k, _, _ in keys])
+        inner = np.empty((len(keys), len(u), psi.shape[0]))                      # (J, U, n1)
+        n1, n2 = psi.shape
+        # kernel blocks of z_1 rows, so that each is still in cache for its product; weight
+        # blocks of many kernel blocks (one along Fig. 1: per kernel block they cost 10 %)
+        rows = max(1, int(INNER_BLOCK // (len(u) * n2)))
+        w_rows = rows * max(1, int(WEIGHT_BLOCK // (rows * n2 * len(keys))))
+        for u_lo, u_hi, c in segments:
+            us = u[u_lo:u_hi]
+            eu = np.exp(us + c)
+            scale = np.exp(np.outer(us + c, ks))                                 # (U, J)
+            for w_lo in range(0, n1, w_rows):
+                w_hi = min(w_lo + w_rows, n1)
+                W = self._inner_weights(col, g, keys, c, slice(w_lo, w_hi), finite)
+                ep = np.exp(psi[w_lo:w_hi] - c)
+                R = np.empty((w_hi - w_lo, u_hi - u_lo, len(keys)))
+                for lo in range(0, w_hi - w_lo, rows):
+                    hi = min(lo + rows, w_hi - w_lo)
+                    # e^{u+ψ} = e^{u+c} e^{ψ−c}: both factors are finite here, so one
+                    # exponential per entry; ``_minus_exp_product`` writes 0 (not a
+                    # subnormal) where e^{−e^x} < 1e−280
+                    np.matmul(_minus_exp_product(eu, ep[lo:hi]), W[lo:hi], out=R[lo:hi])
+                R *= scale[None, :, :]
+                inner[:, u_lo:u_hi, w_lo:w_hi] = R.transpose(2, 1, 0)
+        for j, key in enumerate(keys):
+            self._kernels[(id(col), "inner") + key] = inner[j]
+
+    def _inner_weights(self, col: _NodeColumn, g: int, keys: list, c: float, rows: slice,
+                       finite: bool) -> np.ndarray:
+        """w2 lin_j ratio^β_j e^{k_j(ψ−c)} at the z_1 rows ``rows`` (rows, n2, J), flushed;
+        the exponent is clipped at ``SPLIT_MAX`` (``_batch_inner``: only where the kernel is 0)."""
+        psi = col.psi(g)[rows]
+        W = np.empty(psi.shape + (len(keys),))
+        with np.errstate(invalid="ignore"):
+            grow = {k: np.exp(np.minimum(k * (psi - c), SPLIT_MAX))
+                    for k in {k for _, k, _, _ in keys} if k}
         for j, (lin, k, beta, _) in enumerate(keys):
-            w = col.w2[None, :] * col.linear(lin)
+            w = col.w2[None, :] * col.linear(lin, rows)
             if beta:
-                w = w * col.ratio(g) ** beta
+                w = w * col.ratio(g)[rows] ** beta
             if k:
                 w = w * grow[k]
             W[..., j] = w if finite and not beta else np.nan_to_num(
                 np.broadcast_to(w, psi.shape), nan=0.0)
-        W = flush(W)
-        eu, ep = np.exp(u + c), np.exp(psi - c)
-        R = np.empty((psi.shape[0], len(u), len(keys)))                          # (n1, U, J)
-        # in blocks of z_1 rows, so that each kernel block is still in cache for its product
-        rows = max(1, int(INNER_BLOCK // (len(u) * psi.shape[1])))
-        for lo in range(0, psi.shape[0], rows):
-            hi = min(lo + rows, psi.shape[0])
-            np.matmul(_minus_exp_product(eu, ep[lo:hi]), W[lo:hi], out=R[lo:hi])
-        ks = np.array([k for _, k, _, _ in keys])
-        scale = np.exp(np.outer(u + c, ks))                                      # (U, J)
-        R *= scale[None, :, :]
-        inner = np.ascontiguousarray(R.transpose(2, 1, 0))                       # (J, U, n1)
-        for j, key in enumerate(keys):
-            self._kernels[(id(col), "inner") + key] = inner[j]
+        return flush(W)
 
     def evaluate(self, pats: list["CompiledPattern"]) -> np.ndarray:
         """Σ over patterns of coefficient × ∫ measure × T_sig × Π T_noise × T_1^{L−1−n}.
@@ -1168,12 +1329,11 @@ _RECORDED: dict = {}             # ``_Engine._recorded_items`` per pattern list 
 def pattern_plan(pats: list["CompiledPattern"], norm: str, H: int, L: int) -> PatternPlan:
     """The :class:`PatternPlan` of ``pats`` (cached per pattern list: the list is kept in the
     cache, so its id is not reused while the entry lives)."""
-    key = (id(pats), norm, H, L)
-    hit = _PLANS.get(key)
-    if hit is not None and hit[0] is pats:
-        return hit[1]
-    if len(_PLANS) > 32:
-        _PLANS.clear()
+    return _cached_for(_PLANS, (id(pats), norm, H, L), pats,
+                       lambda: _build_plan(pats, norm, H, L))
+
+
+def _build_plan(pats: list["CompiledPattern"], norm: str, H: int, L: int) -> PatternPlan:
     index: dict = {}
 
     def idx(k: tuple) -> int:
@@ -1197,10 +1357,61 @@ def pattern_plan(pats: list["CompiledPattern"], norm: str, H: int, L: int) -> Pa
         else:
             for h in act_set:
                 gscale[j] /= math.gamma(int(k[h]))
-    plan = PatternPlan(list(index), [(a, n, r, m, s) for (a, n, r), (m, s) in groups.items()],
+    return PatternPlan(list(index), [(a, n, r, m, s) for (a, n, r), (m, s) in groups.items()],
                        gscale, np.array([p.coef for p in pats]).reshape(len(pats), -1))
-    _PLANS[key] = (pats, plan)
-    return plan
+
+
+_COUNTS: dict = {}
+
+
+def _column_counts(items: list, H: int, f: int) -> tuple[int, int, int]:
+    """(inner keys, powers of k_f, two-head tables) of one column's recorded items, with f
+    the column's outer head (``_Engine._nested_bytes``; cached with the recorded list)."""
+    def build() -> tuple[int, int, int]:
+        g = 1 - f
+        inner, powers, both = set(), set(), 0
+        for m, act_set in items:
+            k, beta = atom_counts(m, H)
+            if g in act_set:
+                inner.add((tuple(x for x in m if x[0] in "SP"), int(k[g]), int(beta[g])))
+            if f in act_set:
+                powers.add(int(k[f]))
+            both += len(act_set) == 2
+        return len(inner), len(powers), both
+
+    return _cached_for(_COUNTS, (id(items), H, f), items, build, limit=64)
+
+
+def _defect(totals: dict) -> float:
+    """max |total − 1| over the mass totals (``_Engine.mass_totals``; ∞ if one is not finite)."""
+    worst = 0.0
+    for total in totals.values():
+        worst = max(worst, abs(total - 1.0)) if np.isfinite(total) else np.inf
+    return worst
+
+
+def _cached_for(cache: dict, key: tuple, obj: object, build: Callable[[], object],
+                limit: int = 32) -> object:
+    """``cache[key]`` if it was built for this very ``obj`` (key holds id(obj); the entry
+    keeps obj alive, so its id is not reused while the entry lives), else ``build()``, stored."""
+    hit = cache.get(key)
+    if hit is not None and hit[0] is obj:
+        return hit[1]
+    if len(cache) > limit:
+        cache.clear()
+    value = build()
+    cache[key] = (obj, value)
+    return value
+
+
+_ON_AXIS: dict = {}
+
+
+def _patterns_on(pats: list["CompiledPattern"], norm: str, H: int, axis: int) -> list:
+    """The patterns whose active set holds head ``axis`` (one list per pattern list, so that
+    the plan and record caches keyed by the list's id see one list)."""
+    return _cached_for(_ON_AXIS, (id(pats), norm, H, axis), pats, lambda: [
+        p for p in pats if axis in _active_set(norm, H, np.asarray(p.k))])
 
 
 def _linear_combination(terms: list) -> np.ndarray | float:
@@ -1497,8 +1708,7 @@ class LaplaceDrift:
             rest_min = task.L - 1 - max((len(p.noise) for p in pats), default=0)
             eng = _Engine(task, act, np.asarray(M, float), np.asarray(Q, float),
                           np.asarray(a, float), np.asarray(b, float), level, rest_min, groups)
-            eng.prefetch(pats)
-            return eng.evaluate(pats), eng.mass_defect()
+            return eng.bounded(pats)
 
     def evaluate(self, task: Task, act: Activation, M: np.ndarray, Q: np.ndarray,
                  a: np.ndarray, b: np.ndarray) -> DriftMeans:
