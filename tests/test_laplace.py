@@ -513,9 +513,12 @@ def test_split_kernel_segments_agree_with_one_split(monkeypatch):
 
 
 def test_peak_memory_of_a_large_key_evaluation_stays_below_the_budget(monkeypatch):
-    """tracemalloc's peak of one rung at key norm ~3.4 under a budget of half its unbounded
-    peak: below the budget, the same fields; the unbounded estimate is not below the
-    unbounded peak (the estimate is what the windows are cut by)."""
+    """tracemalloc's peak of one rung at key norm ~3.4: the estimate the windows are cut by
+    is not below the unbounded peak, nor loose (< 2x; measured 1.35-1.63x over |k| = 1-3.4,
+    both priors, L = 3, 10); under a budget of the estimate's fixed part and a third of its
+    per-point part (one the windows can reach) the peak stays below the budget and well
+    below the unbounded one, with the same fields.  (A budget of half the unbounded peak is
+    below the fixed part: nodes, outer kernels and weight blocks are not windowed.)"""
     import tracemalloc
 
     from theory_kit import resources
@@ -534,12 +537,13 @@ def test_peak_memory_of_a_large_key_evaluation_stays_below_the_budget(monkeypatc
         finally:
             tracemalloc.stop()
 
+    peak()                                  # first call: loads compiled kernels (traced)
     whole, whole_peak = peak()
-    assert estimate >= whole_peak
-    budget = whole_peak / 2
+    assert whole_peak <= estimate < 2.0 * whole_peak, (whole_peak, estimate)
+    budget = fixed + per_row * len(eng.ugs[axis].u) / 3
     monkeypatch.setattr(resources, "ENGINE_MEMORY", int(budget))
     parts, parts_peak = peak()
-    assert parts_peak < budget
+    assert parts_peak < budget and parts_peak < 0.8 * whole_peak, (parts_peak, budget)
     assert np.max(np.abs(parts - whole)) <= 1e-14 * max(1.0, np.max(np.abs(whole)))
 
 

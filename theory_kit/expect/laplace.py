@@ -989,39 +989,55 @@ class _Engine:
 
     def _nested_bytes(self, pats: list["CompiledPattern"]) -> tuple[int, float, float]:
         """(axis, fixed bytes, bytes per u point of ``axis``) of a per-head two-head
-        evaluation, from the tables and keys its dry pass records: the two-head tables
-        (each column's, the combined ones of ``table`` and the partial products of
-        ``evaluate``: U_other per point), the inner sums (J keys × n_1 per point of u_g, and
-        as much again for the stacked copy of ``_batch_column``), the outer kernels (n_1 per
-        point of u_f and power of k_f), the node arrays and the blocks of ``_batch_inner``.
-        Within 1.2x of the tracemalloc peak (measured: test_laplace)."""
+        evaluation on any window of ≥ ``MIN_WINDOW`` points of the grid of ``axis``, from the
+        tables and keys its dry pass records.  What it holds to the end: the node arrays, the
+        inner sums (J × U_g × n_1 per column), the outer kernels (k_f,max + 2 of U_f × n_1),
+        the two-head tables (each column's, and the copies ``table`` combines for a P atom:
+        U_0 × U_1 each), the measures with T_1^rest and ``evaluate``'s chain of prefix
+        products (≤ L − 1 + 1 of them); plus the largest of the passing arrays: the blocks of
+        ``_batch_inner`` (weights, their factors, the products R, the compiled kernel block)
+        or the stacked inner sums and outer factor of ``_batch_column``.  Each part is
+        linear in the window's size, except the blocks, bounded over all windows
+        (:func:`_inner_block_rows`); the largest passing part is bounded by the maxima of the
+        parts' fixed and per-point terms, so the estimate is not below the peak (measured
+        with tracemalloc: test_laplace)."""
         cols = self.cols["noise"] + self.cols["signal"]
         items = self._recorded_items(pats, cols)
         axis = 1 - self.cols["noise"][0].first
-        other = 1 - axis
         U = [len(ug.u) for ug in self.ugs]
-        fixed, per_row = 0.0, 0.0
 
-        def add(entries_per_point: float, head: int) -> None:
-            nonlocal fixed, per_row
+        def entries(per_point: float, head: int | None, other: float = 1.0) -> np.ndarray:
+            """(fixed, per point of axis) entries of an array of per_point × U_head × other,
+            or of U_0 × U_1 × per_point with head None."""
+            if head is None:
+                return np.array([0.0, per_point * U[1 - axis]])
             if head == axis:
-                per_row += entries_per_point
-            else:
-                fixed += entries_per_point * U[head]
+                return np.array([0.0, per_point * other])
+            return np.array([per_point * other * U[head], 0.0])
 
+        held = np.zeros(2)
+        passing = np.zeros(2)
         for col, its in zip(cols, items):
             f, g = col.first, 1 - col.first
-            n1 = col.shape[0]
-            fixed += NODE_ARRAYS * float(np.prod(col.shape))
-            n_inner, n_powers, n_both = _column_counts(its, self.H, f)
-            per_row += n_both * U[other]
-            add(2.0 * n_inner * n1, g)
-            add((n_powers + 2.0) * n1, f)
+            n1, n2 = col.shape
+            J, kf_max, n_kg, n_both = _column_counts(its, self.H, f)
+            held += [NODE_ARRAYS * float(n1 * n2), 0.0]
+            held += entries(J, g, n1) + entries(kf_max + 2.0, f, n1) + entries(n_both, None)
+            if J:
+                _, w_rows = _inner_block_rows(MIN_WINDOW, n1, n2, J, bound=True)
+                blocks = (np.array([(J + n_kg + 4.0) * w_rows * n2 + INNER_BLOCK, 0.0])
+                          + entries(w_rows * J + n2 + J, g))
+                passing = np.maximum(passing, blocks)
+                passing = np.maximum(passing, entries(J, g, n1) + entries(1.0, f, n1))
         plan = pattern_plan(pats, self.norm, self.H, self.task.L)
-        both = sum(1 for _, _, act_set in plan.keys if len(act_set) == 2)
-        partial = sum(len(noise) + 2 for act_set, noise, *_ in plan.groups if len(act_set) == 2)
-        per_row += (both + partial) * U[other]
-        fixed += 4.0 * (INNER_BLOCK + WEIGHT_BLOCK)  # the blocks of ``_batch_inner``
+        copies = sum(1 for _, m, act_set in plan.keys
+                     if len(act_set) == 2 and split_p(m)[1] is not None)
+        measures = len({(act_set, rest) for act_set, _, rest, *_ in plan.groups
+                        if len(act_set) == 2})
+        chain = max((len(noise) for act_set, noise, *_ in plan.groups if len(act_set) == 2),
+                    default=0)
+        held += entries(copies + 3.0 * measures + chain + 1.0, None)
+        fixed, per_row = held + passing
         return axis, 8.0 * fixed, 8.0 * per_row
 
     # -- batched per-head tables ------------------------------------------------------
@@ -1208,10 +1224,7 @@ class _Engine:
         ks = np.array([k for _, k, _, _ in keys])
         inner = np.empty((len(keys), len(u), psi.shape[0]))                      # (J, U, n1)
         n1, n2 = psi.shape
-        # kernel blocks of z_1 rows, so that each is still in cache for its product; weight
-        # blocks of many kernel blocks (one along Fig. 1: per kernel block they cost 10 %)
-        rows = max(1, int(INNER_BLOCK // (len(u) * n2)))
-        w_rows = rows * max(1, int(WEIGHT_BLOCK // (rows * n2 * len(keys))))
+        rows, w_rows = _inner_block_rows(len(u), n1, n2, len(keys))
         for u_lo, u_hi, c in segments:
             us = u[u_lo:u_hi]
             eu = np.exp(us + c)
@@ -1256,20 +1269,29 @@ class _Engine:
 
         Patterns are summed through their :class:`PatternPlan`: the product of the measure,
         the noise tables and T_1^{rest} is formed once per group of patterns sharing it, and
-        each member adds one dot product with its signal table (scaled by 1/Γ(k))."""
+        each member adds one dot product with its signal table (scaled by 1/Γ(k)).  The groups
+        come sorted, so those sharing a prefix of their noise tables are adjacent: each
+        prefix product is formed once, and only the current group's chain of them (≤ L − 1
+        arrays) is held, not every prefix of the list (at key norm 3.4, 287 two-head
+        products of 170 kB: the tracemalloc peak of a rung fell from 46.5 to 30.0 MiB)."""
         plan = pattern_plan(pats, self.norm, self.H, self.task.L)
         tabs = [self.table(kind, m, act_set) for kind, m, act_set in plan.keys]
         if self._recording is not None:
             return np.zeros(plan.coefs.shape[1])
         vals = np.zeros(len(plan.gscale))
-        partial: dict = {}                   # measure × T_1^rest × the first noise tables
+        chain: list = []          # measure × T_1^rest × the first n noise tables, n = 1, 2, …
+        last: tuple = ((), -1, ())
         for act_set, noise, rest, members, signals in plan.groups:
-            prod = self.weighted_power(act_set, rest)
-            for n in range(1, len(noise) + 1):   # groups share prefixes of their sorted noise
-                key = (act_set, rest, noise[:n])
-                if key not in partial:
-                    partial[key] = prod * tabs[noise[n - 1]]
-                prod = partial[key]
+            shared = 0
+            if last[:2] == (act_set, rest):
+                while shared < min(len(noise), len(last[2])) and noise[shared] == last[2][shared]:
+                    shared += 1
+            del chain[shared:]
+            last = (act_set, rest, noise)
+            prod = chain[-1] if chain else self.weighted_power(act_set, rest)
+            for n in range(shared, len(noise)):
+                prod = prod * tabs[noise[n]]
+                chain.append(prod)
             for j, s in zip(members, signals):
                 t = tabs[s]
                 vals[j] = float(np.vdot(prod, t)) if np.ndim(t) and np.ndim(prod) \
@@ -1313,8 +1335,8 @@ class PatternPlan:
     """How :meth:`_Engine.evaluate` sums a pattern list: the distinct tables (kind, monomial,
     active set) it reads, groups of patterns sharing (active set, noise tables, rest) — each
     group as (act_set, noise table indices, rest, member pattern indices, their signal table
-    indices) —, the per-pattern 1/Γ(k) factors (``gscale``) and the coefficient matrix
-    (patterns × slots)."""
+    indices), sorted by (act_set, rest, noise) —, the per-pattern 1/Γ(k) factors
+    (``gscale``) and the coefficient matrix (patterns × slots)."""
 
     keys: list
     groups: list
@@ -1357,29 +1379,46 @@ def _build_plan(pats: list["CompiledPattern"], norm: str, H: int, L: int) -> Pat
         else:
             for h in act_set:
                 gscale[j] /= math.gamma(int(k[h]))
-    return PatternPlan(list(index), [(a, n, r, m, s) for (a, n, r), (m, s) in groups.items()],
+    # sorted by (active set, rest, noise tables): groups sharing a noise prefix are adjacent
+    # (``_Engine.evaluate`` holds one chain of prefix products)
+    order = sorted(groups.items(), key=lambda item: (item[0][0], item[0][2], item[0][1]))
+    return PatternPlan(list(index), [(a, n, r, m, s) for (a, n, r), (m, s) in order],
                        gscale, np.array([p.coef for p in pats]).reshape(len(pats), -1))
 
 
 _COUNTS: dict = {}
 
 
-def _column_counts(items: list, H: int, f: int) -> tuple[int, int, int]:
-    """(inner keys, powers of k_f, two-head tables) of one column's recorded items, with f
-    the column's outer head (``_Engine._nested_bytes``; cached with the recorded list)."""
-    def build() -> tuple[int, int, int]:
+def _column_counts(items: list, H: int, f: int) -> tuple[int, int, int, int]:
+    """(inner keys J, largest power k_f, distinct powers k_g > 0, two-head tables) of one
+    column's recorded items, with f the column's outer head (``_Engine._nested_bytes``;
+    cached with the recorded list)."""
+    def build() -> tuple[int, int, int, int]:
         g = 1 - f
-        inner, powers, both = set(), set(), 0
+        inner, kf_max, kg, both = set(), 0, set(), 0
         for m, act_set in items:
             k, beta = atom_counts(m, H)
             if g in act_set:
                 inner.add((tuple(x for x in m if x[0] in "SP"), int(k[g]), int(beta[g])))
+                kg.add(int(k[g]))
             if f in act_set:
-                powers.add(int(k[f]))
+                kf_max = max(kf_max, int(k[f]))
             both += len(act_set) == 2
-        return len(inner), len(powers), both
+        return len(inner), kf_max, len(kg - {0}), both
 
     return _cached_for(_COUNTS, (id(items), H, f), items, build, limit=64)
+
+
+def _inner_block_rows(U: int, n1: int, n2: int, J: int, bound: bool = False) -> tuple[int, int]:
+    """(kernel rows, weight rows) of the z_1 blocks of ``_batch_inner`` for U u points and J
+    keys: kernel blocks of ~``INNER_BLOCK`` entries (each still in cache for its product),
+    weight blocks of whole kernel blocks and ~``WEIGHT_BLOCK`` entries (one along Fig. 1: per
+    kernel block they cost 10 %).  With ``bound``, weight rows that hold for every U′ ≥ U
+    (the kernel rows fall with U′, the weight rows stay ≤ max(WEIGHT_BLOCK/(n2 J), rows))."""
+    rows = max(1, int(INNER_BLOCK // (U * n2)))
+    if bound:
+        return rows, min(n1, max(int(WEIGHT_BLOCK // (n2 * J)), rows))
+    return rows, min(n1, rows * max(1, int(WEIGHT_BLOCK // (rows * n2 * J))))
 
 
 def _defect(totals: dict) -> float:
