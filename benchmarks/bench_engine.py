@@ -237,14 +237,28 @@ def run_sample_kernels(label: str, act, H: int, L: int, repeats: int) -> str:
             f"({times['per-sample'] / times['lanes']:.1f}x)")
 
 
+def sizes(text: str) -> list[tuple[int, int]]:
+    """``"2x4,2x10"`` -> [(2, 4), (2, 10)] (H >= 1, L >= 2); "" -> []."""
+    out = []
+    for case in filter(None, text.split(",")):
+        try:
+            H, L = (int(x) for x in case.split("x"))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be sizes HxL such as 2x10 (got {case!r})")
+        if H < 1 or L < 2:
+            raise argparse.ArgumentTypeError(f"need H >= 1 and L >= 2 (got {case!r})")
+        out.append((H, L))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--cases", default="2x4,2x10,4x5,8x5")
-    parser.add_argument("--sample-kernels", default="2x10,8x5",
+    parser.add_argument("--cases", type=sizes, default="2x4,2x10,4x5,8x5")
+    parser.add_argument("--sample-kernels", type=sizes, default="2x10,8x5",
                         help="sizes for the weights/VJP line (softmax); empty: none")
     args = parser.parse_args()
-    cases = [tuple(int(x) for x in c.split("x")) for c in args.cases.split(",")]
+    cases = args.cases
     print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {platform.machine()}, "
           f"{platform.processor() or platform.platform()}, {os.cpu_count()} cores; python "
           f"{platform.python_version()}; load average {os.getloadavg()[0]:.1f}; compiled kernels "
@@ -259,8 +273,7 @@ def main() -> None:
         for H, L in cases:
             for line in run_case(label, act, H, L, args.repeats):
                 print(line, flush=True)
-    for case in filter(None, args.sample_kernels.split(",")):
-        H, L = (int(x) for x in case.split("x"))
+    for H, L in args.sample_kernels:
         print(run_sample_kernels("softmax", activations()["softmax"], H, L, args.repeats),
               flush=True)
     print(f"# load average at the end {os.getloadavg()[0]:.1f}")

@@ -278,5 +278,5 @@ def test_einf_empty_workdir_exits_3_naming_it(workdir, tmp_path, capsys, monkeyp
             "--runs", "1", "--no-global-min", "--workdir", workdir]
     code, err = run_cli(argv, capsys)
     assert code == 3
-    assert "workdir: must be a folder name (got an empty path)" in err
+    assert "workdir: must be a folder name (got an empty or blank path)" in err
     assert not list(tmp_path.iterdir())

@@ -109,8 +109,9 @@ def test_lock_refuses_a_second_writer_and_takes_over_stale_locks(tmp_path):
     (tmp_path / "r.json.lock").write_text(f"{socket.gethostname()} {dead.pid}\n")
     with OutputLock(out):
         pass
-    with pytest.raises(OutputError, match="empty path"):
-        OutputLock("")
+    for blank in ("", "  "):
+        with pytest.raises(OutputError, match="empty or blank path"):
+            OutputLock(blank)
 
 
 @pytest.mark.parametrize("content", [b"", b"{trunc", b"\xff\xfe\x00garbage", b"[1, 2]",

@@ -337,7 +337,7 @@ class OutputLock:
 
     def __init__(self, out_path: str | os.PathLike) -> None:
         if not str(out_path).strip():
-            raise OutputError("out: must be a file or folder name (got an empty path)")
+            raise OutputError("out: must be a file or folder name (got an empty or blank path)")
         out = Path(out_path).absolute()
         if not out.name:  # the root folder
             raise OutputError(f"out: must name a file or a folder below / (got {out_path!r})")

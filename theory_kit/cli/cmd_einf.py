@@ -96,7 +96,7 @@ def run_einf(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     if args.workdir is not None:    # else found only when the first run is saved, minutes later
         if not args.workdir.strip():    # Path("") is the current folder: never what was meant
-            raise OutputError("workdir: must be a folder name (got an empty path)")
+            raise OutputError("workdir: must be a folder name (got an empty or blank path)")
         if Path(args.workdir).exists() and not Path(args.workdir).is_dir():
             raise OutputError(f"workdir: {args.workdir} exists and is not a folder")
         if not einf.writable_folder(Path(args.workdir)):

@@ -198,7 +198,7 @@ def out_json(out: str | os.PathLike | None, name: str) -> Path | None:
     if out is None:
         return None
     if not str(out).strip():
-        raise OutputError("out: must be a .json file or a folder name (got an empty path)")
+        raise OutputError("out: must be a .json file or a folder name (got an empty or blank path)")
     path = Path(out)
     if path.suffix.lower() == ".json" or (path.exists() and not path.is_dir()):
         return path
