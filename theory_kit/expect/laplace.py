@@ -1064,17 +1064,14 @@ class _Engine:
         projection (R, r̄), which is all the keys depend on (a drift's dry pass was ~6 % of it)."""
         key = (id(pats), self.norm, self.H, self.task.L, len(self.cols["noise"]),
                tuple((tuple(c.group.R.ravel() != 0), tuple(c.group.rbar != 0)) for c in cols))
-        hit = _RECORDED.get(key)
-        if hit is not None and hit[0] is pats:
-            return hit[1]
-        if len(_RECORDED) > 32:
-            _RECORDED.clear()
-        self._recording = {}
-        self.evaluate(pats)
-        recorded, self._recording = self._recording, None
-        items = [sorted(recorded[id(c)][1]) if id(c) in recorded else [] for c in cols]
-        _RECORDED[key] = (pats, items)
-        return items
+
+        def record() -> list:
+            self._recording = {}
+            self.evaluate(pats)
+            recorded, self._recording = self._recording, None
+            return [sorted(recorded[id(c)][1]) if id(c) in recorded else [] for c in cols]
+
+        return _cached_for(_RECORDED, key, pats, record)
 
     def _batch_flat(self, col: _NodeColumn, items: list) -> None:
         """One shared t: T_m(u) = Σ_G K_k(u, G) v_m(G) for all monomials m of the column, in
