@@ -251,6 +251,30 @@ def test_far_apart_head_biases_give_the_shift_invariant_drift():
     assert eng.checked(task, act, M, Q, a, np.array([1000.0, -1000.0]), 1.0)[1] < 1e-12
 
 
+@pytest.mark.parametrize("b", [-11.0, -20.0, -30.0])
+def test_silent_softmax1_head_keeps_the_kappa_mass(b):
+    """softmax-1 with a silent head (b ≪ 0, as four of Fig. 4's H = 8 heads): N ≈ κ, so the
+    κ term ∫ κ t e^{−κt} du of the mass identity E[κ/N] + E[Σ W] = 1 holds nearly all the mass
+    however small φ is.  The u grid's low end followed the moments of φ alone and cut that term
+    (defect at level 1: 6e−13, 5e−9, 4e−4 for b = −11, −20, −30), which floored abs_err above
+    the certificate's 1e−8 where E itself was right.  Now the identity holds to 1e−12 and E
+    agrees with the quadrature engine (its own u grid, no Laplace reduction)."""
+    act = get_activation("softmax1")
+    task = Task(5, make_prior("flipping", nu=[10.0, 10.0]))
+    M = np.array([[1.5, 0.3], [0.1, 1.4]])
+    Q = M @ M.T + np.diag([0.05, 0.1])
+    a, bb = np.array([1.0, 0.5]), np.array([0.3, b])
+    eng = LaplaceDrift()
+    for heads in ([1], [0, 1]):
+        defect = eng.checked(task, act, M[heads], Q[np.ix_(heads, heads)], a[heads],
+                             bb[heads], 1.0)[1]
+        assert defect < 1e-12, (heads, defect)
+    d = eng.evaluate(task, act, M, Q, a, bb)
+    assert _largest(d.stderr) < 1e-8, d.stderr
+    quad = population_error(task, act, State(M, Q, a, bb), method="quad")
+    assert abs(d.error - quad.value) < max(1e-9, 3 * quad.abs_err), (d.error, quad)
+
+
 @pytest.mark.parametrize("prior", ["flipping", "gaussian"])
 def test_wide_score_range_against_the_1d_pair_integral(prior):
     """Q = 400 spreads ψ = log φ over ~340: with the u grid clipped at a ψ span of 200 (the old

@@ -585,13 +585,16 @@ class _AdaptiveRun(_Run):
     """An embedded RK pair stepped over [0, T]; records read off each step's dense output."""
 
     t, h, next_out = 0.0, None, 0
+    f: np.ndarray | None = None       # the drift at (t, y), as the last step left it
     off_grid_records = True
 
     def position(self) -> dict:
-        return {"t": self.t, "h": self.h, "next": self.next_out}
+        return {"t": self.t, "h": self.h, "next": self.next_out,
+                "f": None if self.f is None else self.f.tolist()}
 
     def set_position(self, pos: dict) -> None:
         self.t, self.h, self.next_out = float(pos["t"]), pos["h"], int(pos["next"])
+        self.f = None if pos.get("f") is None else np.asarray(pos["f"], dtype=float)
 
     def current_time(self) -> float:
         return self.t
@@ -601,8 +604,26 @@ class _AdaptiveRun(_Run):
         T = float(self.grid[-1])
         first = self.params["dt"] if self.h is None else float(self.h)
         return ADAPTIVE[self.params["method"]](
-            self.system.rhs, self.t, self.y, T, rtol=self.params["rtol"],
+            self._resumed_rhs(), self.t, self.y, T, rtol=self.params["rtol"],
             atol=self.params["atol"], first_step=min(first, T - self.t))
+
+    def _resumed_rhs(self):
+        """``system.rhs``, except that the solver's opening call at the saved (t, y) returns
+        the saved drift.  The uninterrupted run's next step starts from the drift its last
+        stage computed (FSAL); re-evaluating it gave a different number wherever the engine
+        would not compute it the same way again: fresh samples, or ``laplace``'s per-step
+        rung (the last step's anchor against a new ladder: 0.75 or 1 when abs_err is near tol)."""
+        saved, t0, y0 = self.f, self.t, self.y.copy()
+        if saved is None:
+            return self.system.rhs
+
+        def rhs(t: float, y: np.ndarray) -> np.ndarray:
+            nonlocal saved
+            if saved is not None and t == t0 and np.array_equal(y, y0):
+                out, saved = saved.copy(), None
+                return out
+            return self.system.rhs(t, y)
+        return rhs
 
     def advance(self, bar: object) -> None:
         if self.record_start and self.next_out == 0:
@@ -630,6 +651,7 @@ class _AdaptiveRun(_Run):
             self.stats["steps"] += 1
             self.record_due(solver.t, solver)
             self.t, self.y, self.h = float(solver.t), solver.y.copy(), float(solver.h_abs)
+            self.f = np.array(solver.f, dtype=float)
             if bar is not None:
                 bar.update(self.t - t_old)
             if solver.status == "running":

@@ -96,7 +96,7 @@ from .. import resources
 from ..model import GaussianPrior, ResourceError, Task, ValidationError
 from . import montecarlo as mc
 from .drift import DriftMeans
-from .quadrature import (COARSE, EIG_TOL, MAX_PSI_SPAN, UGrid, exp_minus_exp, gaussian_nodes,
+from .quadrature import (COARSE, EIG_TOL, MAX_PSI_SPAN, UGrid, exp_minus_exp, gaussian_nodes, largest_psi,
                          kinks, log_phi, piecewise_gauss_legendre_normal, tensor_rules,
                          trapezoid_normal, u_grid, whiten)
 
@@ -641,7 +641,8 @@ class _Engine:
     def _ugrid(self, heads: list[int]):
         """u grid from the ψ range of the nodes.  The lower end uses moments rather than max ψ:
         below u_lo every pattern is ≤ Σ_k e^{k u_lo} E[φ^k] (k its normaliser count), so
-        u_lo = −max_k (log E[φ^k] + U_LOW)/k cuts ≤ e^{−U_LOW} (k ≤ 8 covers every field)."""
+        u_lo = −max_k (log E[φ^k] + U_LOW)/k cuts ≤ e^{−U_LOW} (k ≤ 8 covers every field);
+        with κ > 0 also u_lo ≤ −log κ − U_LOW, for the κ term of the mass check."""
         lo, hi, top = np.inf, -np.inf, -np.inf
         for cols in (self.cols["noise"], self._signal_parts):
             for col in cols:
@@ -663,15 +664,23 @@ class _Engine:
         # distribution every token of a sample can sit far below the largest ψ, so the
         # default clip at 200 lost mass (Q = 400, L = 2: E off by 1e−2); the mass check
         # reports anything beyond
-        ug = u_grid(lo, min(top, hi + U_LOW), self.act.kappa, self.level, low_margin=0.0,
+        low = min(top, hi + U_LOW)
+        if self.act.kappa > 0:
+            # the κ term of the mass check, ∫ κ t e^{−κt} du, has the tail κ e^{u_lo} below
+            # u_lo whatever the heads do: with every head silent (b ≈ −11, log E φ ≈ −10) the
+            # moment bound alone cut it at u ≈ −22 and the check reported ~1e−10 per
+            # normaliser that E did not have (b = −30: 3e−2)
+            low = max(low, largest_psi(hi, self.act.kappa) + U_LOW)
+        ug = u_grid(lo, low, self.act.kappa, self.level, low_margin=0.0,
                     step=U_STEP, max_span=MAX_PSI_SPAN)
-        return self._cut_top(self._stretch_low(ug, hi), heads)
+        return self._cut_top(self._stretch_low(ug, largest_psi(hi, self.act.kappa)), heads)
 
     def _stretch_low(self, ug: UGrid, psi_max: float) -> UGrid:
         """The same u range with 1 + ``STRETCH`` times wider steps in the lower tail.
 
         The trapezoid step h is set by the strip |Im u| < π/2 where e^{−tφ} stays bounded.
-        Below u_c = −ψ_max − ``STRETCH_GAP`` every tφ ≤ e^{−6}, so there e^{−tφ} is bounded
+        Below u_c = −ψ_max − ``STRETCH_GAP`` every tφ ≤ e^{−6} (ψ_max counts κ as a token of
+        ψ = log κ, ``quadrature.largest_psi``: so also κt ≤ e^{−6}), so there e^{−tφ} is bounded
         in any strip and the integrand (~ e^{ku} times a convergent series in t) is analytic
         far wider.  Substituting u = g(v) = v − A w softplus((v_c − v)/w) (A = ``STRETCH``,
         w = ``STRETCH_WIDTH``, v_c = u_c) keeps g(v) = v in the bulk and g′ → 1 + A in the tail;

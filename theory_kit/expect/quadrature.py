@@ -46,6 +46,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+import math
+
 import numpy as np
 import sympy as sp
 from scipy import special
@@ -183,16 +185,24 @@ class UGrid:
     w: np.ndarray
 
 
+def largest_psi(psi_max: float, kappa: float) -> float:
+    """max(ψ_max, log κ): N = κ + Σ_l φ_l holds κ as one more token of ψ = log κ (κ > 0)."""
+    return max(psi_max, math.log(kappa)) if kappa > 0 else psi_max
+
+
 def u_grid(psi_min: float, psi_max: float, kappa: float, level: float,
            low_margin: float = U_LOW_MARGIN, step: float = H_U,
            max_span: float = 200.0) -> UGrid:
-    """u on [−ψ_max − low_margin, −ψ_min + 4.5] with step ``step``/level (default 32, 0.25).
+    """u on [−max(ψ_max, log κ) − low_margin, −ψ_min + 4.5] with step ``step``/level
+    (default 32, 0.25).
 
     ψ_min is raised to ψ_max − ``max_span`` (φ → 0 polynomially: beyond it all tokens ≈ 0);
-    :class:`QuadEngine` passes a wider span and checks the total mass instead."""
+    :class:`QuadEngine` passes a wider span and checks the total mass instead.  κ > 0 counts
+    in the low end as a token of ψ = log κ: the κ term of the mass, ∫ κ t e^{−κt} du, has the
+    tail κ e^{u_lo} however silent the heads are."""
     psi_min = max(psi_min, psi_max - max_span)
     h = step / level
-    lo, hi = -psi_max - low_margin, -psi_min + U_HIGH_MARGIN
+    lo, hi = -largest_psi(psi_max, kappa) - low_margin, -psi_min + U_HIGH_MARGIN
     u = lo + h * np.arange(int(np.ceil((hi - lo) / h)) + 1)
     with np.errstate(over="ignore"):
         damp = np.exp(-kappa * np.exp(u)) if kappa > 0 else np.ones_like(u)
