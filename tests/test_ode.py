@@ -449,9 +449,11 @@ def test_adaptive_laplace_run_checks_the_resolution_once_per_step():
 
 
 def test_adaptive_laplace_resume_reproduces_the_uninterrupted_run(tmp_path):
-    """A resumed run starts its first step with a fresh solver (a full ladder at the step's
-    start, where the uninterrupted run reused the last step's rung): the same numbers,
-    drift_err and error_stderr included."""
+    """A resumed run starts its first step with a fresh solver whose first stage is the saved
+    drift (in the uninterrupted run: the last stage of the step before, on that step's rung;
+    re-evaluated, it ran a new ladder, which near tol can accept another rung — this test
+    failed so after a change of the u grid): the same numbers, drift_err and error_stderr
+    included."""
     from theory_kit.expect.laplace import LaplaceDrift
 
     class Interrupting(LaplaceDrift):

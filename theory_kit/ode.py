@@ -17,9 +17,11 @@ Integrators:
   SciPy (Dormand–Prince 5(4) and 8(5,3)) stepped one step at a time over the whole span
   [0, T] with the local-error control |err_i| ≤ atol + rtol |y_i|.  The requested times are
   read off each step's dense-output interpolant (4th / 7th order), so they never shorten a
-  step; a checkpoint (state, time, next step size) every ``checkpoint_every`` steps, and a
-  resumed run takes exactly the steps of the uninterrupted one (the pairs carry no other
-  state: the first stage is recomputed from (t, y) and the step size is restored).
+  step; a checkpoint (state, time, next step size and the drift at that state) every
+  ``checkpoint_every`` steps, and a resumed run takes exactly the steps of the uninterrupted
+  one (the pairs carry no other state: the step size is restored, and the first stage is the
+  saved drift, the last stage of the step before, rather than a re-evaluation, which the
+  engine need not compute the same way, see ``_AdaptiveRun._resumed_rhs``).
   Adaptive steps need a smooth right-hand side: a deterministic engine, or fixed samples
   (common random numbers); fresh samples are only accepted with ``rk4``.  An engine with a
   per-step convergence check (``laplace``: ``per_step_check``, ``begin_step``) runs it once
@@ -610,9 +612,10 @@ class _AdaptiveRun(_Run):
     def _resumed_rhs(self):
         """``system.rhs``, except that the solver's opening call at the saved (t, y) returns
         the saved drift.  The uninterrupted run's next step starts from the drift its last
-        stage computed (FSAL); re-evaluating it gave a different number wherever the engine
-        would not compute it the same way again: fresh samples, or ``laplace``'s per-step
-        rung (the last step's anchor against a new ladder: 0.75 or 1 when abs_err is near tol)."""
+        stage computed (FSAL); re-evaluating it can give another number where the engine
+        would not compute it the same way again: ``laplace``'s per-step rung is the last
+        step's anchor in the uninterrupted run and a new ladder's in the resumed one (level
+        0.75 or 1 when abs_err is near tol)."""
         saved, t0, y0 = self.f, self.t, self.y.copy()
         if saved is None:
             return self.system.rhs

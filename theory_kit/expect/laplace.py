@@ -96,9 +96,9 @@ from .. import resources
 from ..model import GaussianPrior, ResourceError, Task, ValidationError
 from . import montecarlo as mc
 from .drift import DriftMeans
-from .quadrature import (COARSE, EIG_TOL, MAX_PSI_SPAN, UGrid, exp_minus_exp, gaussian_nodes, largest_psi,
-                         kinks, log_phi, piecewise_gauss_legendre_normal, tensor_rules,
-                         trapezoid_normal, u_grid, whiten)
+from .quadrature import (COARSE, EIG_TOL, MAX_PSI_SPAN, UGrid, exp_minus_exp, gaussian_nodes,
+                         kinks, largest_psi, log_phi, piecewise_gauss_legendre_normal,
+                         tensor_rules, trapezoid_normal, u_grid, whiten)
 
 Mono = tuple[str, ...]           # sorted atom names at one token, e.g. ("D0", "P1", "W0")
 MAX_H = {"elementwise": 2, "per-head": 2, "joint": 3}

@@ -43,10 +43,9 @@ abs_err = |difference| (or the RQMC standard error).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
-
-import math
 
 import numpy as np
 import sympy as sp
