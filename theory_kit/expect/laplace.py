@@ -670,7 +670,7 @@ class _Engine:
             # u_lo whatever the heads do: with every head silent (b ≈ −11, log E φ ≈ −10) the
             # moment bound alone cut it at u ≈ −22 and the check reported ~1e−10 per
             # normaliser that E did not have (b = −30: 3e−2)
-            low = max(low, largest_psi(hi, self.act.kappa) + U_LOW)
+            low = max(low, math.log(self.act.kappa) + U_LOW)
         ug = u_grid(lo, low, self.act.kappa, self.level, low_margin=0.0,
                     step=U_STEP, max_span=MAX_PSI_SPAN)
         return self._cut_top(self._stretch_low(ug, largest_psi(hi, self.act.kappa)), heads)
