@@ -32,6 +32,7 @@ from scipy import integrate, optimize
 from scipy.optimize import linear_sum_assignment
 
 from .activations import Activation, activation_from_params, get_activation
+from .boundary import boundary_minimum
 from .error import METHODS as ERROR_METHODS
 from .codegen import sample_kernels
 from .error import ErrorResult, bayes_error, population_error, squared_residual
@@ -690,10 +691,14 @@ def polish_pairwise(task: Task, act: Activation, start: State, sampled: FixedPoi
     sampled solution, or from the hand-over ``start`` when that is not certified or far out
     (:func:`polish_from_sampled`: a run-off or a sample artefact).  The sampled solve is kept in the result's
     ``presolve`` (certificate, sampled E, run-off check); E and its abs_err are the
-    deterministic engine's at the polished point."""
+    deterministic engine's at the polished point.  A polish that does not certify because
+    heads switch off (softmax-1: b_h → −∞) is handed to :func:`boundary.boundary_minimum`,
+    whose result (kind "boundary minimum", E the live heads' model's) replaces it."""
     obj = PairwiseError.for_activation(task, act, start.H)
     origin = sampled.state if polish_from_sampled(start, sampled) else start
     fixed = polish_gradient_flow(obj, obj.pack_state(origin), tol)
+    if not fixed.certificate.certified:
+        fixed = boundary_minimum(obj, fixed, tol) or fixed
     presolve = {"certificate": sampled.certificate.to_dict(), "solver": sampled.solver,
                 "sampled_error": sampled.sampled_error, "runoff": sampled.runoff,
                 "saddles": len(sampled.saddles), "seconds": sampled.seconds,

@@ -64,7 +64,8 @@ from .expect import montecarlo as mc
 from .model import Prior, State, Task, check_int, fail
 
 POINTS = ("sobol", "mc")
-STABLE_KINDS = ("minimum", "degenerate minimum", "stable")
+BOUNDARY = "boundary minimum"   # heads switched off at b = −∞ (``boundary``)
+STABLE_KINDS = ("minimum", "degenerate minimum", "stable", BOUNDARY)
 DRIFT_TOL = 1e-8
 FD_STEP = 1e-6          # relative finite-difference step of the Hessian / Jacobian
 PROBE_STEPS = (0.3, 0.1, 0.03)   # relative steps along an unstable / flat eigenvector
@@ -683,6 +684,7 @@ class FixedPoint:
     runoff: dict | None = None      # RunoffCheck.to_dict() of a run-off (einf.solve_checked)
     error_abs_err: float | None = None   # abs_err of sampled_error when it is deterministic
     presolve: dict | None = None    # the sampled solve a deterministic polish started from
+    boundary: dict | None = None    # pruning, reduced model, revival slopes (boundary minimum)
 
     def to_dict(self) -> dict:
         """The fixed point as JSON.  The wall-clock ``seconds`` sit apart in ``timing``: they are
@@ -692,14 +694,15 @@ class FixedPoint:
                 "solver": self.solver, "sampled_error": self.sampled_error,
                 "saddles": self.saddles, "evaluations": self.evaluations,
                 "runoff": self.runoff, "error_abs_err": self.error_abs_err,
-                "presolve": self.presolve, "timing": {"seconds": self.seconds}}
+                "presolve": self.presolve, "boundary": self.boundary,
+                "timing": {"seconds": self.seconds}}
 
     @classmethod
     def from_dict(cls, d: dict) -> "FixedPoint":
         seconds = d["timing"]["seconds"] if "timing" in d else d["seconds"]   # older files
         return cls(State(**d["state"]), Certificate.from_dict(d["certificate"]), d["solver"],
                    d["sampled_error"], d["saddles"], d["evaluations"], seconds, d.get("runoff"),
-                   d.get("error_abs_err"), d.get("presolve"))
+                   d.get("error_abs_err"), d.get("presolve"), d.get("boundary"))
 
 
 def _eig_tol(eigs: np.ndarray) -> float:
@@ -948,8 +951,9 @@ def _descend(obj, x: np.ndarray, tol: float, max_escapes: int, maxiter: int,
              bound: float, gtol: float = POLISH_GTOL, key_bound: float = np.inf
              ) -> tuple[np.ndarray, "_Local | None", list[dict]]:
     """L-BFGS (to ``gtol``), quotient Hessian, saddles escaped up to ``max_escapes`` times,
-    trust-region Newton at a minimum (:func:`_newton`): (last point, its classification or
-    None after a run-off, the saddles passed).  The sampled solve and the polish share it.
+    trust-region Newton at a minimum or a degenerate one with λ_min > 0 (:func:`_newton`):
+    (last point, its classification or None after a run-off, the saddles passed).  The
+    sampled solve and the polish share it.
 
     The classification must be that of the point returned: when Newton moved x by more than
     ``RECLASSIFY_MOVE``·max(1, ‖x‖) or its quadratic model failed (a damped or rejected
@@ -965,7 +969,11 @@ def _descend(obj, x: np.ndarray, tol: float, max_escapes: int, maxiter: int,
             return x, None, saddles
         local = _classify(obj, x)
         if local.kind != "saddle":
-            if local.kind == "minimum":
+            # a degenerate minimum whose smallest eigenvalue is positive (inside its
+            # tolerance) still has a positive definite Hq, which trust-region Newton needs:
+            # L-BFGS alone ended such a point at ½‖∇E‖ = 7.7e-7 (softmax-1, F = 4, ν = 10,
+            # 4 heads, λ_min = 3.3e-5 against a tolerance 3.7e-5)
+            if local.kind == "minimum" or local.eigs[0] > 0:
                 y, exact = _newton(obj, x, local.Z, local.Hq, tol)
                 moved = np.linalg.norm(y - x) > RECLASSIFY_MOVE * max(1.0, np.linalg.norm(x))
                 x = y
