@@ -191,8 +191,7 @@ def revival_starts(state: State, pruned: list[int], reduced: State, width: int
         k[:F] = state.M[g]
         k[-1] = np.sqrt(max(state.Q[g, g] - float(state.M[g] @ state.M[g]), 0.0))
         starts.append(k)
-    vals, vecs = np.linalg.eigh(reduced.orthogonal_part())
-    P = vecs * np.sqrt(np.clip(vals, 0.0, None))
+    P = reduced.orthogonal_factor()
     for h in range(reduced.H):
         starts.append(np.concatenate([reduced.M[h], P[h], [0.0]]))
     return starts
@@ -223,8 +222,7 @@ def assembled_state(state: State, live: list[int], reduced: State, off_bias: flo
     |k_g| (orthogonal part along a direction of its own) with b = ``off_bias``."""
     H, F = state.H, state.M.shape[1]
     pruned = [g for g in range(H) if g not in live]
-    vals, vecs = np.linalg.eigh(reduced.orthogonal_part())
-    P = vecs * np.sqrt(np.clip(vals, 0.0, None))
+    P = reduced.orthogonal_factor()
     K = np.zeros((H, F + len(live) + len(pruned)))
     b = np.array(state.b, float)
     a = np.array(state.a, float)

@@ -871,8 +871,7 @@ def bayes_excess(task: Task, act: Activation, state: State, n: int = 400_000,
     stratified as in ``expect.montecarlo``; ``chunk`` draws at a time bound the memory."""
     check_int(n, "n", 2)
     F, H, L = task.F, state.H, task.L
-    vals, vecs = np.linalg.eigh(state.orthogonal_part())
-    K = np.hstack([state.M, vecs * np.sqrt(np.clip(vals, 0.0, None))])
+    K = np.hstack([state.M, state.orthogonal_factor()])
     kernels = sample_kernels(act)
     rng = np.random.default_rng(seed)
     means, errs, done = [], [], 0

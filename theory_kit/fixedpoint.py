@@ -110,9 +110,7 @@ class KeySpace:
 
     def pack_state(self, state: State) -> np.ndarray:
         """A flat vector realising ``state`` (the orthogonal part factorised by eigh)."""
-        vals, vecs = np.linalg.eigh(state.orthogonal_part())
-        P = vecs * np.sqrt(np.clip(vals, 0.0, None))
-        return self.pack(np.hstack([state.M, P]), state.a, state.b)
+        return self.pack(np.hstack([state.M, state.orthogonal_factor()]), state.a, state.b)
 
     def state(self, x: np.ndarray) -> State:
         K, a, b = self.unpack(x)

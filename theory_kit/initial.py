@@ -63,8 +63,7 @@ def keys_from_state(state: State, D: int) -> tuple[np.ndarray, np.ndarray]:
     H, F = state.M.shape
     if D < F + H:
         raise ValidationError(f"D: must be >= F + H = {F + H} (got {D})")
-    vals, vecs = np.linalg.eigh(state.orthogonal_part())
-    perp = vecs * np.sqrt(np.clip(vals, 0.0, None))
+    perp = state.orthogonal_factor()
     K = np.zeros((H, D))
     K[:, :F] = state.M
     K[:, F:F + H] = perp

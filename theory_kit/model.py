@@ -353,6 +353,12 @@ class State:
         """Q − M Mᵀ: Gram matrix of the heads' components orthogonal to span(U)."""
         return self.Q - self.M @ self.M.T
 
+    def orthogonal_factor(self) -> np.ndarray:
+        """P (H × H) with P Pᵀ = Q − M Mᵀ, by eigendecomposition (singular Gram matrices work:
+        negative round-off eigenvalues are clipped to 0); keys K = [M | P] realise the state."""
+        vals, vecs = np.linalg.eigh(self.orthogonal_part())
+        return vecs * np.sqrt(np.clip(vals, 0.0, None))
+
     def to_dict(self) -> dict:
         return {k: getattr(self, k).tolist() for k in ("M", "Q", "a", "b")}
 
