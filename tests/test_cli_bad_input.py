@@ -162,8 +162,10 @@ def build_cases() -> list[tuple[str, list[str], str]]:
                             ("--error-method", "bogus", "error_method")):
         add(f"einf {opt} {bad}", with_eq("einf", opt, bad), param)
     flow = BASE["einf"] + ["--gradient-flow", "--polish", "pairwise"]
-    add("einf --polish pairwise, joint activation",   # it was skipped without a word
-        with_opt("einf", "--activation", "bsoftmax") + flow[len(BASE["einf"]):], "polish")
+    joint = with_opt("einf", "--activation", "bsoftmax")
+    joint[joint.index("--H") + 1] = "4"     # H <= 3 is polished on the drift engine
+    add("einf --polish pairwise, joint activation, H = 4",   # it was skipped without a word
+        joint + flow[len(BASE["einf"]):], "polish")
     add("einf --polish pairwise, Gaussian prior", flow + ["--prior", "gaussian"], "polish")
     add("einf --polish bogus", with_opt("einf", "--polish", "bogus"), "polish")
     for name in ("missing.json", "malformed.json", "log.txt"):

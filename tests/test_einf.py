@@ -467,3 +467,30 @@ def test_fig4_compute_draw_and_resume(tmp_path, monkeypatch):
     write_json(tmp_path / "fig4.json", {"data": data})
     fig = fig4.draw(read_json(tmp_path / "fig4.json")["data"])
     assert len(fig.axes) == 2 and fig4.estimate_seconds(True) < 60
+
+
+def test_one_bsoftmax_head_is_polished_as_the_per_head_softmax_head():
+    """At H = 1 a joint normaliser is the per-head one and the Bayes offset cancels, so the
+    pairwise engine covers B-softmax there: its E = the quadrature of the joint activation with
+    its offsets (an independent engine and code path), and the polish from a sampled-like
+    minimiser (key off by 0.1) reaches the softmax preset's certified minimum — the excess
+    1e-4 of the sampled key that an evaluation-only abs_err hid."""
+    bs, sm = get_activation("bsoftmax"), get_activation("softmax")
+    plain = einf.pairwise_activation(TASK, bs, 1)
+    assert plain is not None and plain.norm == "per-head" and plain.offset == "none"
+    assert einf.pairwise_activation(TASK, bs, 2) is None
+    M = np.array([[1.3, 0.2]])
+    state = State(M, M @ M.T + 0.04, np.ones(1), np.zeros(1))
+    det = einf.precise_error(TASK, bs, state, "deterministic")
+    quad = population_error(TASK, bs, state, method="quad")
+    assert det.method == "laplace pairs"
+    assert abs(det.value - quad.value) <= 4 * (det.abs_err + quad.abs_err) + 1e-12
+    from theory_kit import fixedpoint as fp
+    start = fp.FixedPoint(state, fp.Certificate(1.0, 1e-8, 0.0, 0.0, "minimum", 0), "test",
+                          float("nan"), [], 0, 0.0)
+    polished, err = einf.polish_pairwise(TASK, bs, state, start, 1e-8)
+    ref_obj = fp.PairwiseError.for_activation(TASK, sm, 1)
+    ref = fp.polish_gradient_flow(ref_obj, ref_obj.pack_state(state), 1e-8)
+    assert polished.certificate.certified and ref.certificate.certified
+    assert abs(err.value - ref.sampled_error) <= err.abs_err + ref.error_abs_err + 1e-12
+    assert det.value - err.value > 1e-4

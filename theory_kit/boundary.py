@@ -14,7 +14,8 @@ L-BFGS and Newton cannot leave, docs/theory.md §6).
 
 1. *Prune*: the heads with ∂E/∂b_h > 0 whose removal does not raise E beyond its abs_err.
 2. *Reduced model*: the live heads alone, an H'-head model, polished and certified
-   (``fixedpoint.polish_gradient_flow``; again pruned if it has silent heads of its own).
+   (``fixedpoint.polish_gradient_flow``; again pruned if it has silent heads of its own, and
+   handed to ``saturation.saturated_minimum`` if its heads go the other way, b_h → +∞).
 3. *Revival*: adding a head g with key k at b → −∞ changes E by e^{b} c(k) + O(e^{2b}),
    the revival slope (:class:`RevivalSlope`)
 
@@ -50,6 +51,7 @@ from .expect import laplace as lp
 from .fixedpoint import (BOUNDARY, KEY_CAP, Certificate, FixedPoint, PairwiseError,
                          polish_gradient_flow)
 from .model import State
+from .saturation import saturated_minimum
 
 PROBE_DEPTH = 12.0       # b of a revived head: min live b − this (weights ≲ e^{-12} of theirs)
 LINEARITY_STEP = 4.0     # c(k) again at b − this: the O(e^{b}) remainder of the linearisation
@@ -248,6 +250,10 @@ def _reduced_fixed_point(obj: PairwiseError, state: State, tol: float, depth: in
         return None
     reduced = sub_objective(obj, live)
     fixed = polish_gradient_flow(reduced, reduced.pack_state(sub_state(state, live)), tol)
+    if not fixed.certificate.certified:         # the live heads may saturate (b → +∞)
+        saturated = saturated_minimum(reduced, fixed, tol)
+        if saturated is not None and saturated.certificate.certified:
+            fixed = saturated
     record = {"pruned": pruned, "removal_gains": {str(h): g for h, g in gains.items()}}
     if fixed.certificate.certified:
         return live, fixed, record

@@ -44,11 +44,13 @@ from .fixedpoint import (POINTS, RUNOFF, RUNOFF_GROWTH, Certificate, DriftMap, F
                          PairwiseError, RunoffCheck, SampledError, bayes_posterior,
                          check_objective, polish_gradient_flow, runoff_check, solve_drift_root,
                          solve_gradient_flow)
+from . import laplace_objective
 from .initial import InitialCondition
 from .model import Prior, State, Task, check_int, fail
 from .ode import METHODS as ODE_METHODS, BoundaryError, build_system, integrate_ode
 from .progress import progress_bar
 from .results import Checkpoint, read_json, to_jsonable, write_json
+from .saturation import saturated_minimum
 
 MAX_SIGN_PATTERNS = 256
 UNKNOWN_ERROR = "+/- unknown (not converged)"   # the text of a run without an error bar
@@ -71,7 +73,8 @@ def precise_error(task: Task, act: Activation, state: State, method: str = "auto
         return population_error(task, act, state, method="mc", n=mc_samples, seed=seed)
     if method == "deterministic":
         if pairwise_applies(task, act, state.H):
-            obj = PairwiseError.for_activation(task, act, state.H)
+            obj = PairwiseError.for_activation(task, pairwise_activation(task, act, state.H),
+                                               state.H)
             value, err = obj.engine.error(*obj.unpack(obj.pack_state(state)))
             return ErrorResult(value, err, "laplace pairs")
         method = "auto"
@@ -617,7 +620,8 @@ def solve_checked(task: Task, act: Activation, start: State, settings: RunSettin
     :func:`polish_key_bound` (the polish would not start from such a point), and a run-off
     gets no held-out check (the polish, not the check, decides)."""
     used = settings
-    polish = settings.polish == "pairwise" and pairwise_applies(task, act, start.H)
+    polish = settings.polish == "pairwise" and deterministic_objective(task, act, start.H) \
+        is not None
     key_bound = polish_key_bound(start) if polish else np.inf
     for attempt in range(settings.solver_refine + 1):
         fixed = solve_fixed_point(task, act, start, used, engine, key_bound=key_bound)
@@ -653,10 +657,43 @@ def held_out_runoff_check(task: Task, act: Activation, start: State, end: State,
     return runoff_check(held_out, held_out.pack_state(end), held_out.pack_state(start))
 
 
-def pairwise_applies(task: Task, act: Activation, H: int) -> bool:
-    """Whether the deterministic pairwise engine covers (task, act, H) (``expect.pairwise``)."""
+def pairwise_activation(task: Task, act: Activation, H: int) -> Activation | None:
+    """The activation whose pairwise decomposition (``expect.pairwise``) is E of (task, act, H),
+    or None: ``act`` itself where the engine covers it; at H = 1 a joint normaliser with
+    φ = e^s and κ = 0 is the per-head one, and the head's offset (Bayes or not: −Q_hh/2 +
+    log π_h, the same for every token) multiplies each weight's numerator and the normaliser
+    alike, so it cancels: the per-head e^s with the same a.  Why: at H = 1 B-softmax is
+    softmax, and without this its E∞ was the sampled solver's — measured at F = 4, ν = 10,
+    L = 5: the key 3.068 u₁ (2^12 tilted points) at E = 0.0626799 ± 9e-16, 1.4e-4 above the
+    minimum 0.0625382 at √10 u₁, with an abs_err that covered the evaluation only."""
     from .expect.pairwise import applicability
-    return applicability(task, act, H)[0]
+    if applicability(task, act, H)[0]:
+        return act
+    if H == 1 and act.norm == "joint" and act.kappa == 0 and act.is_plain_exp:
+        plain = dataclasses.replace(act, name=f"{act.name} (one head)", norm="per-head",
+                                    offset="none", log_pi=None)
+        if applicability(task, plain, 1)[0]:
+            return plain
+    return None
+
+
+def pairwise_applies(task: Task, act: Activation, H: int) -> bool:
+    """Whether the deterministic pairwise engine covers (task, act, H) (:func:`pairwise_activation`)."""
+    return pairwise_activation(task, act, H) is not None
+
+
+def deterministic_objective(task: Task, act: Activation, H: int):
+    """The deterministic E that the polish minimises, or None: the pairwise decomposition
+    where it applies (:func:`pairwise_activation`), else for a joint normaliser the drift
+    engine's (``laplace_objective.LaplaceError``, H ≤ 3)."""
+    plain = pairwise_activation(task, act, H)
+    if plain is not None:
+        return PairwiseError.for_activation(task, plain, H)
+    if act.norm == "joint" and laplace_objective.applies(task, act, H):
+        return laplace_objective.LaplaceError(task, act, H, act.a_default(H, task.L),
+                                              act.b_default(H, task.L), act.train_a,
+                                              act.train_b)
+    return None
 
 
 def largest_key_norm(state: State) -> float:
@@ -687,18 +724,26 @@ def polish_from_sampled(start: State, sampled: FixedPoint) -> bool:
 def polish_pairwise(task: Task, act: Activation, start: State, sampled: FixedPoint,
                     tol: float) -> tuple[FixedPoint, ErrorResult]:
     """The sampled solver's fixed point polished and certified on the deterministic E
-    (:func:`fixedpoint.polish_gradient_flow` on :class:`fixedpoint.PairwiseError`): from the
+    (:func:`fixedpoint.polish_gradient_flow` on :func:`deterministic_objective`: the pairwise
+    decomposition, or the drift engine's E for a joint normaliser with H ≤ 3): from the
     sampled solution, or from the hand-over ``start`` when that is not certified or far out
     (:func:`polish_from_sampled`: a run-off or a sample artefact).  The sampled solve is kept in the result's
     ``presolve`` (certificate, sampled E, run-off check); E and its abs_err are the
     deterministic engine's at the polished point.  A polish that does not certify because
     heads switch off (softmax-1: b_h → −∞) is handed to :func:`boundary.boundary_minimum`,
-    whose result (kind "boundary minimum", E the live heads' model's) replaces it."""
-    obj = PairwiseError.for_activation(task, act, start.H)
+    whose result (kind "boundary minimum", E the live heads' model's) replaces it; one that
+    is still uncertified, to :func:`saturation.saturated_minimum` (heads whose b_h → +∞),
+    whose result replaces it when it certifies."""
+    obj = deterministic_objective(task, act, start.H)
     origin = sampled.state if polish_from_sampled(start, sampled) else start
     fixed = polish_gradient_flow(obj, obj.pack_state(origin), tol)
-    if not fixed.certificate.certified:
+    boundaries = isinstance(obj, PairwiseError)      # both need the pairwise sub-models
+    if boundaries and not fixed.certificate.certified:
         fixed = boundary_minimum(obj, fixed, tol) or fixed
+    if boundaries and not fixed.certificate.certified:
+        saturated = saturated_minimum(obj, fixed, tol)
+        if saturated is not None and saturated.certificate.certified:
+            fixed = saturated
     presolve = {"certificate": sampled.certificate.to_dict(), "solver": sampled.solver,
                 "sampled_error": sampled.sampled_error, "runoff": sampled.runoff,
                 "saddles": len(sampled.saddles), "seconds": sampled.seconds,
@@ -706,7 +751,8 @@ def polish_pairwise(task: Task, act: Activation, start: State, sampled: FixedPoi
                 "polished_from": "hand-over" if origin is start else "sampled solution"}
     fixed = dataclasses.replace(fixed, presolve=presolve)
     return fixed, ErrorResult(fixed.sampled_error, float(fixed.error_abs_err),
-                              "laplace pairs", {"level": obj.level})
+                              "laplace pairs" if isinstance(obj, PairwiseError) else obj.n,
+                              {"level": obj.level})
 
 
 def solver_objective(task: Task, act: Activation, H: int, settings: RunSettings,

@@ -77,10 +77,11 @@ RUNOFF = "keys diverge"
 # ----------------------------------------------------------------------------- key space
 @dataclass
 class KeySpace:
-    """The solver's coordinates x = (K, a if trained, b if trained), K = [M | P] ∈ R^{H×(F+H)},
-    Q = K Kᵀ; untrained a, b stay at ``a0``, ``b0``.  The fields (task, act, H, a0, b0,
-    train_a, train_b) come first in the sampled objective and the deterministic one
-    (:class:`PairwiseError`)."""
+    """The solver's coordinates x = (K, a if trained, b of the free heads if trained),
+    K = [M | P] ∈ R^{H×(F+H)}, Q = K Kᵀ; untrained a, b stay at ``a0``, ``b0``, and so do the b
+    of the heads in ``frozen_b`` (a boundary b_h = +∞ represented at a finite b, module
+    ``saturation``).  The fields (task, act, H, a0, b0, train_a, train_b) come first in the
+    sampled objective and the deterministic one (:class:`PairwiseError`)."""
 
     task: Task
     act: Activation
@@ -89,14 +90,28 @@ class KeySpace:
     b0: np.ndarray
     train_a: bool
     train_b: bool
+    frozen_b: tuple[int, ...] = ()
+
+    @property
+    def free_b(self) -> np.ndarray:
+        """The heads whose b is a coordinate (none when b is not trained)."""
+        if not self.train_b:
+            return np.zeros(0, int)
+        return np.array([h for h in range(self.H) if h not in self.frozen_b], int)
 
     @property
     def dim(self) -> int:
-        return self.H * (self.task.F + self.H) + self.H * (int(self.train_a) + int(self.train_b))
+        return self.H * (self.task.F + self.H) + self.H * int(self.train_a) + len(self.free_b)
 
     def pack(self, K: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        parts = [np.ravel(K)] + ([a] if self.train_a else []) + ([b] if self.train_b else [])
+        parts = [np.ravel(K)] + ([a] if self.train_a else []) + [np.asarray(b)[self.free_b]]
         return np.concatenate(parts)
+
+    def scalar_head(self, j: int) -> int:
+        """The head of coordinate j among those after the keys (a first, then the free b)."""
+        if self.train_a and j < self.H:
+            return j
+        return int(self.free_b[j - self.H * int(self.train_a)])
 
     def unpack(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         H, width = self.H, self.task.F + self.H
@@ -105,8 +120,10 @@ class KeySpace:
     def scalars(self, rest: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(a, b) from the coordinates after the keys (``a0``, ``b0`` where not trained)."""
         a = rest[:self.H] if self.train_a else self.a0
-        b = rest[-self.H:] if self.train_b else self.b0
-        return np.asarray(a, float), np.asarray(b, float)
+        free = self.free_b
+        b = np.array(self.b0, float)
+        b[free] = rest[len(rest) - len(free):]
+        return np.asarray(a, float), b
 
     def pack_state(self, state: State) -> np.ndarray:
         """A flat vector realising ``state`` (the orthogonal part factorised by eigh)."""
@@ -324,7 +341,7 @@ class SampledError(KeySpace):
             (-2.0 * np.einsum("nhl,nkl->nhk", Jv, self.tokens)
              - 4.0 * Qv[:, :, None] * K[None]).reshape(len(e), -1),
             *([-2.0 * Av] if self.train_a else []),
-            *([-2.0 * Bv] if self.train_b else [])], axis=1)
+            -2.0 * Bv[:, self.free_b]], axis=1)
         wts = self.samples.weights
         groups = np.zeros((self.samples.n_groups, per.shape[1]))
         np.add.at(groups, self.samples.group, wts[:, None] * per)
@@ -340,7 +357,42 @@ class SampledError(KeySpace):
 # |k| ≤ 6.04 (H = 8, seed 0).
 KEY_CAP = 10.0
 @dataclass
-class PairwiseError(KeySpace):
+class DeterministicError(KeySpace):
+    """What the deterministic objectives share: a fixed resolution ``level`` for
+    ``value_and_grad`` (a smooth function, for L-BFGS and finite differences), a coarser
+    ``descent_level`` for the long way down, the finer ``finer_levels`` where the certificate
+    may need Newton to continue (:func:`_at_finer_levels`), and the key cap."""
+
+    level: float | None = None
+    descent_level: float | None = None
+    evaluations: int = field(default=0, init=False)
+
+    @contextlib.contextmanager
+    def at_level(self, level: float):
+        """``level`` set to ``level`` inside the block."""
+        fine = self.level
+        self.level = level
+        try:
+            yield self
+        finally:
+            self.level = fine
+
+    def at_descent_level(self):
+        """``level`` set to ``descent_level`` inside the block (an inexact-Newton schedule:
+        L-BFGS far from the minimum needs ~1e-6 in the gradient, not 1e-14)."""
+        return self.at_level(self.descent_level)
+
+    def finer_levels(self) -> list[float]:
+        """The resolutions above ``level`` that :meth:`evaluate` may certify at."""
+        raise NotImplementedError
+
+    def beyond_cap(self, x: np.ndarray) -> bool:
+        """Whether a head's key norm exceeds ``KEY_CAP`` (there E is not evaluated)."""
+        return max_key_norm(self, x) > KEY_CAP
+
+
+@dataclass
+class PairwiseError(DeterministicError):
     """E(K, a, b) and its gradient by the deterministic engine: the pairwise decomposition of
     a per-head activation into 1- and 2-head sub-models on the Laplace engine
     (``expect.pairwise``).  Same coordinates as :class:`SampledError`, no samples: there is
@@ -352,10 +404,7 @@ class PairwiseError(KeySpace):
     the sub-models that contain that coordinate's head (H − 1 pairs and one single of the
     H(H−1)/2 + H), bit for bit the same columns as differencing the whole gradient."""
 
-    level: float | None = None          # None: expect.pairwise.DEFAULT_LEVEL
-    descent_level: float | None = None  # None: expect.pairwise.DESCENT_LEVEL
     engine: object = field(init=False, repr=False)
-    evaluations: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
         from .expect import pairwise     # imports the Laplace engine (numba)
@@ -365,16 +414,9 @@ class PairwiseError(KeySpace):
         if self.descent_level is None:
             self.descent_level = pairwise.DESCENT_LEVEL
 
-    @contextlib.contextmanager
-    def at_descent_level(self):
-        """``level`` set to ``descent_level`` inside the block (an inexact-Newton schedule:
-        L-BFGS far from the minimum needs ~1e-6 in the gradient, not 1e-14)."""
-        fine = self.level
-        self.level = self.descent_level
-        try:
-            yield self
-        finally:
-            self.level = fine
+    def finer_levels(self) -> list[float]:
+        from .expect.pairwise import LEVELS
+        return [lv for lv in LEVELS if lv > self.level]
 
     @classmethod
     def for_activation(cls, task: Task, act: Activation, H: int) -> "PairwiseError":
@@ -411,10 +453,6 @@ class PairwiseError(KeySpace):
             + excess[:, None] * unit     # d clip = (cap/|k|)(I − k̂k̂ᵀ); the penalty's k̂
         return f.value + 0.5 * float(np.sum(excess ** 2)), self.pack(dK, f.da, f.db)
 
-    def beyond_cap(self, x: np.ndarray) -> bool:
-        """Whether a head's key norm exceeds ``KEY_CAP`` (there E is not evaluated)."""
-        return max_key_norm(self, x) > KEY_CAP
-
     def evaluate(self, x: np.ndarray, tol: float = DRIFT_TOL) -> tuple[float, float, np.ndarray,
                                                                       float]:
         """(E, abs_err of E, ∂E/∂x, ‖abs_err of ∂E/∂x‖) from two resolutions
@@ -425,7 +463,7 @@ class PairwiseError(KeySpace):
     def head_of(self, i: int) -> int:
         """The head that coordinate i of x belongs to."""
         width = self.task.F + self.H
-        return i // width if i < self.H * width else (i - self.H * width) % self.H
+        return i // width if i < self.H * width else self.scalar_head(i - self.H * width)
 
     def hessian(self, x: np.ndarray, Z: np.ndarray) -> tuple[np.ndarray, float]:
         """(Zᵀ ∇²E Z, its finite-difference error): central differences of the exact gradient
@@ -496,7 +534,7 @@ class ZeroOrthogonal:
 
     def head_of(self, i: int) -> int:
         F, H = self.task.F, self.H
-        return i // F if i < H * F else (i - H * F) % H
+        return i // F if i < H * F else self.full.scalar_head(i - H * F)
 
     def quotient(self, xr: np.ndarray) -> np.ndarray:
         return np.eye(self.dim)
@@ -623,10 +661,16 @@ def quotient_basis(gauge: np.ndarray, dim: int) -> np.ndarray:
 def fd_hessian(grad, x: np.ndarray, Z: np.ndarray, step: float = FD_STEP) -> np.ndarray:
     """Zᵀ ∇²E Z by central differences of the exact gradient along the columns of Z,
     symmetrised; shape (k, k), k = Z.shape[1].  Step h = step·max(1, |x|)."""
+    Hq = fd_columns(grad, x, Z, step)
+    return 0.5 * (Hq + Hq.T)
+
+
+def fd_columns(grad, x: np.ndarray, Z: np.ndarray, step: float = FD_STEP) -> np.ndarray:
+    """:func:`fd_hessian` before it is symmetrised (its asymmetry measures the differences'
+    truncation and rounding)."""
     h = step * max(1.0, float(np.linalg.norm(x)))
     cols = [Z.T @ (grad(x + h * z) - grad(x - h * z)) / (2 * h) for z in Z.T]
-    Hq = np.array(cols).T
-    return 0.5 * (Hq + Hq.T)
+    return np.array(cols).T
 
 
 # ----------------------------------------------------------------------------- certificate
@@ -1053,11 +1097,12 @@ def polish_gradient_flow(obj: PairwiseError, x0: np.ndarray, tol: float = DRIFT_
     the deterministic E (no samples), ``error_abs_err`` its abs_err."""
     start, evals0 = time.perf_counter(), obj.evaluations
     local, saddles, where = None, [], "full key space"
-    x = x0
+    x, view = x0, obj
     if face:
         x, local, saddles = _on_face(obj, x0, tol, max_escapes, maxiter)
-        where = "the face P = 0 (full Hessian block-diagonal there)"
+        where, view = "the face P = 0 (full Hessian block-diagonal there)", ZeroOrthogonal(obj)
     if local is None:
+        view = obj
         x = _rough_descent(obj, obj, x if face else x0, maxiter, runoff_bound(x0))
         x, local, more = _descend(obj, x, tol, max_escapes, maxiter, runoff_bound(x0))
         saddles += more
@@ -1069,7 +1114,7 @@ def polish_gradient_flow(obj: PairwiseError, x0: np.ndarray, tol: float = DRIFT_
         return FixedPoint(obj.state(x), cert, f"beyond the key cap {KEY_CAP:g} of the "
                           "deterministic E", value, saddles, obj.evaluations - evals0,
                           time.perf_counter() - start, error_abs_err=float("inf"))
-    value, value_err, grad, grad_err = obj.evaluate(x, tol)
+    x, (value, value_err, grad, grad_err) = _at_finer_levels(obj, view, x, local, tol)
     if local is None:
         cert = Certificate(0.5 * float(np.linalg.norm(grad)), 0.5 * tol, float("nan"),
                            float("nan"), RUNOFF, 0, 0.5 * grad_err)
@@ -1079,10 +1124,33 @@ def polish_gradient_flow(obj: PairwiseError, x0: np.ndarray, tol: float = DRIFT_
         cert = Certificate(0.5 * float(np.linalg.norm(grad)), 0.5 * tol, float(local.eigs[0]),
                            local.eig_tol, kind, local.zero_modes, 0.5 * grad_err)
     solver = (f"L-BFGS + Newton on K = [M | P], {where} (Hessian by finite differences of "
-              f"the exact gradient) on the deterministic E (pairwise Laplace, level "
+              f"the exact gradient) on the deterministic E ({obj.n}, level "
               f"{obj.level:g}; L-BFGS first at level {obj.descent_level:g})")
     return FixedPoint(obj.state(x), cert, solver, value, saddles, obj.evaluations - evals0,
                       time.perf_counter() - start, error_abs_err=value_err)
+
+
+def _at_finer_levels(obj: PairwiseError, view: object, x: np.ndarray, local: "_Local | None",
+                     tol: float) -> tuple[np.ndarray, tuple]:
+    """(x, ``obj.evaluate(x)``) after trust-region Newton at each finer level of the ladder
+    (``pairwise.LEVELS`` above ``obj.level``, on ``view``: ``obj`` or its face, with the
+    Hessian at hand) while x is a stable point whose certificate's gradient — taken by
+    ``evaluate`` at the first rung that resolves it, often finer than ``obj.level`` — is above
+    ``tol`` though resolved.  Why: the descent's level can be off by more than tol there
+    (measured: 1.2e-8 in ∂E/∂m of a plain-softmax head, F = 2, ν = 2, L = 5, H = 1, level
+    0.5625 against 0.75 and 1, which agree to 3e-13), so Newton at that level stops where the
+    certificate cannot pass."""
+    face = view is not obj
+    evaluated = obj.evaluate(x, tol)
+    for level in obj.finer_levels():
+        norm, grad_err = float(np.linalg.norm(evaluated[2])), evaluated[3]
+        if local is None or local.kind not in STABLE_KINDS or norm <= tol or grad_err > tol:
+            break
+        with obj.at_level(level):
+            y, _ = _newton(view, view.restrict(x) if face else x, local.Z, local.Hq, tol)
+        x = view.embed(y) if face else y
+        evaluated = obj.evaluate(x, tol)
+    return x, evaluated
 
 
 def _runoff_certificate(obj: SampledError, x: np.ndarray, tol: float) -> Certificate:

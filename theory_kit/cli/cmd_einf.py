@@ -62,7 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--polish", default="none",
                    help="gradient flow: polish and certify the sampled solution on the "
                         "deterministic E (none, or pairwise: per-head activations, discrete "
-                        "priors, any H)")
+                        "priors, any H; joint ones with H <= 3 on the drift engine)")
     p.add_argument("--no-shift-check", action="store_true",
                    help="skip re-solving on an independent sample set (the sample shift of E)")
     p.add_argument("--no-global-min", action="store_true", help="skip the global minimum")
@@ -106,8 +106,9 @@ def run_einf(args: argparse.Namespace) -> int:
     if settings.polish == "pairwise":   # the library skips it where it does not apply; asked for
         from ..expect.pairwise import applicability   # on the command line, that is bad input
         ok, why = applicability(task, act, H)
-        if not ok:
-            raise ValidationError(f"polish: 'pairwise' {why}; use --polish none")
+        if not ok and einf.deterministic_objective(task, act, H) is None:
+            raise ValidationError(f"polish: 'pairwise' {why} (and the drift engine covers "
+                                  f"joint normalisers with H <= 3 only); use --polish none")
     D = check_int(args.D, "D", task.F + args.H)
     check_einf(runs, check_int(args.jobs, "jobs", 1), settings.n_samples, H, task.L,
                strata_of(task), args.T_min, args.T_max, settings.solver_points, settings.solve,
