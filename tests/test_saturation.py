@@ -140,3 +140,16 @@ def test_newton_continues_at_the_level_of_the_certificate(monkeypatch):
                         lambda o, view, x, local, tol: (x, o.evaluate(x, tol)))
     stopped = fp.polish_gradient_flow(obj, x0, 1e-8).certificate
     assert stopped.kind == "minimum" and stopped.drift_norm > stopped.drift_tol
+
+
+def test_finer_levels_leave_a_point_whose_hessian_is_not_positive_definite():
+    """A degenerate minimum may carry a Hessian with λ ≤ 0, where the trust step has no
+    solution (it raised in brentq: softmax-1, F = 2, ν = 0.5, H = 4): x is returned
+    unchanged with its evaluation."""
+    obj = fp.PairwiseError.for_activation(ONE_HEAD, get_activation("softmax"), 1)
+    M = np.array([[0.9, 0.3]])
+    x = obj.pack_state(State(M, M @ M.T + 0.05, np.ones(1), np.zeros(1)))
+    Z = np.eye(obj.dim)
+    local = fp._Local("degenerate minimum", np.array([-1e-3]), Z, Z, -1e-3 * Z, 0, 1e-7)
+    y, evaluated = fp._at_finer_levels(obj, obj, x, local, 1e-8)
+    assert np.array_equal(y, x) and np.linalg.norm(evaluated[2]) > 1e-8

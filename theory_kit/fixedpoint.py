@@ -1144,7 +1144,10 @@ def _at_finer_levels(obj: PairwiseError, view: object, x: np.ndarray, local: "_L
     evaluated = obj.evaluate(x, tol)
     for level in obj.finer_levels():
         norm, grad_err = float(np.linalg.norm(evaluated[2])), evaluated[3]
-        if local is None or local.kind not in STABLE_KINDS or norm <= tol or grad_err > tol:
+        # Newton needs the Hessian at hand positive definite (a degenerate minimum's may not
+        # be: softmax-1, F = 2, ν = 8, H = 4 crashed the trust step here)
+        if local is None or local.kind not in STABLE_KINDS or norm <= tol or grad_err > tol \
+                or np.linalg.eigvalsh(0.5 * (local.Hq + local.Hq.T))[0] <= 0:
             break
         with obj.at_level(level):
             y, _ = _newton(view, view.restrict(x) if face else x, local.Z, local.Hq, tol)
