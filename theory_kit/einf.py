@@ -620,8 +620,7 @@ def solve_checked(task: Task, act: Activation, start: State, settings: RunSettin
     :func:`polish_key_bound` (the polish would not start from such a point), and a run-off
     gets no held-out check (the polish, not the check, decides)."""
     used = settings
-    polish = settings.polish == "pairwise" and deterministic_objective(task, act, start.H) \
-        is not None
+    polish = settings.polish == "pairwise" and polish_applies(task, act, start.H)
     key_bound = polish_key_bound(start) if polish else np.inf
     for attempt in range(settings.solver_refine + 1):
         fixed = solve_fixed_point(task, act, start, used, engine, key_bound=key_bound)
@@ -682,6 +681,15 @@ def pairwise_applies(task: Task, act: Activation, H: int) -> bool:
     return pairwise_activation(task, act, H) is not None
 
 
+def polish_applies(task: Task, act: Activation, H: int) -> bool:
+    """Whether the polish has a deterministic E for (task, act, H) (:func:`deterministic_objective`)."""
+    return pairwise_applies(task, act, H) or _joint_laplace_applies(task, act, H)
+
+
+def _joint_laplace_applies(task: Task, act: Activation, H: int) -> bool:
+    return act.norm == "joint" and laplace_objective.applies(task, act, H)
+
+
 def deterministic_objective(task: Task, act: Activation, H: int):
     """The deterministic E that the polish minimises, or None: the pairwise decomposition
     where it applies (:func:`pairwise_activation`), else for a joint normaliser the drift
@@ -689,7 +697,7 @@ def deterministic_objective(task: Task, act: Activation, H: int):
     plain = pairwise_activation(task, act, H)
     if plain is not None:
         return PairwiseError.for_activation(task, plain, H)
-    if act.norm == "joint" and laplace_objective.applies(task, act, H):
+    if _joint_laplace_applies(task, act, H):
         return laplace_objective.LaplaceError(task, act, H, act.a_default(H, task.L),
                                               act.b_default(H, task.L), act.train_a,
                                               act.train_b)

@@ -919,6 +919,12 @@ class _Local:
     eig_tol: float
 
 
+def _newton_ready(local: _Local) -> bool:
+    """Whether trust-region Newton (:func:`_newton`) can run on ``local``'s Hessian: positive
+    definite (a minimum, or a degenerate one whose smallest eigenvalue is still > 0)."""
+    return bool(np.linalg.eigvalsh(0.5 * (local.Hq + local.Hq.T))[0] > 0)
+
+
 def _classify(obj: KeySpace, x: np.ndarray) -> _Local:
     """Quotient Hessian at x (gauge removed) and the kind of stationary point it indicates."""
     Z = obj.quotient(x)
@@ -1015,7 +1021,7 @@ def _descend(obj, x: np.ndarray, tol: float, max_escapes: int, maxiter: int,
             # tolerance) still has a positive definite Hq, which trust-region Newton needs:
             # L-BFGS alone ended such a point at ½‖∇E‖ = 7.7e-7 (softmax-1, F = 4, ν = 10,
             # 4 heads, λ_min = 3.3e-5 against a tolerance 3.7e-5)
-            if local.kind == "minimum" or local.eigs[0] > 0:
+            if _newton_ready(local):
                 y, exact = _newton(obj, x, local.Z, local.Hq, tol)
                 moved = np.linalg.norm(y - x) > RECLASSIFY_MOVE * max(1.0, np.linalg.norm(x))
                 x = y
@@ -1144,10 +1150,10 @@ def _at_finer_levels(obj: PairwiseError, view: object, x: np.ndarray, local: "_L
     evaluated = obj.evaluate(x, tol)
     for level in obj.finer_levels():
         norm, grad_err = float(np.linalg.norm(evaluated[2])), evaluated[3]
-        # Newton needs the Hessian at hand positive definite (a degenerate minimum's may not
-        # be: softmax-1, F = 2, ν = 8, H = 4 crashed the trust step here)
+        # a degenerate minimum's Hessian may not be positive definite (softmax-1, F = 2,
+        # ν = 0.5, H = 4 crashed the trust step here)
         if local is None or local.kind not in STABLE_KINDS or norm <= tol or grad_err > tol \
-                or np.linalg.eigvalsh(0.5 * (local.Hq + local.Hq.T))[0] <= 0:
+                or not _newton_ready(local):
             break
         with obj.at_level(level):
             y, _ = _newton(view, view.restrict(x) if face else x, local.Z, local.Hq, tol)

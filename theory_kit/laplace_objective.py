@@ -100,10 +100,16 @@ class LaplaceError(DeterministicError):
         """(E, abs_err, ∂E/∂x, ‖abs_err of ∂E/∂x‖): at ``level`` and each finer one of
         ``LEVELS`` in turn against level × COARSE, the first whose errors are below ``tol``
         (else the finest); errors floored by the mass defect as the drift engine's."""
+        below = None                # (level, fields) of the rung below: its coarse partner
         for level in [self.level] + self.finer_levels():
-            self.evaluations += 2
+            if below is not None and np.isclose(below[0], level * COARSE, rtol=1e-12):
+                coarse = below[1]
+            else:
+                self.evaluations += 1
+                coarse = self._fields(x, level * COARSE)[0]
+            self.evaluations += 1
             fine, defect = self._fields(x, level)
-            coarse, _ = self._fields(x, level * COARSE)
+            below = (level, fine)
             g_fine, g_coarse = self._grad(x, fine), self._grad(x, coarse)
             floor = max(64 * np.finfo(float).eps, defect)
             value_err = max(abs(fine["error"] - coarse["error"]),

@@ -105,8 +105,8 @@ def run_einf(args: argparse.Namespace) -> int:
     H, runs = check_int(args.H, "H", 1), check_int(args.runs, "runs", 1)
     if settings.polish == "pairwise":   # the library skips it where it does not apply; asked for
         from ..expect.pairwise import applicability   # on the command line, that is bad input
-        ok, why = applicability(task, act, H)
-        if not ok and einf.deterministic_objective(task, act, H) is None:
+        if not einf.polish_applies(task, act, H):
+            why = applicability(task, act, H)[1]
             raise ValidationError(f"polish: 'pairwise' {why} (and the drift engine covers "
                                   f"joint normalisers with H <= 3 only); use --polish none")
     D = check_int(args.D, "D", task.F + args.H)

@@ -73,7 +73,7 @@ class Plan:
     solver_points_left_softmax: int | None = None      # None: solver_points_left
     solver_refine_left_softmax: int = 2
     flow: str = "ode"
-    polish: str = "none"                # einf.RunSettings.polish (per-head activations only)
+    polish: str = "none"                # einf.RunSettings.polish (where einf.polish_applies)
     error_method: str = "mc"            # E at the fixed points (einf.precise_error)
     # a run without the deterministic polish reports E at the sampled minimiser, whose excess
     # over the minimum its evaluation error does not see (B-softmax, H = 1, before it was
@@ -205,9 +205,10 @@ def sampled_stops(point: dict, p: Plan, name: str | None) -> bool:
 
 
 def polished(point: dict, p: Plan, name: str | None) -> bool:
-    """Whether the run gets the deterministic polish (``einf.deterministic_objective``: the
-    per-head activations, and B-softmax at H ≤ 3)."""
-    return p.polish != "none" and (name in ("softmax", "softmax1") or point["H"] <= 3)
+    """Whether the run gets the deterministic polish (``einf.polish_applies``: the per-head
+    activations, and B-softmax at H ≤ 3)."""
+    return p.polish != "none" and name is not None and einf.polish_applies(
+        task_of(point, p), get_activation(name), point["H"])
 
 
 def polish_seconds(point: dict, p: Plan, name: str | None) -> float:
