@@ -167,6 +167,10 @@ def build_cases() -> list[tuple[str, list[str], str]]:
     add("einf --polish pairwise, joint activation, H = 4",   # it was skipped without a word
         joint + flow[len(BASE["einf"]):], "polish")
     add("einf --polish pairwise, Gaussian prior", flow + ["--prior", "gaussian"], "polish")
+    joint2 = with_opt("einf", "--activation", "bsoftmax")
+    joint2[joint2.index("--H") + 1] = "2"   # per-head: the drift engine's joint E is not used
+    add("einf --polish per-head, joint activation, H = 2",
+        joint2 + ["--gradient-flow", "--polish", "per-head"], "polish")
     add("einf --polish bogus", with_opt("einf", "--polish", "bogus"), "polish")
     for name in ("missing.json", "malformed.json", "log.txt"):
         add(f"compare --data {name}", with_opt("compare", "--data", f"{{out}}/{name}"), "data")

@@ -494,3 +494,21 @@ def test_one_bsoftmax_head_is_polished_as_the_per_head_softmax_head():
     assert polished.certificate.certified and ref.certificate.certified
     assert abs(err.value - ref.sampled_error) <= err.abs_err + ref.error_abs_err + 1e-12
     assert det.value - err.value > 1e-4
+
+
+def test_polish_modes_differ_only_on_joint_normalisers_with_two_or_three_heads():
+    """"per-head" polishes where the pairwise decomposition applies (softmax at any H, and one
+    B-softmax head, which is per-head), "pairwise" also B-softmax at H = 2, 3 (on the drift
+    engine's E), neither B-softmax at H = 4; and a plan's mode reaches the rule (fig4's
+    cost model)."""
+    from theory_kit.figures import fig4
+    bs, sm = get_activation("bsoftmax"), get_activation("softmax")
+    for H in (1, 2, 4):
+        assert einf.polish_applies(TASK, sm, H, "per-head") and einf.polish_applies(TASK, sm, H)
+    assert einf.polish_applies(TASK, bs, 1, "per-head")
+    assert einf.polish_applies(TASK, bs, 2, "pairwise")
+    assert not einf.polish_applies(TASK, bs, 2, "per-head")
+    assert not einf.polish_applies(TASK, bs, 4, "pairwise")
+    point = {"panel": "H", "x": 2.0, "F": 4, "nu": 10.0, "H": 2}
+    assert fig4.FULL.polish == "per-head" and not fig4.polished(point, fig4.FULL, "bsoftmax")
+    assert fig4.polished(point, dataclasses.replace(fig4.FULL, polish="pairwise"), "bsoftmax")

@@ -32,7 +32,7 @@ from scipy import integrate, optimize
 from scipy.optimize import linear_sum_assignment
 
 from .activations import Activation, activation_from_params, get_activation
-from .boundary import boundary_minimum
+from .boundary import REVIVALS, boundary_minimum, revived_state, saddle_record
 from .error import METHODS as ERROR_METHODS
 from .codegen import sample_kernels
 from .error import ErrorResult, bayes_error, population_error, squared_residual
@@ -55,7 +55,12 @@ from .saturation import saturated_minimum
 MAX_SIGN_PATTERNS = 256
 UNKNOWN_ERROR = "+/- unknown (not converged)"   # the text of a run without an error bar
 FLOWS = ("ode", "sampled")
-POLISH = ("none", "pairwise")   # RunSettings.polish: the deterministic solve after the sampled one
+# RunSettings.polish: the deterministic solve after the sampled one — "pairwise" wherever a
+# deterministic E exists (:func:`polish_applies`), "per-head" only on the pairwise
+# decomposition (not the drift engine's E of a joint normaliser at H = 2, 3: ~130 CPU s per
+# evaluation of E and its gradient at F = 4, ν = 10, L = 5, H = 2, measured; 11 evaluations
+# in 24 CPU min, so a polish of ~100 would take hours)
+POLISH = ("none", "pairwise", "per-head")
 PRECISE_METHODS = ERROR_METHODS + ("deterministic",)   # precise_error's methods
 HELD_OUT = 3            # seed offset of the held-out points of a run-off check (1, 2: sample_shift)
 
@@ -436,7 +441,8 @@ class RunSettings:
     certifies (``fixedpoint.solve_gradient_flow``'s ``coarse``).  A gradient-flow
     solution whose sampled E disagrees with the precise E is solved again with 4x the points,
     up to ``solver_refine`` times (:func:`solve_checked`).  ``polish="pairwise"`` (gradient
-    flow, where ``expect.pairwise`` applies: per-head activations, discrete priors, any H) then
+    flow, where a deterministic E exists, :func:`polish_applies`; ``"per-head"``: only where
+    the pairwise decomposition does) then
     polishes and certifies the solution on the deterministic E (:func:`polish_pairwise`),
     whose value and abs_err become the run's E (``error_method`` "deterministic" gives the
     same engine's E without the polish).
@@ -620,7 +626,7 @@ def solve_checked(task: Task, act: Activation, start: State, settings: RunSettin
     :func:`polish_key_bound` (the polish would not start from such a point), and a run-off
     gets no held-out check (the polish, not the check, decides)."""
     used = settings
-    polish = settings.polish == "pairwise" and polish_applies(task, act, start.H)
+    polish = settings.polish != "none" and polish_applies(task, act, start.H, settings.polish)
     key_bound = polish_key_bound(start) if polish else np.inf
     for attempt in range(settings.solver_refine + 1):
         fixed = solve_fixed_point(task, act, start, used, engine, key_bound=key_bound)
@@ -681,8 +687,12 @@ def pairwise_applies(task: Task, act: Activation, H: int) -> bool:
     return pairwise_activation(task, act, H) is not None
 
 
-def polish_applies(task: Task, act: Activation, H: int) -> bool:
-    """Whether the polish has a deterministic E for (task, act, H) (:func:`deterministic_objective`)."""
+def polish_applies(task: Task, act: Activation, H: int, mode: str = "pairwise") -> bool:
+    """Whether the polish ``mode`` (:data:`POLISH`) has a deterministic E for (task, act, H)
+    (:func:`deterministic_objective`): "pairwise" any, "per-head" the pairwise
+    decomposition's only."""
+    if mode == "per-head":
+        return pairwise_applies(task, act, H)
     return pairwise_applies(task, act, H) or _joint_laplace_applies(task, act, H)
 
 
@@ -741,17 +751,22 @@ def polish_pairwise(task: Task, act: Activation, start: State, sampled: FixedPoi
     heads switch off (softmax-1: b_h → −∞) is handed to :func:`boundary.boundary_minimum`,
     whose result (kind "boundary minimum", E the live heads' model's) replaces it; one that
     is still uncertified, to :func:`saturation.saturated_minimum` (heads whose b_h → +∞),
-    whose result replaces it when it certifies."""
+    whose result replaces it when it certifies.  A boundary saddle (a head revived at some
+    key lowers E) is left from :func:`boundary.revived_state` and polished again, up to
+    ``boundary.REVIVALS`` times; it is recorded among the result's saddles."""
     obj = deterministic_objective(task, act, start.H)
     origin = sampled.state if polish_from_sampled(start, sampled) else start
-    fixed = polish_gradient_flow(obj, obj.pack_state(origin), tol)
-    boundaries = isinstance(obj, PairwiseError)      # both need the pairwise sub-models
-    if boundaries and not fixed.certificate.certified:
-        fixed = boundary_minimum(obj, fixed, tol) or fixed
-    if boundaries and not fixed.certificate.certified:
-        saturated = saturated_minimum(obj, fixed, tol)
-        if saturated is not None and saturated.certificate.certified:
-            fixed = saturated
+    fixed = _polish_to_the_boundaries(obj, origin, tol)
+    for _ in range(REVIVALS):
+        revived = revived_state(obj, fixed)
+        if revived is None:
+            break
+        again = _polish_to_the_boundaries(obj, revived, tol)
+        fixed = dataclasses.replace(
+            again, saddles=fixed.saddles + [saddle_record(fixed)] + again.saddles,
+            evaluations=fixed.evaluations + again.evaluations,
+            seconds=fixed.seconds + again.seconds,
+            solver=f"{again.solver} (after a boundary saddle, left by reviving a head)")
     presolve = {"certificate": sampled.certificate.to_dict(), "solver": sampled.solver,
                 "sampled_error": sampled.sampled_error, "runoff": sampled.runoff,
                 "saddles": len(sampled.saddles), "seconds": sampled.seconds,
@@ -761,6 +776,22 @@ def polish_pairwise(task: Task, act: Activation, start: State, sampled: FixedPoi
     return fixed, ErrorResult(fixed.sampled_error, float(fixed.error_abs_err),
                               "laplace pairs" if isinstance(obj, PairwiseError) else obj.n,
                               {"level": obj.level})
+
+
+def _polish_to_the_boundaries(obj, origin: State, tol: float) -> FixedPoint:
+    """:func:`fixedpoint.polish_gradient_flow` from ``origin``; uncertified, on the pairwise
+    engine, handed to :func:`boundary.boundary_minimum` (heads switching off), and if still
+    uncertified to :func:`saturation.saturated_minimum` (heads saturating), whose result
+    replaces it only when it certifies."""
+    fixed = polish_gradient_flow(obj, obj.pack_state(origin), tol)
+    boundaries = isinstance(obj, PairwiseError)      # both need the pairwise sub-models
+    if boundaries and not fixed.certificate.certified:
+        fixed = boundary_minimum(obj, fixed, tol) or fixed
+    if boundaries and not fixed.certificate.certified:
+        saturated = saturated_minimum(obj, fixed, tol)
+        if saturated is not None and saturated.certificate.certified:
+            fixed = saturated
+    return fixed
 
 
 def solver_objective(task: Task, act: Activation, H: int, settings: RunSettings,

@@ -356,6 +356,33 @@ class SampledError(KeySpace):
 # killed at 21 GB when an L-BFGS line search tried such keys).  The certified minima have
 # |k| ≤ 6.04 (H = 8, seed 0).
 KEY_CAP = 10.0
+class KeyCap:
+    """The continuous extension of a function of keys K (rows k_h) beyond ``KEY_CAP``:
+    f(clip(K)) + ½ Σ_h (|k_h| − cap)₊², clip scaling each row beyond the cap back onto it.  A
+    line search may try such keys; the deterministic engines are never evaluated there."""
+
+    def __init__(self, K: np.ndarray) -> None:
+        self.norms = np.linalg.norm(K, axis=1)
+        self.over = self.norms > KEY_CAP
+        self.scale = np.where(self.over, KEY_CAP / np.maximum(self.norms, 1e-300), 1.0)
+        self.unit = K / np.maximum(self.norms, 1e-300)[:, None]
+        self.excess = np.where(self.over, self.norms - KEY_CAP, 0.0)
+        self.clipped = K * self.scale[:, None]
+
+    def value(self, value: float) -> float:
+        """f(clip(K)) plus the penalty."""
+        return value + 0.5 * float(np.sum(self.excess ** 2))
+
+    def gradient(self, dK: np.ndarray) -> np.ndarray:
+        """∂/∂K of the extension from ∂f/∂K at clip(K): d clip = (cap/|k|)(I − k̂k̂ᵀ) on the
+        rows beyond the cap, plus the penalty's (|k| − cap) k̂."""
+        if not np.any(self.over):
+            return dK
+        radial = np.sum(dK * self.unit, axis=1)
+        return (self.scale[:, None] * (dK - np.where(self.over, radial, 0.0)[:, None]
+                                       * self.unit) + self.excess[:, None] * self.unit)
+
+
 @dataclass
 class DeterministicError(KeySpace):
     """What the deterministic objectives share: a fixed resolution ``level`` for
@@ -439,19 +466,9 @@ class PairwiseError(DeterministicError):
         evaluated there)."""
         self.evaluations += 1
         K, a, b = self.unpack(x)
-        norms = np.linalg.norm(K, axis=1)
-        over = norms > KEY_CAP
-        if not np.any(over):
-            f = self.engine.fields(K, a, b, level=self.level)
-            return f.value, self._pack_fields(f)
-        scale = np.where(over, KEY_CAP / norms, 1.0)
-        f = self.engine.fields(K * scale[:, None], a, b, level=self.level)
-        unit = K / np.maximum(norms, 1e-300)[:, None]
-        radial = np.sum(f.dK * unit, axis=1)
-        excess = np.where(over, norms - KEY_CAP, 0.0)
-        dK = scale[:, None] * (f.dK - np.where(over, radial, 0.0)[:, None] * unit) \
-            + excess[:, None] * unit     # d clip = (cap/|k|)(I − k̂k̂ᵀ); the penalty's k̂
-        return f.value + 0.5 * float(np.sum(excess ** 2)), self.pack(dK, f.da, f.db)
+        cap = KeyCap(K)
+        f = self.engine.fields(cap.clipped, a, b, level=self.level)
+        return cap.value(f.value), self.pack(cap.gradient(f.dK), f.da, f.db)
 
     def evaluate(self, x: np.ndarray, tol: float = DRIFT_TOL) -> tuple[float, float, np.ndarray,
                                                                       float]:

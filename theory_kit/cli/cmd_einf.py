@@ -61,8 +61,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="certificate: drift norm below this (absolute)")
     p.add_argument("--polish", default="none",
                    help="gradient flow: polish and certify the sampled solution on the "
-                        "deterministic E (none, or pairwise: per-head activations, discrete "
-                        "priors, any H; joint ones with H <= 3 on the drift engine)")
+                        "deterministic E (none; pairwise: per-head activations, discrete "
+                        "priors, any H, and joint ones with H <= 3 on the drift engine; "
+                        "per-head: the per-head ones only)")
     p.add_argument("--no-shift-check", action="store_true",
                    help="skip re-solving on an independent sample set (the sample shift of E)")
     p.add_argument("--no-global-min", action="store_true", help="skip the global minimum")
@@ -103,12 +104,13 @@ def run_einf(args: argparse.Namespace) -> int:
             raise OutputError(f"workdir: cannot create or write to the folder {args.workdir}")
     check_int(args.min_starts, "min-starts", 1)
     H, runs = check_int(args.H, "H", 1), check_int(args.runs, "runs", 1)
-    if settings.polish == "pairwise":   # the library skips it where it does not apply; asked for
+    if settings.polish != "none":   # the library skips it where it does not apply; asked for
         from ..expect.pairwise import applicability   # on the command line, that is bad input
-        if not einf.polish_applies(task, act, H):
+        if not einf.polish_applies(task, act, H, settings.polish):
             why = applicability(task, act, H)[1]
-            raise ValidationError(f"polish: 'pairwise' {why} (and the drift engine covers "
-                                  f"joint normalisers with H <= 3 only); use --polish none")
+            joint = (" (and the drift engine covers joint normalisers with H <= 3 only)"
+                     if settings.polish == "pairwise" else "")
+            raise ValidationError(f"polish: '{settings.polish}' {why}{joint}; use --polish none")
     D = check_int(args.D, "D", task.F + args.H)
     check_einf(runs, check_int(args.jobs, "jobs", 1), settings.n_samples, H, task.L,
                strata_of(task), args.T_min, args.T_max, settings.solver_points, settings.solve,

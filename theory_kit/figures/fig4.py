@@ -126,13 +126,13 @@ class Plan:
 # 0.062137 and 0.062109 (65 and 137 CPU s at load 13).  No re-solve on 4x points there: at
 # H = 8 the descent still runs off on 2^15 and 2^16 points (78 and 221 CPU s; held-out check
 # 'sample artefact' both times), and 2^17 would cost ~10 CPU min a run.  So the full plan
-# polishes and certifies softmax and softmax-1 on the deterministic E (polish "pairwise":
+# polishes and certifies softmax and softmax-1 on the deterministic E (polish "per-head":
 # einf.polish_pairwise, from the hand-over where the sampled descent ran off) and reports E
 # of every run by the deterministic engines (pairwise Laplace, else quadrature).
 FULL = Plan(H_values=(1, 2, 4, 8), nu_values=(0.5, 1.0, 2.0, 4.0, 8.0), runs=5, n_samples=400,
             error_samples=40_000, tol=0.1, T_max=100.0, chunk=20.0, solver_points=2 ** 11,
             solver_points_left=2 ** 12, solver_points_left_softmax=2 ** 15,
-            solver_refine_left_softmax=0, polish="pairwise", error_method="deterministic")
+            solver_refine_left_softmax=0, polish="per-head", error_method="deterministic")
 # Quick: the flow to the hand-over on the solver's own points (einf.SampledFlow), so that a
 # cold run compiles only the sample kernels (~3 CPU s per activation), not the drift kernels
 # (~15 CPU s each, 3/4 of a cold quick run's CPU before).
@@ -205,10 +205,10 @@ def sampled_stops(point: dict, p: Plan, name: str | None) -> bool:
 
 
 def polished(point: dict, p: Plan, name: str | None) -> bool:
-    """Whether the run gets the deterministic polish (``einf.polish_applies``: the per-head
-    activations, and B-softmax at H ≤ 3)."""
+    """Whether the run gets the deterministic polish (``einf.polish_applies`` of the plan's
+    polish mode)."""
     return p.polish != "none" and name is not None and einf.polish_applies(
-        task_of(point, p), get_activation(name), point["H"])
+        task_of(point, p), get_activation(name), point["H"], p.polish)
 
 
 def polish_seconds(point: dict, p: Plan, name: str | None) -> float:
