@@ -11,6 +11,7 @@ import pytest
 
 from theory_kit import boundary as bd
 from theory_kit import fixedpoint as fp
+from theory_kit import saturation
 from theory_kit.activations import get_activation
 from theory_kit.error import population_error
 from theory_kit.model import State, Task, make_prior
@@ -191,9 +192,11 @@ def test_a_boundary_saddle_is_left_by_reviving_a_head(monkeypatch):
     beat one), so the revival search finds c < 0 beyond its error and calls it a saddle.
     The polish then revives that head (``boundary.revived_state``), whose E by whole-model
     quadrature lies below the saddle's, and ends below it, with the saddle in its record
-    (``einf.polish_pairwise``, its first stage made to end at the saddle).  Not certified
-    here: the live head stays held at b = 30, a saturated corner whose test then says
-    "saddle" (the head would rather come back to finite b, which the polish cannot do).  The
+    (``einf.polish_pairwise``, its first stage made to end at the saddle).  That polish
+    ends at a second boundary saddle: the live head, still at b = 30, is a saturated corner
+    whose slope is negative (it would rather come back to finite b, where the gradient along
+    b is ~e^{−30}); it is brought back along its bias (``saturation.unsaturated_state``) and
+    the third stage certifies.  The
     revival search's own starts run off here; the feature probes find c(√3 u₂) < 0."""
     from theory_kit import einf
     one = fp.PairwiseError.for_activation(TASK, SOFTMAX1, 1)
@@ -222,9 +225,11 @@ def test_a_boundary_saddle_is_left_by_reviving_a_head(monkeypatch):
 
     monkeypatch.setattr(einf, "_polish_to_the_boundaries", first_the_saddle)
     fixed, err = einf.polish_pairwise(TASK, SOFTMAX1, state, start, 1e-8)
-    assert len(calls) == 2 and np.allclose(calls[1].Q, revived.Q)
-    assert "after a boundary saddle" in fixed.solver
-    assert [s.get("kind") for s in fixed.saddles][:1] == ["boundary saddle"]
+    assert len(calls) == 3 and np.allclose(calls[1].Q, revived.Q)
+    assert calls[2].b[0] < saturation.B_SAT - 20          # brought back from the corner
+    assert "after a boundary saddle" in fixed.solver and fixed.certificate.certified
+    assert [(s.get("kind"), s.get("side")) for s in fixed.saddles][:2] == [
+        ("boundary saddle", "-inf"), ("boundary saddle", "+inf")]
     assert err.value < saddle.sampled_error - 1e-4
 
 

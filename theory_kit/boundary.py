@@ -60,7 +60,7 @@ from .expect import laplace as lp
 from .fixedpoint import (BOUNDARY, KEY_CAP, Certificate, FixedPoint, KeyCap, PairwiseError,
                          polish_gradient_flow)
 from .model import State
-from .saturation import saturated_minimum
+from .saturation import LADDER_GAIN, bias_ladder, saturated_minimum
 
 # b of a revived head: min(live b, 0) − this.  The derivative route has no cancellation, so the
 # probe can sit where the O(e^{b}) remainder is below round-off: c at 24, 36 and 52 below the
@@ -70,8 +70,7 @@ PROBE_DEPTH = 36.0
 LINEARITY_STEP = 4.0     # c(k) again at b − this: the O(e^{b}) remainder of the linearisation
 OFF_DEPTH = 24.0         # the pruned heads of the reported state sit at b_probe − this
 MAX_DEPTH = 2            # rounds of pruning (the reduced model may have silent heads too)
-REVIVAL_GAIN = 1e-6      # a head revived from a boundary saddle starts where e^{b}|c| = this
-REVIVAL_STEPS = 30       # rungs of its bias ladder (steps of 1)
+REVIVAL_GAIN = LADDER_GAIN  # a head revived from a boundary saddle starts where e^{b}|c| = this
 REVIVALS = 2             # boundary saddles left by reviving a head, per polish
 REVIVAL_MAXITER = 60     # L-BFGS iterations per start of the revival search
 REVIVAL_GTOL = 1e-7      # on the largest entry of ∂c/∂k (c is O(1e-2) at F = 4, ν = 10)
@@ -323,15 +322,14 @@ def revived_state(obj: PairwiseError, fixed: FixedPoint) -> State | None:
     """Where to continue from a boundary saddle (kind "saddle" with the revival verdict
     "negative": a head revived at a key k with c(k) < 0 lowers E like e^{b} c(k)), or None:
     the boundary state with its first pruned head at such a key and the bias that minimises
-    E (at ``obj``'s level) on the ladder b₀, b₀ + 1, …, from b₀ where e^{b₀}|c| =
-    ``REVIVAL_GAIN`` (a fall that E resolves) until E rises again (at most
-    ``REVIVAL_STEPS`` rungs); the keys with c < 0 are tried by increasing norm until one
-    lowers E.  Why: how far the linear fall holds depends on the key — at |k| = 4.2 c was
+    E on the ladder b₀, b₀ + 1, … (``saturation.bias_ladder``), from b₀ where e^{b₀}|c| =
+    ``REVIVAL_GAIN`` (a fall that E resolves); the keys with c < 0 are tried by increasing
+    norm until one lowers E.  Why: how far the linear fall holds depends on the key — at |k| = 4.2 c was
     −19 at b = −36 and +1194 at b = −20 (its e^{s+b} reach 1 in the score tail), so E never
     resolves the fall, while at |k| = 3.4 (F = 2, ν = 0.5, H = 4) it does."""
     rec = fixed.boundary
     if (fixed.certificate.kind != "saddle" or rec is None
-            or rec["revival"].get("verdict") != "negative"):
+            or rec.get("revival", {}).get("verdict") != "negative"):
         return None
     rv = rec["revival"]
     reduced = State(*(np.asarray(rec["reduced"]["state"][k], float) for k in "MQab"))
@@ -341,26 +339,25 @@ def revived_state(obj: PairwiseError, fixed: FixedPoint) -> State | None:
         def at(bias: float, key: np.ndarray = np.asarray(key, float)) -> State:
             return assembled_state(start, rec["live"], reduced, off, revive=(key, bias))
 
-        best, best_error = None, float(fixed.sampled_error)
-        bias = float(np.log(REVIVAL_GAIN / abs(c)))
-        for _ in range(REVIVAL_STEPS):
-            value = error_at(obj, at(bias))
-            if value >= best_error:
-                break
-            best, best_error = bias, value
-            bias += 1.0
-        if best is not None:
-            return at(best)
+        revived = bias_ladder(obj, at, float(np.log(REVIVAL_GAIN / abs(c))), 1.0,
+                              float(fixed.sampled_error))
+        if revived is not None:
+            return revived
     return None
 
 
 def saddle_record(fixed: FixedPoint) -> dict:
     """What a run reports of a boundary saddle it left (as ``fixedpoint`` does of a saddle):
-    E there, the negative revival slope with its error, and the state."""
-    rv = fixed.boundary["revival"]
-    return {"kind": "boundary saddle", "sampled_error": fixed.sampled_error,
-            "min_eigenvalue": None, "revival_slope": rv["slope"],
-            "revival_slope_err": rv["slope_err"], "state": fixed.state.to_dict()}
+    E there, the side, the negative slope(s) with their errors (the revival slope at b = −∞;
+    the corner slopes c_h at b = +∞), and the state."""
+    rec = fixed.boundary
+    if rec.get("side") == "+inf":
+        slope, err = min(rec["slopes"]), rec["slope_errs"][int(np.argmin(rec["slopes"]))]
+    else:
+        slope, err = rec["revival"]["slope"], rec["revival"]["slope_err"]
+    return {"kind": "boundary saddle", "side": rec.get("side", "-inf"),
+            "sampled_error": fixed.sampled_error, "min_eigenvalue": None, "slope": slope,
+            "slope_err": err, "state": fixed.state.to_dict()}
 
 
 def _reduced_fixed_point(obj: PairwiseError, state: State, tol: float, depth: int

@@ -50,7 +50,7 @@ from .model import Prior, State, Task, check_int, fail
 from .ode import METHODS as ODE_METHODS, BoundaryError, build_system, integrate_ode
 from .progress import progress_bar
 from .results import Checkpoint, read_json, to_jsonable, write_json
-from .saturation import saturated_minimum
+from .saturation import saturated_minimum, unsaturated_state
 
 MAX_SIGN_PATTERNS = 256
 UNKNOWN_ERROR = "+/- unknown (not converged)"   # the text of a run without an error bar
@@ -752,21 +752,22 @@ def polish_pairwise(task: Task, act: Activation, start: State, sampled: FixedPoi
     whose result (kind "boundary minimum", E the live heads' model's) replaces it; one that
     is still uncertified, to :func:`saturation.saturated_minimum` (heads whose b_h → +∞),
     whose result replaces it when it certifies.  A boundary saddle (a head revived at some
-    key lowers E) is left from :func:`boundary.revived_state` and polished again, up to
-    ``boundary.REVIVALS`` times; it is recorded among the result's saddles."""
+    key lowers E, or a saturated head that would rather come back to finite b) is left from
+    :func:`boundary.revived_state` or :func:`saturation.unsaturated_state` and polished
+    again, up to ``boundary.REVIVALS`` times; it is recorded among the result's saddles."""
     obj = deterministic_objective(task, act, start.H)
     origin = sampled.state if polish_from_sampled(start, sampled) else start
     fixed = _polish_to_the_boundaries(obj, origin, tol)
     for _ in range(REVIVALS):
-        revived = revived_state(obj, fixed)
-        if revived is None:
+        moved = revived_state(obj, fixed) or unsaturated_state(obj, fixed)
+        if moved is None:
             break
-        again = _polish_to_the_boundaries(obj, revived, tol)
+        again = _polish_to_the_boundaries(obj, moved, tol)
         fixed = dataclasses.replace(
             again, saddles=fixed.saddles + [saddle_record(fixed)] + again.saddles,
             evaluations=fixed.evaluations + again.evaluations,
             seconds=fixed.seconds + again.seconds,
-            solver=f"{again.solver} (after a boundary saddle, left by reviving a head)")
+            solver=f"{again.solver} (after a boundary saddle, left along its falling bias)")
     presolve = {"certificate": sampled.certificate.to_dict(), "solver": sampled.solver,
                 "sampled_error": sampled.sampled_error, "runoff": sampled.runoff,
                 "saddles": len(sampled.saddles), "seconds": sampled.seconds,
@@ -782,15 +783,16 @@ def _polish_to_the_boundaries(obj, origin: State, tol: float) -> FixedPoint:
     """:func:`fixedpoint.polish_gradient_flow` from ``origin``; uncertified, on the pairwise
     engine, handed to :func:`boundary.boundary_minimum` (heads switching off), and if still
     uncertified to :func:`saturation.saturated_minimum` (heads saturating), whose result
-    replaces it only when it certifies."""
+    replaces it when it certifies or is a saddle (for the caller to leave)."""
     fixed = polish_gradient_flow(obj, obj.pack_state(origin), tol)
     boundaries = isinstance(obj, PairwiseError)      # both need the pairwise sub-models
     if boundaries and not fixed.certificate.certified:
         fixed = boundary_minimum(obj, fixed, tol) or fixed
     if boundaries and not fixed.certificate.certified:
         saturated = saturated_minimum(obj, fixed, tol)
-        if saturated is not None and saturated.certificate.certified:
-            fixed = saturated
+        if saturated is not None and (saturated.certificate.certified
+                                      or saturated.certificate.kind == "saddle"):
+            fixed = saturated           # a saddle there is left by unsaturated_state
     return fixed
 
 

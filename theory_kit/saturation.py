@@ -40,12 +40,14 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from .expect import laplace as lp
 from .fixedpoint import BOUNDARY, Certificate, FixedPoint, PairwiseError, polish_gradient_flow
+from .model import State
 
 SAT_START = 4.0        # a head with b_h below this is not taken for saturating
 B_SAT = 30.0           # b_h = +∞ represented here: κ_h = e^{−30} ≈ 9e-14
@@ -194,6 +196,49 @@ def saturated_minimum(obj: PairwiseError, fixed: FixedPoint, tol: float) -> Fixe
         saddles=fixed.saddles + reduced.saddles,
         evaluations=fixed.evaluations + obj.evaluations - evals0 + reduced.evaluations,
         seconds=fixed.seconds + time.perf_counter() - start, boundary=record)
+
+
+LADDER_GAIN = 1e-6      # a ladder leaving a boundary saddle starts where the fall is this
+LADDER_STEPS = 30       # rungs (steps of 1 in b)
+
+
+def bias_ladder(obj: PairwiseError, at: Callable[[float], State], first: float, step: float,
+                error: float) -> State | None:
+    """The lowest-E state on the ladder at(first), at(first + step), … (E at ``obj``'s level),
+    walked while E falls below ``error`` and at most ``LADDER_STEPS`` rungs; None when the
+    first rung does not fall.  How a boundary saddle is left (a head revived from b = −∞,
+    ``boundary.revived_state``; a head brought back from b = +∞, :func:`unsaturated_state`):
+    how far the linear fall e^{±b} c holds depends on the key, so the bias is searched."""
+    best, bias = None, first
+    for _ in range(LADDER_STEPS):
+        value = obj.value_and_grad(obj.pack_state(at(bias)))[0]
+        if value >= error:
+            break
+        best, error = bias, value
+        bias += step
+    return None if best is None else at(best)
+
+
+def unsaturated_state(obj: PairwiseError, fixed: FixedPoint) -> State | None:
+    """Where to continue from a saturated corner that is a saddle (kind "saddle" on the side
+    +∞: slopes c_h < −their error, so E falls as κ_h = e^{−b_h} grows from 0), or None: the
+    saturated state with those heads' b lowered together along :func:`bias_ladder`, from b
+    where κ_h |c_h| = ``LADDER_GAIN`` down in steps of 1.  Without this the polish cannot
+    leave: at b = ``B_SAT`` the gradient along b is ~e^{−30} (tests/test_boundary.py)."""
+    rec = fixed.boundary
+    if fixed.certificate.kind != "saddle" or rec is None or rec.get("side") != "+inf":
+        return None
+    c, err = np.array(rec["slopes"]), np.array(rec["slope_errs"])
+    falling = [(h, abs(ci)) for h, ci, ei in zip(rec["saturated"], c, err) if ci < -ei]
+    state = fixed.state
+
+    def at(shift: float) -> State:
+        b = np.array(state.b, float)
+        for h, slope in falling:
+            b[h] = float(np.log(slope / LADDER_GAIN)) + shift
+        return State(state.M, state.Q, state.a, b)
+
+    return bias_ladder(obj, at, 0.0, -1.0, float(fixed.sampled_error))
 
 
 def corner_verdict(test: dict) -> tuple[str, float]:
