@@ -125,6 +125,52 @@ def test_revival_slope_gradient_matches_central_differences():
     assert abs(fd - grad @ v) <= 1e-6 * max(1.0, abs(fd))
 
 
+class _StubSlope:
+    """A revival slope with set answers: c and its error by the key's first entry, the search
+    from each start to a set end (and, optionally, a set crossing)."""
+
+    def __init__(self, table: dict, ends: dict, crossings: dict | None = None) -> None:
+        self.table, self.ends, self.crossings = table, ends, crossings or {}
+
+    def probe_bias(self) -> float:
+        return -40.0
+
+    def minimise(self, k0, b, level):
+        key = float(k0[0])
+        cross = self.crossings.get(key)
+        return np.array([self.ends[key], 0.0]), False, (
+            None if cross is None else np.array([cross, 0.0]))
+
+    def checked(self, k, b, level):
+        return self.table[float(k[0])]
+
+
+@pytest.mark.parametrize("case, verdict, slope", [
+    ("unresolved start, resolved end", "positive", 0.05),
+    ("unresolved end", "unresolved", 3.0),
+    ("negative crossing", "negative", -0.2),
+    ("negative probe", "negative", -0.01)])
+def test_revival_verdict_counts_ends_crossings_probes_and_resolved_starts(case, verdict, slope):
+    """The verdict rule of ``boundary.revival``: every end, crossing and probe counts, a start
+    only when its c is resolved; any resolved c < 0 makes a saddle (and the keys with c < 0
+    are listed by norm)."""
+    table = {1.0: (1e10, 2e10), 2.0: (0.3, 1e-6), 10.0: (0.05, 1e-6), 20.0: (0.07, 1e-6),
+             7.0: (3.0, 5.0), 5.0: (-0.2, 1e-6), 3.0: (0.4, 1e-6), 0.5: (-0.01, 1e-6)}
+    ends = {1.0: 10.0, 2.0: 20.0}
+    crossings, probes = {}, [np.array([3.0, 0.0])]
+    if case == "unresolved end":
+        ends = {1.0: 10.0, 2.0: 7.0}
+    elif case == "negative crossing":
+        crossings = {2.0: 5.0}
+    elif case == "negative probe":
+        probes = [np.array([0.5, 0.0])]
+    stub = _StubSlope(table, ends, crossings)
+    found = bd.revival(stub, [np.array([1.0, 0.0]), np.array([2.0, 0.0])], 1.0, 0.5, probes)
+    assert found["verdict"] == verdict and found["slope"] == slope
+    if verdict == "negative":
+        assert [k[0][0] for k in found["negative_keys"]] == [5.0 if slope == -0.2 else 0.5]
+
+
 def test_revival_slope_beyond_the_key_cap_is_the_clipped_slope_plus_a_penalty(monkeypatch):
     """A line search of the revival search may try a key far beyond ``fixedpoint.KEY_CAP``
     (one tried |k| = 2.5e6, where the engine would need 274 GiB): there c is the slope at the

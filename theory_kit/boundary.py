@@ -246,7 +246,8 @@ def revival(slope: RevivalSlope, starts: list[np.ndarray], level: float, descent
     """The revival slopes found: each start minimised at ``descent`` level, then every start
     and every end checked at ``level`` (:meth:`RevivalSlope.checked`), and so is each
     search's first iterate with c < 0 (its "crossing") and each of ``probes``
-    (:func:`revival_probes`).  Verdict "negative"
+    (:func:`revival_probes`); a start whose c is unresolved is left out of the verdict.
+    Verdict "negative"
     when some key has c < −its error (a revived head there lowers E: the point is a saddle of
     the boundary; the most negative such key is reported, and all of them in
     ``negative_keys`` with their c, by key norm), "positive" when every key has
@@ -269,13 +270,19 @@ def revival(slope: RevivalSlope, starts: list[np.ndarray], level: float, descent
     checks = np.array([slope.checked(k, b, level) for k in keys])       # (keys, 2)
     c, err = checks[:, 0], checks[:, 1]
     norms = np.linalg.norm(np.array(keys), axis=1)
+    # a start whose c is unresolved does not count: its search descended from it (L-BFGS's
+    # line search only accepts falls), so its end bounds it (a pruned head's key that had
+    # drifted to |k| = 7.3 while silent: c = 1.8e10 ± 2.4e10, its end 0.0478 ± 1.2e-6)
+    counts = np.abs(c) > err
+    counts[len(starts):] = True
     negative = np.flatnonzero(c < -err)
     if negative.size:
         verdict, i = "negative", int(negative[np.argmin(c[negative])])
-    elif np.all(c > err):
-        verdict, i = "positive", int(np.argmin(c))
+    elif np.all(c[counts] > err[counts]):
+        verdict, i = "positive", int(np.flatnonzero(counts)[np.argmin(c[counts])])
     else:
-        verdict, i = "unresolved", int(np.argmin(np.where(np.abs(c) <= err, c - err, np.inf)))
+        verdict, i = "unresolved", int(np.argmin(np.where(counts & (np.abs(c) <= err),
+                                                          c - err, np.inf)))
     out = {"verdict": verdict, "slope": float(c[i]), "slope_err": float(err[i]),
            "key": keys[i].tolist(), "key_norm": float(norms[i]),
            "negative_keys": [(keys[j].tolist(), float(c[j]))
