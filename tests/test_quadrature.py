@@ -238,3 +238,15 @@ def test_bsoftmax_huge_scores_by_quad_agree_with_mc():
     mc = population_error(task, act, st, method="mc", n=200_000)
     q = population_error(task, act, st, method="quad")
     assert abs(q.value - mc.value) < 4 * np.hypot(mc.abs_err, q.abs_err)
+
+
+def test_an_eight_head_grid_too_large_for_int64_goes_to_rqmc():
+    """300 nodes per direction in 8 directions is 6.6e19 tensor nodes, past int64: the cost
+    must say "too large" (it wrapped round to a small number, and the grid's construction
+    failed with a numpy error: B-softmax at H = 8, Fig. 4), and the nodes come from RQMC."""
+    rules = [(np.zeros(300), np.ones(300) / 300)] * 8
+    assert quad.tensor_cost(rules, 1.0) > quad.MAX_GRID
+    A = np.eye(8) * 300.0 / (2 * quad.Z_RANGE) * quad.H_Z     # loadings giving ≥ 300 nodes
+    assert all(len(z) >= 300 for z, _ in quad.tensor_rules(A, 1.0))
+    y, w, rqmc = quad.gaussian_nodes(A, 1.0, 1.0, 0)
+    assert rqmc and y.shape == (len(w), 8) and abs(w.sum() - 1.0) < 1e-12

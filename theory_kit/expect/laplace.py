@@ -98,7 +98,7 @@ from . import montecarlo as mc
 from .drift import DriftMeans
 from .quadrature import (COARSE, EIG_TOL, MAX_PSI_SPAN, UGrid, exp_minus_exp, gaussian_nodes,
                          kinks, largest_psi, log_phi, piecewise_gauss_legendre_normal,
-                         tensor_rules, trapezoid_normal, u_grid, whiten)
+                         tensor_cost, tensor_rules, trapezoid_normal, u_grid, whiten)
 
 Mono = tuple[str, ...]           # sorted atom names at one token, e.g. ("D0", "P1", "W0")
 MAX_H = {"elementwise": 2, "per-head": 2, "joint": 3}
@@ -589,7 +589,7 @@ class _Engine:
             return self._nested_nodes(group)
         z_level = Z_LEVEL * (JOINT3_Z if H == 3 else 1.0) * self.level
         A = whiten(group.cov)
-        count = float(np.prod([len(z) for z, _ in tensor_rules(A, z_level)])) if A.size else 1.0
+        count = tensor_cost(tensor_rules(A, z_level), 1.0) if A.size else 1.0
         self._check_memory(8.0 * count * (NODE_ARRAYS + 2 * H), " for its score nodes")
         y, w, _ = gaussian_nodes(A, z_level, 0.0, None)
         s = [group.mean[h] + y[:, h] for h in range(H)]

@@ -214,8 +214,11 @@ def tensor_rules(A: np.ndarray, level: float) -> list[tuple[np.ndarray, np.ndarr
 
 
 def tensor_cost(rules: list[tuple[np.ndarray, np.ndarray]], cost_per_node: float) -> float:
-    """Node count of the tensor grid times the cost of one node (compared with MAX_GRID)."""
-    return float(np.prod([len(z) for z, _ in rules])) * cost_per_node
+    """Node count of the tensor grid times the cost of one node (compared with MAX_GRID).
+    The count is a Python integer product: numpy's int64 product wrapped round at 8 heads
+    (e.g. 300^8 ≈ 6.6e19), read as a small grid, and the tensor grid's construction failed
+    with "broadcast dimensions too large" (B-softmax, F = 4, ν = 10, H = 8, Fig. 4)."""
+    return float(math.prod(len(z) for z, _ in rules)) * cost_per_node
 
 
 def gaussian_nodes(A: np.ndarray, level: float, cost_per_node: float,
