@@ -62,7 +62,7 @@ def added_head_difference(s: bd.RevivalSlope, k: np.ndarray, b: float, level: fl
     with bigger.at_level(level):
         e_new = bigger.value_and_grad(bigger.pack(np.vstack([s.K_live, k]), s.a,
                                                   np.append(s.b_live, b)))[0]
-    return np.exp(-b) * (e_new - bd.error_at(reduced_objective(), LIVE, level))
+    return np.exp(-b) * (e_new - reduced_objective().error_at(LIVE, level))
 
 
 @pytest.mark.parametrize("b", [-4.0, -7.0])

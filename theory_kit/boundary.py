@@ -70,7 +70,6 @@ PROBE_DEPTH = 36.0
 LINEARITY_STEP = 4.0     # c(k) again at b − this: the O(e^{b}) remainder of the linearisation
 OFF_DEPTH = 24.0         # the pruned heads of the reported state sit at b_probe − this
 MAX_DEPTH = 2            # rounds of pruning (the reduced model may have silent heads too)
-REVIVAL_GAIN = LADDER_GAIN  # a head revived from a boundary saddle starts where e^{b}|c| = this
 REVIVALS = 2             # boundary saddles left by reviving a head, per polish
 REVIVAL_MAXITER = 60     # L-BFGS iterations per start of the revival search
 REVIVAL_GTOL = 1e-7      # on the largest entry of ∂c/∂k (c is O(1e-2) at F = 4, ν = 10)
@@ -95,12 +94,6 @@ def sub_objective(obj: PairwiseError, heads: list[int]) -> PairwiseError:
                          level=obj.level, descent_level=obj.descent_level)
 
 
-def error_at(obj: PairwiseError, state: State, level: float | None = None) -> float:
-    """E at ``state`` at ``obj``'s fixed resolution, or at ``level``."""
-    with obj.at_level(obj.level if level is None else level):
-        return obj.value_and_grad(obj.pack_state(state))[0]
-
-
 def switching_off(obj: PairwiseError, state: State, tol: float) -> tuple[list[int], dict]:
     """(the heads to prune, per candidate E(x) − E(x without it)): candidates are the heads
     with ∂E/∂b_h > 0 (the flow lowers their b), pruned unless their removal raises E by more
@@ -115,8 +108,8 @@ def switching_off(obj: PairwiseError, state: State, tol: float) -> tuple[list[in
     for h in map(int, np.flatnonzero(f.db > 0)):
         rest = [g for g in range(obj.H) if g != h]
         if rest:
-            gains[h] = f.value - error_at(sub_objective(obj, rest), sub_state(state, rest),
-                                          f.level)
+            gains[h] = f.value - sub_objective(obj, rest).error_at(sub_state(state, rest),
+                                                                   f.level)
     return [h for h, gain in gains.items() if gain > -f.value_err], gains
 
 
@@ -330,7 +323,7 @@ def revived_state(obj: PairwiseError, fixed: FixedPoint) -> State | None:
     "negative": a head revived at a key k with c(k) < 0 lowers E like e^{b} c(k)), or None:
     the boundary state with its first pruned head at such a key and the bias that minimises
     E on the ladder b₀, b₀ + 1, … (``saturation.bias_ladder``), from b₀ where e^{b₀}|c| =
-    ``REVIVAL_GAIN`` (a fall that E resolves); the keys with c < 0 are tried by increasing
+    ``saturation.LADDER_GAIN`` (a fall that E resolves); the keys with c < 0 are tried by increasing
     norm until one lowers E.  Why: how far the linear fall holds depends on the key — at |k| = 4.2 c was
     −19 at b = −36 and +1194 at b = −20 (its e^{s+b} reach 1 in the score tail), so E never
     resolves the fall, while at |k| = 3.4 (F = 2, ν = 0.5, H = 4) it does."""
@@ -346,7 +339,7 @@ def revived_state(obj: PairwiseError, fixed: FixedPoint) -> State | None:
         def at(bias: float, key: np.ndarray = np.asarray(key, float)) -> State:
             return assembled_state(start, rec["live"], reduced, off, revive=(key, bias))
 
-        revived = bias_ladder(obj, at, float(np.log(REVIVAL_GAIN / abs(c))), 1.0,
+        revived = bias_ladder(obj, at, float(np.log(LADDER_GAIN / abs(c))), 1.0,
                               float(fixed.sampled_error))
         if revived is not None:
             return revived

@@ -417,6 +417,11 @@ class DeterministicError(KeySpace):
         """Whether a head's key norm exceeds ``KEY_CAP`` (there E is not evaluated)."""
         return max_key_norm(self, x) > KEY_CAP
 
+    def error_at(self, state: State, level: float | None = None) -> float:
+        """E at ``state`` at the fixed resolution ``level`` (default: the objective's)."""
+        with self.at_level(self.level if level is None else level):
+            return self.value_and_grad(self.pack_state(state))[0]
+
 
 @dataclass
 class PairwiseError(DeterministicError):

@@ -211,7 +211,7 @@ def bias_ladder(obj: PairwiseError, at: Callable[[float], State], first: float, 
     how far the linear fall e^{±b} c holds depends on the key, so the bias is searched."""
     best, bias = None, first
     for _ in range(LADDER_STEPS):
-        value = obj.value_and_grad(obj.pack_state(at(bias)))[0]
+        value = obj.error_at(at(bias))
         if value >= error:
             break
         best, error = bias, value
