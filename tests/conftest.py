@@ -28,6 +28,7 @@ def pytest_configure(config):
     level fixtures) would otherwise load them from the user's cache, and the in-process
     module table (codegen._MODULES) would keep those for the whole run."""
     root = _codegen_cache_root(config)
+    _compile_kernels_at_low_optimisation(root)
     if os.environ.get("THEORY_KIT_TEST_CPU"):   # before the warm-up, so it is logged too
         _record_numba_cache_events()
     os.environ["THEORY_KIT_TEST_CACHE"] = root
@@ -37,6 +38,25 @@ def pytest_configure(config):
         if _warms_kernels(config):   # the workers, started after this, inherit it
             import uuid
             os.environ["THEORY_KIT_TEST_WARM_RUN"] = uuid.uuid4().hex
+
+
+def _compile_kernels_at_low_optimisation(root: str) -> None:
+    """Compile the run's numba kernels at LLVM level 1 (``NUMBA_OPT=1``), into a numba cache
+    of the run's own (``NUMBA_CACHE_DIR`` under ``root``), inherited by the xdist workers and
+    by every process a test starts.
+
+    Why: a cold-cache run (CI) is bound by compiling, and level 1 compiles in ~25 % less CPU
+    than numba's default level 3, while the kernels compute the same numbers (``fastmath`` is
+    off, so LLVM may not reassociate or contract; the tests compare at 1e-12, and the slow
+    backend-agreement tests likewise).  Why the private cache: numba's cache index does not
+    record the optimisation level, so level-1 code written to the package's ``__pycache__``
+    would be loaded by a user's production run.  Left alone when the user sets ``NUMBA_OPT``
+    or ``NUMBA_CACHE_DIR`` (``NUMBA_OPT=3 python -m pytest`` tests at the production level),
+    or when numba was imported before this hook (its configuration is read at import)."""
+    if "NUMBA_OPT" in os.environ or "NUMBA_CACHE_DIR" in os.environ or "numba" in sys.modules:
+        return
+    os.environ["NUMBA_OPT"] = "1"
+    os.environ["NUMBA_CACHE_DIR"] = os.path.join(root, "numba")
 
 
 def _warms_kernels(config) -> bool:

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -54,3 +55,18 @@ def test_two_processes_build_the_same_kernels_into_one_cache(tmp_path):
     third = _result(_start(cache))                        # from the cache: nothing generated
     assert third["stats"]["generated"] == 0 and third["stats"]["loaded"] >= 1
     assert third["w"] == runs[0]["w"]
+
+
+def test_low_optimisation_kernels_never_reach_the_packages_cache():
+    """The run compiles at LLVM level 1 (tests/conftest.py) only into a numba cache of its
+    own: numba's cache index does not record the level, so level-1 code in the package's
+    ``__pycache__`` would be loaded by production runs.  Fails if the level is lowered while
+    numba caches beside the sources (an empty ``CACHE_DIR``) or anywhere in the package."""
+    import numba
+    import theory_kit
+    if int(numba.config.OPT) == 3:
+        return   # production level (the user's NUMBA_OPT): any cache is safe
+    cache = numba.config.CACHE_DIR
+    assert cache, f"numba level {int(numba.config.OPT)} with kernels cached beside the sources"
+    package = Path(theory_kit.__file__).resolve().parent
+    assert package not in Path(cache).resolve().parents, cache
