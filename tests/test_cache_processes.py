@@ -68,5 +68,5 @@ def test_low_optimisation_kernels_never_reach_the_packages_cache():
         return   # production level (the user's NUMBA_OPT): any cache is safe
     cache = numba.config.CACHE_DIR
     assert cache, f"numba level {int(numba.config.OPT)} with kernels cached beside the sources"
-    package = Path(theory_kit.__file__).resolve().parent
-    assert package not in Path(cache).resolve().parents, cache
+    package, cache = Path(theory_kit.__file__).resolve().parent, Path(cache).resolve()
+    assert cache != package and package not in cache.parents, cache
