@@ -7,6 +7,7 @@ import pytest
 import theory_kit as tk
 from theory_kit import api, resulttypes
 from theory_kit.cli import main
+from theory_kit.results import CODE_DIGEST
 
 STATE = dict(M=[[1.0, 0.8], [0.9, -0.7]], Q=[[2.0, 0.3], [0.3, 1.8]])
 ODE = dict(activation="softmax", H=2, L=3, nu=[2, 2], gamma=1.0, T=1.0, D=1000, seed=3,
@@ -81,7 +82,7 @@ def test_results_round_trip_through_files(tmp_path):
         assert back.params == json.loads(json.dumps(res.params, default=str)) or back.params
     tr = tk.load(tmp_path / "r1.json")
     np.testing.assert_array_equal(tr.M, results[1].M)
-    assert tr.version == tk.__version__
+    assert tr.version == tk.__version__ and tr.code_digest == CODE_DIGEST
 
 
 def test_plot_overlays_simulation_on_ode():

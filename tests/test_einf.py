@@ -18,6 +18,7 @@ from theory_kit.cli import main
 from theory_kit.error import bayes_error, population_error
 from theory_kit.initial import InitialCondition
 from theory_kit.model import State, Task, ValidationError, make_prior
+from theory_kit.results import CODE_DIGEST, read_json
 
 TASK = Task(5, make_prior("flipping", nu=[2.0, 2.0]))
 FAST = einf.RunSettings(gradient_flow=True, n_samples=1000,
@@ -248,6 +249,15 @@ def test_einf_run_resumes_from_its_files(tmp_path):
     assert out.exists() and first.T == 10.0 and first.certificate is not None
     again = einf.run_to_convergence(TASK, act, ic, short, out=str(out), progress=False)
     np.testing.assert_array_equal(again.state.M, first.state.M)
+    # a finished run of other code (same version number) is set aside and run again
+    data = json.loads(out.read_text())
+    data["code_digest"] = "0" * 64
+    out.write_text(json.dumps(data))
+    with pytest.warns(UserWarning, match="other toolkit code"):
+        redone = einf.run_to_convergence(TASK, act, ic, short, out=str(out), progress=False)
+    np.testing.assert_array_equal(redone.state.M, first.state.M)
+    assert read_json(out)["code_digest"] == CODE_DIGEST
+    assert len(list(tmp_path.glob("run.json.bad-*"))) == 1
 
 
 def test_stop_rule_and_settings_validate():

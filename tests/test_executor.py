@@ -20,7 +20,7 @@ import pytest
 from theory_kit import executor as ex
 from theory_kit.cli import main
 from theory_kit.model import ValidationError
-from theory_kit.results import to_jsonable
+from theory_kit.results import stamps, to_jsonable
 
 distributed = pytest.importorskip("distributed")
 # Dask ships the piece functions below by value: the workers cannot import this test module
@@ -223,7 +223,7 @@ def test_worker_killed_mid_piece(tmp_path, backend, client):
     assert killed, "the watcher never found a running piece to kill"
     key, pid, done_before = killed[0]
     runs = starts(marks)
-    assert [{k: v for k, v in g.items() if k != "version"} for g in got] == [
+    assert [{k: v for k, v in g.items() if k not in stamps()} for g in got] == [
         expected(s) for s in range(n)]
     assert all(1 <= len(runs[k]) <= 2 for k in range(n)), runs     # at most once more
     assert len(runs[key]) == 2 and pid in runs[key]                # the lost piece was rerun

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from theory_kit.model import OutputError, ValidationError
+from theory_kit import results
 from theory_kit.results import (CHECKPOINT_SCHEMA, Checkpoint, OutputLock, atomic_replace,
-                                dumps_strict, read_json, write_json)
+                                dumps_strict, read_json, read_piece, sources_digest, write_json)
 
 
 def strict_load(text: str) -> object:
@@ -158,3 +159,47 @@ def test_no_checkpoint_next_to_special_outputs():
     ck = Checkpoint(os.devnull)
     ck.save(PARAMS, {"step": 1})
     assert ck.load(PARAMS) is None and not os.path.exists(os.devnull + ".partial.json")
+
+
+def test_code_digest_changes_with_a_files_bytes_or_name(tmp_path):
+    """The stamp that keeps older code's results from being resumed: a one-byte edit, a
+    renamed file and an added file each change it; the process's stamp is the digest of the
+    package's sources as they are on disk."""
+    (tmp_path / "sub").mkdir()
+    a, b = tmp_path / "a.py", tmp_path / "sub" / "b.py"
+    a.write_text("x = 1\n"), b.write_text("y = 2\n")
+    base = sources_digest([a, b], tmp_path)
+    assert sources_digest([a, b], tmp_path) == base
+    a.write_text("x = 2\n")
+    assert sources_digest([a, b], tmp_path) != base
+    a.write_text("x = 1\n")
+    c = tmp_path / "c.py"
+    b.rename(c)
+    assert sources_digest([a, c], tmp_path) != base
+    d = tmp_path / "sub" / "__init__.py"
+    d.write_text("")
+    assert sources_digest([a, c, d], tmp_path) != sources_digest([a, c], tmp_path)
+    files = results.package_sources()
+    assert any(f.name == "einf.py" for f in files) and all(f.suffix == ".py" for f in files)
+    assert results.CODE_DIGEST == sources_digest(files)
+    assert read_json(write_json(tmp_path / "r.json", {}))["code_digest"] == results.CODE_DIGEST
+
+
+def test_results_and_checkpoints_of_other_code_are_set_aside(tmp_path):
+    """A finished piece or a checkpoint whose version matches but whose code digest does not
+    is not resumed: it is set aside (kept, renamed, with a warning) and the work is redone."""
+    piece = write_json(tmp_path / "piece.json", {"params": {"n": 1}, "value": 2.0})
+    assert read_piece(piece)["value"] == 2.0
+    ckpt = Checkpoint(tmp_path / "out.json")
+    ckpt.save({"n": 1}, {"step": 3})
+    assert ckpt.load({"n": 1}) == {"step": 3}
+    for path in (piece, ckpt.path):
+        data = json.loads(path.read_text())
+        data["code_digest"] = "0" * 64
+        path.write_text(json.dumps(data))
+    with pytest.warns(UserWarning, match="other toolkit code"):
+        assert read_piece(piece) is None
+    with pytest.warns(UserWarning, match="other toolkit code"):
+        assert ckpt.load({"n": 1}) is None
+    assert not piece.exists() and not ckpt.path.exists()
+    assert len(list(tmp_path.glob("*.bad-*"))) == 2

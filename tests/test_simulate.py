@@ -301,6 +301,13 @@ def test_finished_run_is_not_recomputed(tmp_path, monkeypatch) -> None:
     assert data["params"].pop("stream") == sim.STREAM_LAYOUT
     out.write_text(json.dumps(data))
     assert sim.stored_result(cfg, out) is None
+    # nor is one written by other code under the same version number
+    data["params"]["stream"] = sim.STREAM_LAYOUT
+    out.write_text(json.dumps(data))
+    assert sim.stored_result(cfg, out) is not None
+    data["code_digest"] = "0" * 64
+    out.write_text(json.dumps(data))
+    assert sim.stored_result(cfg, out) is None
 
 
 def test_divergence_stops_with_the_time() -> None:

@@ -83,7 +83,7 @@ from . import derive as dv
 from .activations import S_SYMBOL, Activation
 from .integrands import DriftSamples, conditional_projections, projection_matrix
 from .model import ValidationError, as_finite_array, fail
-from .results import atomic_replace
+from .results import atomic_replace, sources_digest
 
 PROJECTIONS = ("conditional", "stein")
 BACKENDS = ("numba", "numpy")
@@ -295,9 +295,7 @@ def _generator_digest() -> str:
 
 
 def _source_digest() -> str:
-    sources = [Path(__file__).read_bytes(), Path(dv.__file__).read_bytes(),
-               Path(_nb.__file__).read_bytes()]
-    return hashlib.sha256(b"\0".join(sources)).hexdigest()
+    return sources_digest([Path(m.__file__) for m in (sys.modules[__name__], dv, _nb)])
 
 
 # Read when this module is imported, right after the generator modules: a digest read later,

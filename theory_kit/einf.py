@@ -49,7 +49,7 @@ from .initial import InitialCondition
 from .model import Prior, State, Task, check_int, fail
 from .ode import METHODS as ODE_METHODS, BoundaryError, build_system, integrate_ode
 from .progress import progress_bar
-from .results import Checkpoint, read_json, to_jsonable, write_json
+from .results import Checkpoint, read_json, read_piece, to_jsonable, write_json
 from .saturation import saturated_minimum, unsaturated_state
 
 MAX_SIGN_PATTERNS = 256
@@ -539,8 +539,8 @@ def run_to_convergence(task: Task, act: Activation, ic: InitialCondition,
     the finished run is written there and the progress after every chunk is checkpointed
     next to it, so an interrupted run resumes."""
     params = run_params(task, act, ic, settings)
-    if out is not None and _finished(out, params):
-        return EinfRun.from_dict(read_json(out)["run"])
+    if out is not None and (done := _stored_run(out, params)) is not None:
+        return done
     checkpoint = Checkpoint(out) if out is not None else None
     saved = checkpoint.load(params) if checkpoint else None
     state, t = ic.state, 0.0
@@ -927,9 +927,13 @@ def run_params(task: Task, act: Activation, ic: InitialCondition,
             "settings": settings.params()}
 
 
-def _finished(out: str, params: dict) -> bool:
-    path = Path(out)
-    return path.exists() and read_json(path).get("params") == to_jsonable(params)
+def _stored_run(out: str | Path, params: dict) -> EinfRun | None:
+    """The finished run in ``out`` when it holds these params and was written by this code
+    (``results.read_piece``: an unreadable or other-code file is set aside), else None."""
+    data = read_piece(Path(out))
+    if data is None or data.get("params") != to_jsonable(params):
+        return None
+    return EinfRun.from_dict(data["run"])
 
 
 # ----------------------------------------------------------------------------- Bayes floor
@@ -1066,10 +1070,7 @@ class RunFiles:
         return self.folder / f"{key}.json"
 
     def load(self, key: str) -> EinfRun | None:
-        path = self.path(key)
-        if not _finished(str(path), self.params[key]):
-            return None
-        return EinfRun.from_dict(read_json(path)["run"])
+        return _stored_run(self.path(key), self.params[key])
 
     def save(self, key: str, run: EinfRun) -> EinfRun:
         write_json(self.path(key), {"params": self.params[key], "run": run.to_dict()})

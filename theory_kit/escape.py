@@ -65,6 +65,7 @@ from .initial import InitialCondition
 from .model import State, Task, as_finite_array, check_int, fail
 from .ode import OdeSystem, StepError, StepWatch, build_system, integrate_ode
 from .progress import progress_bar
+from .results import stamps
 from .simulate import ReducedState, psd_factor
 
 E_LOG_ABS_NORMAL = -(np.euler_gamma + np.log(2.0)) / 2   # E ln|Z|, Z ~ N(0, 1)
@@ -776,7 +777,7 @@ def escape_law(task: Task, act: Activation, H: int, gamma: float, D_values: list
               "direction": direction, "runs": runs, "n_points": n_points,
               "continuation": continuation,
               "initial": None if initial is None else initial.to_dict()}
-    return {"version": __version__, "params": params, "linearisation": summary,
+    return {**stamps(), "params": params, "linearisation": summary,
             "prediction": pred}
 
 

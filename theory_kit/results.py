@@ -1,10 +1,13 @@
 """Result files: atomic strict-JSON/NPZ writing, reloading, version stamps, locks, checkpoints.
 
 Every result is a JSON object (or NPZ archive) carrying ``"params"`` (the full parameter
-set) and ``"version"`` (the toolkit version).  Files are written to a temporary name in the
-same folder and renamed, so an interrupted run never leaves a half-written file; a target
-that is not a regular file (``/dev/null``, a FIFO) is written directly instead, never
-replaced.  JSON is strict (RFC 8259): a non-finite number is written as ``null`` and listed
+set), ``"version"`` (the toolkit version) and ``"code_digest"`` (:data:`CODE_DIGEST`, the
+SHA-256 of the package's source).  A run resumes from a file only when both stamps are this
+process's (:func:`is_current`): the version alone stays 0.1.0 across code changes, and a
+result of older code resumed as current would be a wrong number with a current stamp.
+Files are written to a temporary name in the same folder and renamed, so an interrupted run
+never leaves a half-written file; a target that is not a regular file (``/dev/null``, a FIFO)
+is written directly instead, never replaced.  JSON is strict (RFC 8259): a non-finite number is written as ``null`` and listed
 under ``"non_finite"`` with what it was, so readers in any language parse every file.
 Files get mode 0666 minus the umask (0644 by default), like any other program's output.
 """
@@ -30,9 +33,47 @@ from . import __version__
 from .model import OutputError, ValidationError
 
 CHECKPOINT_SCHEMA = 2
+PACKAGE_DIR = Path(__file__).resolve().parent
 NON_FINITE_NOTE = ("values that were NaN or +-inf, written as null so that the file is strict "
                    "JSON; keys are paths into this file")
 ORPHAN_SECONDS = 3600.0  # a temporary file of unknown owner this old is a killed run's
+
+
+def sources_digest(files: list[Path], root: Path = PACKAGE_DIR) -> str:
+    """SHA-256 (hex) of the files' paths relative to ``root`` and their bytes, in the given
+    order: a renamed, added or edited file changes it."""
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.resolve().relative_to(root).as_posix().encode() + b"\0")
+        h.update(f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def package_sources() -> list[Path]:
+    """Every ``.py`` file of the installed ``theory_kit`` package, sorted."""
+    return sorted(p for p in PACKAGE_DIR.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+# Read once at import, like codegen's generator digest: a digest read later could see files a
+# git checkout has replaced under a running process, and stamp the old code's numbers as new.
+CODE_DIGEST = sources_digest(package_sources())
+
+
+def stamps() -> dict[str, str]:
+    """``{"version", "code_digest"}`` of this process: what every result file carries."""
+    return {"version": __version__, "code_digest": CODE_DIGEST}
+
+
+def is_current(data: dict) -> bool:
+    """Whether a saved result or checkpoint was written by this version *and* this code."""
+    return all(data.get(k) == v for k, v in stamps().items())
+
+
+def stale_reason(data: dict) -> str:
+    """Why :func:`is_current` refuses ``data``, for the set-aside warning."""
+    return (f"written by other toolkit code (version {data.get('version')!r}, code "
+            f"{str(data.get('code_digest'))[:12]!r}; this is {__version__!r}, "
+            f"{CODE_DIGEST[:12]!r}), so its numbers may not be this code's")
 
 
 def to_jsonable(obj: Any, non_finite: dict[str, str] | None = None, where: str = "") -> Any:
@@ -220,11 +261,11 @@ def atomic_replace(path: Path, write: Callable[[Any], Any], suffix: str) -> None
 
 
 def write_json(path: str | os.PathLike, data: dict) -> Path:
-    """Write ``data`` (plus ``version`` if absent) as strict JSON, atomically.
+    """Write ``data`` (plus the :func:`stamps` it lacks) as strict JSON, atomically.
 
     Non-finite numbers become null and are listed under ``non_finite``."""
     path = Path(path)
-    text = dumps_strict({"version": __version__, **data}, indent=1).encode()
+    text = dumps_strict({**stamps(), **data}, indent=1).encode()
     atomic_replace(path, lambda h: h.write(text), ".tmp")
     return path
 
@@ -281,16 +322,17 @@ def read_json(path: str | os.PathLike, param: str = "file") -> dict:
 
 
 def write_npz(path: str | os.PathLike, params: dict, **arrays: np.ndarray) -> Path:
-    """Write arrays plus the parameters (as a JSON string) and version to NPZ, atomically."""
+    """Write arrays plus the parameters (as a JSON string) and :func:`stamps` to NPZ,
+    atomically."""
     path = Path(path)
-    meta = json.dumps(strict_payload({"version": __version__, "params": params}),
+    meta = json.dumps(strict_payload({**stamps(), "params": params}),
                       allow_nan=False)
     atomic_replace(path, lambda h: np.savez(h, __meta__=np.array(meta), **arrays), ".npz")
     return path
 
 
 def read_npz(path: str | os.PathLike) -> tuple[dict, dict[str, np.ndarray]]:
-    """Reload an NPZ result: (meta with params and version, arrays)."""
+    """Reload an NPZ result: (meta with params and stamps, arrays)."""
     with np.load(path, allow_pickle=False) as data:
         meta = json.loads(str(data["__meta__"]))
         arrays = {k: data[k] for k in data.files if k != "__meta__"}
@@ -316,15 +358,26 @@ def set_aside(path: Path, why: str) -> Path | None:
 
 
 def read_piece(path: Path) -> dict | None:
-    """A finished piece of work (``workdir/<piece>.json``), or None when it is missing or
-    unreadable (then it is set aside, with a warning, and the piece is recomputed)."""
+    """A finished piece of work (``workdir/<piece>.json``), or None when it is missing,
+    unreadable or written by other code (then it is set aside, with a warning, and the piece
+    is recomputed)."""
     if not path.exists():
         return None
     try:
-        return read_json(path)
+        data = read_json(path)
     except ValidationError:
         set_aside(path, "not a readable result file")
         return None
+    return current_or_set_aside(path, data)
+
+
+def current_or_set_aside(path: Path, data: dict) -> dict | None:
+    """``data`` (read from ``path``) when :func:`is_current`, else None with the file set
+    aside: kept under another name, since older code's result may still be worth a look."""
+    if is_current(data):
+        return data
+    set_aside(path, stale_reason(data))
+    return None
 
 
 # ----------------------------------------------------------------------------- locks
@@ -418,12 +471,12 @@ def params_digest(data: Any) -> str:
 class Checkpoint:
     """A JSON checkpoint next to an output file (``<out>.partial.json``) for resumable runs.
 
-    The file carries ``schema`` (:data:`CHECKPOINT_SCHEMA`), the toolkit version, the params
+    The file carries ``schema`` (:data:`CHECKPOINT_SCHEMA`), the :func:`stamps`, the params
     and a digest of params and progress.  ``load(params)`` returns the saved progress only
-    when all of them check out and the params are this run's; a foreign, older-schema,
-    corrupt or hand-edited checkpoint is set aside (renamed, with a warning) and the run
-    starts clean.  For an output that is not a regular file (``/dev/null``) there is no
-    checkpoint."""
+    when all of them check out and the params and code are this run's; a foreign,
+    older-schema, corrupt, hand-edited or other-code checkpoint is set aside (renamed, with a
+    warning) and the run starts clean.  For an output that is not a regular file
+    (``/dev/null``) there is no checkpoint."""
 
     def __init__(self, out_path: str | os.PathLike) -> None:
         out = Path(out_path)
@@ -451,6 +504,8 @@ class Checkpoint:
             return None
         if saved.get("params") != to_jsonable(params):
             set_aside(self.path, "a checkpoint of a run with other parameters")
+            return None
+        if current_or_set_aside(self.path, saved) is None:
             return None
         return saved["progress"]
 

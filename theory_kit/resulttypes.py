@@ -43,6 +43,12 @@ class Result:
         """The toolkit version that computed the result."""
         return self.data.get("version")
 
+    @property
+    def code_digest(self) -> str | None:
+        """SHA-256 of the toolkit's source that computed the result (``results.CODE_DIGEST``;
+        the version number alone does not change with every code change)."""
+        return self.data.get("code_digest")
+
     def array(self, key: str) -> np.ndarray:
         return np.asarray(self.data[key], dtype=float)
 

@@ -60,13 +60,13 @@ from typing import Any, Callable
 
 import numpy as np
 
-from . import __version__, codegen
+from . import codegen
 from .activations import Activation
 from .error import squared_residual
 from .initial import InitialCondition, keys_from_state
 from .model import Task, ValidationError, as_finite_array, check_int, check_state_for_task, fail
 from .progress import progress_bar
-from .results import Checkpoint, read_json, set_aside, to_jsonable, write_json
+from .results import Checkpoint, is_current, read_json, set_aside, to_jsonable, write_json
 from .sgd_step import (FAULT_NONE, FAULT_NONFINITE, FAULT_NORMALISER, VJP_SIG, WEIGHTS_SIG,
                        coefficients_stack, psd_factor, reduced_block,
                        tokens_stack)
@@ -704,14 +704,15 @@ def simulate(cfg: SimConfig, checkpoint: Checkpoint | None = None) -> SimResult:
 
 
 def stored_result(cfg: SimConfig, out: str | os.PathLike) -> SimResult | None:
-    """The result already in ``out`` when it was written by this configuration and toolkit
-    version (so rerunning a finished command does not recompute), else None."""
+    """The result already in ``out`` when it was written by this configuration and this
+    toolkit code (``results.is_current``; so rerunning a finished command does not
+    recompute), else None."""
     path = Path(out)
     if not path.is_file():
         return None
     try:
         data = read_json(path)
-        if data.get("version") != __version__ or data.get("params") != to_jsonable(cfg.params()):
+        if not is_current(data) or data.get("params") != to_jsonable(cfg.params()):
             return None
         return SimResult.from_dict(data)
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError, UnicodeDecodeError,

@@ -11,7 +11,7 @@ import argparse
 
 import numpy as np
 
-from .. import __version__
+from ..results import stamps
 from ..model import check_state_for_task
 from ..ode import OdeSystem, build_system
 from .cmd_ode import add_engine_args, add_rate_args, engine_from_args
@@ -65,7 +65,7 @@ def run_drift(args: argparse.Namespace) -> int:
         out["engine_probe"] = engine.probe
     out["params"] = {"activation": act.params(), "task": task.params(),
                      "state": state.to_dict(), **rates}
-    out["version"] = __version__
+    out.update(stamps())
     if args.json:
         print_json(out)
     else:

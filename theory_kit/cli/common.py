@@ -234,17 +234,17 @@ def file_digest(path: str | os.PathLike | None) -> str | None:
 def request_of(args: argparse.Namespace, files: tuple[str, ...] = ()) -> dict:
     """What fixes the numbers of this command: its verb, every option except those that only
     change how it runs (--progress, --jobs, --scheduler, --out, --json), and the SHA-256 of
-    the input files named by ``files`` (e.g. ``("data",)``), so an edited input recomputes."""
-    from .. import __version__
+    the input files named by ``files`` (e.g. ``("data",)``), so an edited input recomputes,
+    and the toolkit's version and code digest, so a result of other code is not reused."""
+    from ..results import stamps
     options = {k: v for k, v in sorted(vars(args).items()) if k not in _NOT_IN_REQUEST}
     digests = {name: file_digest(getattr(args, name, None)) for name in files}
-    return {"verb": args.command, "options": options, "input_sha256": digests,
-            "version": __version__}
+    return {"verb": args.command, "options": options, "input_sha256": digests, **stamps()}
 
 
 def stored_output(path: Path | None, request: dict) -> dict | None:
     """The result stored at ``path`` when it was written by this same request (options, input
-    files and toolkit version), else None; without its ``request`` and with the values that
+    files, toolkit version and code), else None; without its ``request`` and with the values that
     were written as null because they were NaN or inf restored.  A file that is not a readable result is left
     alone (the new run replaces it)."""
     from ..results import read_json
