@@ -167,7 +167,8 @@ def test_code_digest_changes_with_a_files_bytes_or_name(tmp_path):
     package's sources as they are on disk."""
     (tmp_path / "sub").mkdir()
     a, b = tmp_path / "a.py", tmp_path / "sub" / "b.py"
-    a.write_text("x = 1\n"), b.write_text("y = 2\n")
+    a.write_text("x = 1\n")
+    b.write_text("y = 2\n")
     base = sources_digest([a, b], tmp_path)
     assert sources_digest([a, b], tmp_path) == base
     a.write_text("x = 2\n")

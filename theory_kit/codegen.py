@@ -295,7 +295,7 @@ def _generator_digest() -> str:
 
 
 def _source_digest() -> str:
-    return sources_digest([Path(m.__file__) for m in (sys.modules[__name__], dv, _nb)])
+    return sources_digest([Path(__file__), Path(dv.__file__), Path(_nb.__file__)])
 
 
 # Read when this module is imported, right after the generator modules: a digest read later,

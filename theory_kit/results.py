@@ -7,8 +7,9 @@ process's (:func:`is_current`): the version alone stays 0.1.0 across code change
 result of older code resumed as current would be a wrong number with a current stamp.
 Files are written to a temporary name in the same folder and renamed, so an interrupted run
 never leaves a half-written file; a target that is not a regular file (``/dev/null``, a FIFO)
-is written directly instead, never replaced.  JSON is strict (RFC 8259): a non-finite number is written as ``null`` and listed
-under ``"non_finite"`` with what it was, so readers in any language parse every file.
+is written directly instead, never replaced.  JSON is strict (RFC 8259): a non-finite number
+is written as ``null`` and listed under ``"non_finite"`` with what it was, so readers in any
+language parse every file.
 Files get mode 0666 minus the umask (0644 by default), like any other program's output.
 """
 from __future__ import annotations

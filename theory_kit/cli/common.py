@@ -244,9 +244,9 @@ def request_of(args: argparse.Namespace, files: tuple[str, ...] = ()) -> dict:
 
 def stored_output(path: Path | None, request: dict) -> dict | None:
     """The result stored at ``path`` when it was written by this same request (options, input
-    files, toolkit version and code), else None; without its ``request`` and with the values that
-    were written as null because they were NaN or inf restored.  A file that is not a readable result is left
-    alone (the new run replaces it)."""
+    files, toolkit version and code), else None; without its ``request`` and with the values
+    that were written as null because they were NaN or inf restored.  A file that is not a
+    readable result is left alone (the new run replaces it)."""
     from ..results import read_json
     if path is None or not path.is_file():
         return None
