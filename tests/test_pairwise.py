@@ -91,6 +91,28 @@ def test_gradient_matches_differences_of_the_quadrature_E(name):
         assert abs(grad @ v - fd) < 1e-7
 
 
+def test_the_rung_evaluate_stops_at_resolves_the_gradient_norm_it_reports():
+    """``evaluate`` refines until ‖abs_err of the gradient‖₂ (what the certificate compares
+    with tol) is below tol, not only its largest entry; the stated error bounds the distance
+    to the finest rung; ``counted`` restricts that norm to the coordinates asked for."""
+    act = get_activation("softmax1")
+    H = 2
+    K = random_keys(H, TASK.F, 4, scale=1.5)
+    a, b = act.a_default(H, TASK.L), act.b_default(H, TASK.L) + np.array([0.5, -0.5])
+    engine = pairwise.PairwiseLaplace(TASK, act, H)
+    coarsest = engine.evaluate(K, a, b, tol=np.inf)
+    assert coarsest.level == pairwise.LEVELS[0]
+    tol = 0.99 * coarsest.grad_err
+    assert coarsest.value_err < tol     # so only the gradient's norm can ask for a finer rung
+    got = engine.evaluate(K, a, b, tol=tol)
+    assert got.level > pairwise.LEVELS[0]
+    assert got.grad_err < tol or got.level == pairwise.LEVELS[-1]
+    finest = engine.fields(K, a, b, level=pairwise.LEVELS[-1])
+    assert np.linalg.norm(got.grad() - finest.grad()) <= got.grad_err + 1e-13
+    keys_only = engine.evaluate(K, a, b, tol=np.inf, counted=lambda dK, da, db: dK.ravel())
+    assert 0.0 < keys_only.grad_err < coarsest.grad_err
+
+
 def test_head_local_hessian_equals_differences_of_the_whole_gradient():
     """PairwiseError.hessian recomputes only the sub-models of the perturbed head; the result
     is the finite-difference Hessian of the whole gradient (fixedpoint.fd_hessian)."""

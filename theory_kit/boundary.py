@@ -103,7 +103,7 @@ def switching_off(obj: PairwiseError, state: State, tol: float) -> tuple[list[in
     F = 2, ν = 0.5, H = 4).  A head so silent that its removal changes E by less than the
     error is pruned too: what certifies the boundary is the reduced model and the revival
     slopes, not this choice."""
-    f = obj.engine.evaluate(*obj.unpack(obj.pack_state(state)), tol=tol)
+    f = obj.engine.evaluate(*obj.unpack(obj.pack_state(state)), tol=tol, counted=obj.pack)
     gains = {}
     for h in map(int, np.flatnonzero(f.db > 0)):
         rest = [g for g in range(obj.H) if g != h]

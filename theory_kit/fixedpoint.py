@@ -478,8 +478,8 @@ class PairwiseError(DeterministicError):
     def evaluate(self, x: np.ndarray, tol: float = DRIFT_TOL) -> tuple[float, float, np.ndarray,
                                                                       float]:
         """(E, abs_err of E, ∂E/∂x, ‖abs_err of ∂E/∂x‖) from two resolutions
-        (``PairwiseLaplace.evaluate``)."""
-        f = self.engine.evaluate(*self.unpack(x), tol=tol)
+        (``PairwiseLaplace.evaluate``, its gradient error over the coordinates of x)."""
+        f = self.engine.evaluate(*self.unpack(x), tol=tol, counted=self.pack)
         return f.value, f.value_err, self._pack_fields(f), f.grad_err
 
     def head_of(self, i: int) -> int:
