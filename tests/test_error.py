@@ -101,6 +101,25 @@ def test_quad_agrees_with_monte_carlo(name, prior, H, L):
     assert q.abs_err < (1e-3 if q.details["rule"] == "rqmc" else 1e-6)
 
 
+def test_auto_takes_monte_carlo_alone_where_quadrature_would_be_rqmc(monkeypatch):
+    """Joint normalisation over 4 heads does not fit a tensor grid: ``auto`` must not spend
+    the RQMC replicates (nor pick them by their spread) but return the Monte Carlo estimate."""
+    from theory_kit.expect import quadrature
+    task = Task(3, make_prior("flipping", nu=[2.0, 2.0]))
+    act = get_activation("bsoftmax")
+    M = 0.5 * np.random.default_rng(1).standard_normal((4, 2))
+    st = State(M, M @ M.T + 0.5 * np.eye(4), np.ones(4), np.zeros(4))
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("auto ran the RQMC quadrature")
+
+    monkeypatch.setattr(quadrature, "quad_moments", refuse)
+    got = err.population_error(task, act, st)
+    mc = err.population_error(task, act, st, method="mc")
+    assert got.method == "mc" and got.details["quad"].startswith("skipped")
+    assert (got.value, got.abs_err) == (mc.value, mc.abs_err)
+
+
 def test_cli_json_has_error_and_abs_err():
     out = subprocess.run(
         [sys.executable, "-m", "theory_kit", "error", "--activation", "softmax", "--L", "4",

@@ -156,6 +156,15 @@ def test_finer_resolution_stays_on_a_tensor_grid_that_fits():
     assert abs(r.value - ref.value) <= max(r.abs_err, 1e-12)
 
 
+def test_needs_rqmc_predicts_the_rule_quad_moments_uses(monkeypatch):
+    task, st, _ = _skewed_bsoftmax_case()
+    act = get_activation("bsoftmax")
+    assert not quad.needs_rqmc(task, act, st)
+    monkeypatch.setattr(quad, "MAX_GRID", 1e3)
+    assert quad.needs_rqmc(task, act, st)
+    assert quad_moments(task, act, st).rule == "rqmc"
+
+
 def test_rqmc_spread_covers_the_skewed_replicates(monkeypatch):
     task, st, ref = _skewed_bsoftmax_case()
     monkeypatch.setattr(quad, "MAX_GRID", 1e3)          # no tensor grid fits: RQMC

@@ -121,9 +121,19 @@ def population_error_mpmath(task: Task, act: Activation, state: State,
     return ErrorResult(float(value), MPMATH_ABS_ERR, "mpmath", {"dps": dps, "digits": str(value)})
 
 
-def _auto(quad_fn, mc_fn) -> ErrorResult:
+def _auto(quad_fn, mc_fn, sampled_quad: bool = False) -> ErrorResult:
     """auto: quadrature first; if its error estimate exceeds ``AUTO_QUAD_TOL`` (1e−8), also run
-    Monte Carlo and return whichever reports the smaller abs_err."""
+    Monte Carlo and return whichever reports the smaller abs_err.  Monte Carlo alone where the
+    quadrature would be RQMC (``sampled_quad``, ``quadrature.needs_rqmc``): RQMC is a sampling
+    estimate too, its replicate spread can understate its error (skewed replicates,
+    ``quadrature.tensor_level``), so "the smaller abs_err" would favour it for the wrong
+    reason, and it costs far more (B-softmax, F = 4, ν = 10, L = 5, H = 4 at its fixed point:
+    RQMC 40 CPU s for ± 7.2e-5, Monte Carlo's 2·10⁵ draws 1.4 s for ± 4.0e-5; the precise E
+    of each Fig. 4 B-softmax run called it twice, ~90 % of the run)."""
+    if sampled_quad:
+        m = mc_fn()
+        return ErrorResult(m.value, m.abs_err, m.method,
+                           {**m.details, "auto": True, "quad": "skipped (would be RQMC)"})
     try:
         q = quad_fn()
     except ResourceError:  # too large a grid for quadrature: Monte Carlo alone
@@ -141,7 +151,7 @@ def population_error(task: Task, act: Activation, state: State, method: str = "a
     """E(M, Q, a, b) for activation ``act`` on ``task`` by the chosen method.
 
     ``mc``: n, seed; ``quad``: resolution; ``mpmath``: dps; ``auto``: quad, then MC if
-    quad's abs_err > 1e−8 (the smaller error wins)."""
+    quad's abs_err > 1e−8 (the smaller error wins); MC alone where quad would be RQMC."""
     _check_method(method)
     check_state_for_task(state, task)
     if method == "mc":
@@ -151,7 +161,8 @@ def population_error(task: Task, act: Activation, state: State, method: str = "a
     if method == "mpmath":
         return population_error_mpmath(task, act, state, **kwargs)  # type: ignore[arg-type]
     return _auto(lambda: population_error_quad(task, act, state),
-                 lambda: population_error_mc(task, act, state))
+                 lambda: population_error_mc(task, act, state),
+                 quad.needs_rqmc(task, act, state))
 
 
 # ----------------------------------------------------------------------------- Bayes error

@@ -535,6 +535,13 @@ def tensor_level(task: Task, act: Activation, state: State, resolution: float) -
     return resolution
 
 
+def needs_rqmc(task: Task, act: Activation, state: State, resolution: float = 1.0) -> bool:
+    """Whether :func:`quad_moments` at ``resolution`` would fall to RQMC: no tensor grid fits
+    at any allowed level (:func:`tensor_level`), decided from the grid sizes alone."""
+    level = tensor_level(task, act, state, check_resolution(resolution))
+    return not QuadEngine(task, act, state, level).fits_tensor()
+
+
 def quad_moments(task: Task, act: Activation, state: State,
                  resolution: float = 1.0) -> QuadResult:
     """E, with abs_err from two resolutions (tensor rules) or the RQMC replicate spread.
