@@ -149,18 +149,22 @@ def task_of(point: dict, p: Plan) -> Task:
     return Task(p.L, make_prior("flipping", nu=[point["nu"]] * point["F"]))
 
 
-# Measured CPU costs (single core, kernels compiled): a solver evaluation of E and its
-# gradient costs EVAL_FIXED + EVAL_ROW per sample row × head × token (rows = points × atoms,
-# the θ strata; 48 ms at F = 4, H = 8, 2^11 points), a run takes ≈ 20 + 4.5·dim of them
-# (L-BFGS, the quotient Hessian by central differences, probes: 31–310 measured on the quick and
-# full plans), the ODE until hand-over ≈ 1.6 drift evaluations per time unit, E by Monte Carlo
-# 2.5e-7 s per draw × atom × head × token (0.2–0.4 s measured at 20 000 draws, F = 4).
-# The sampled flow (quick plan) costs ≈ FLOW_EVALS_PER_TIME solver evaluations per time unit
-# (RK45 at rtol 1e-4; calibrated on the quick plan: 47 CPU s warm at load 15 against 16 s
-# modelled without it).
-EVAL_FIXED = 2e-3
-EVAL_ROW = 7e-8
-FLOW_EVALS_PER_TIME = 6.0
+# Measured CPU costs (single core, kernels compiled; re-measured 2026-12-04 on an otherwise idle
+# core, the constants before came from runs at load 4-15 and from a slower engine): a solver
+# evaluation of E and its gradient costs EVAL_FIXED + EVAL_ROW per sample row × head × token
+# (rows = points × atoms, the θ strata; 12.6-15.9 ms at F = 4, H = 8, 2^11 points, 0.9 ms at
+# F = 2, H = 4, 2^10), a run takes ≈ 20 + 4.5·dim of them (L-BFGS, the quotient Hessian by
+# central differences, probes: 30-143 counted on the quick plan), the ODE until hand-over ≈ 1.6
+# drift evaluations per time unit, E by Monte Carlo MC_DRAW per draw × atom × head × token
+# (1.0-1.5 s at 2·10⁵ draws, F = 4, H = 4-8).  The sampled flow (quick plan) costs
+# FLOW_EVALS_PER_TIME solver evaluations per time unit: fitted to the quick plan's 12 runs
+# (15.3 s wall, 18.8 CPU s with the kernels' threads, one run at a time), so it also carries
+# what the model does not list (the flow's Python, the held-out checks); RK45 at rtol 1e-4
+# alone would be ~6.
+EVAL_FIXED = 4e-4
+EVAL_ROW = 2e-8
+MC_DRAW = 3.5e-8
+FLOW_EVALS_PER_TIME = 17.0
 # Kernels compiled per activation on a cold cache: the quick plan's sampled flow needs only the
 # sample kernels (as Figs. 5 and 7); the full plan's ODE flow also compiles the drift kernels
 # (≈ 15 CPU s more per activation, not in the estimate: small against its 10+ min).  6 s
@@ -236,7 +240,7 @@ def run_seconds(point: dict, p: Plan, points: int, name: str | None = None) -> f
         evals = SAMPLED_STOP_EVALS
     if p.shift_check and not polished(point, p, name):
         evals *= 2                      # the fixed point solved again (einf.sample_shift)
-    return (flow + evals * per_eval + 2.5e-7 * p.error_samples * atoms * H * p.L
+    return (flow + evals * per_eval + MC_DRAW * p.error_samples * atoms * H * p.L
             + polish_seconds(point, p, name))
 
 
