@@ -40,10 +40,9 @@ CAPTION = ("Digit-detection task (UCI 8×8 digits offline, or --data): left, the
            "ν = 10, L = 5, D = 64, F = 50 principal directions, η = 1, brute-force SGD, "
            "t = steps/64; full: γ = 0.5, T = 4000, 4 runs; quick: γ = 2, T = 100, 2 runs.")
 ACTIVATIONS = ("softmax", "softmax1", "bsoftmax")
-# CPU s per activation on a cold cache: brute-force SGD and the MC error compile only the
-# weight and error kernels (no drift kernels); measured 2026-12-01 (figures/README.md)
-COMPILE_SECONDS = 6.0
-DRIFT_KERNELS = False   # runner.precompile: no ODE, so no drift kernels to compile
+# runner.precompile: no ODE, so no drift kernels to compile; brute-force SGD and the MC error
+# compile the sample part (runner.PART_COMPILE_SECONDS)
+DRIFT_KERNELS = False
 
 
 @dataclass(frozen=True)

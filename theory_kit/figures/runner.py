@@ -24,6 +24,7 @@ from typing import Callable
 
 import matplotlib.pyplot as plt
 
+from .. import machine_speed
 from ..model import ValidationError, check_int
 from ..results import atomic_replace, read_json, restore_non_finite, write_json
 
@@ -80,12 +81,16 @@ def save_png(fig: plt.Figure, path: Path) -> Path:
 # ~10, the sample kernels ~5; the lead's idle cold runs of Figs. 1-3: one cold activation adds
 # ~10 s of wall time with 2 jobs, the second ~+5-10 s; at load 12, 17-19 and 7.5-8.4 CPU s),
 # and the fixed part of a run (starting Python and importing ~3, JSON, drawing, PNG ~2).  A
-# figure whose kernels are not these says so with its own ``COMPILE_SECONDS`` per activation
-# (the digit figures: sample kernels only).  The drift part went from 10 to 14 s after the
-# lead's idle measurements of 2026-12-01 23:00-23:20 UTC: bench_engine's first call of the fused
-# drift pass took 14.1-15.2 s wall per activation from an empty cache, and with 10 s the cold
-# quick Fig. 10 (three activations) ran 53.8 s against an estimate of 35 s (1.54x).
-PART_COMPILE_SECONDS = {"drift": 14.0, "sample": 5.0}
+# figure whose kernels are not these says so with its own ``COMPILE_SECONDS`` per activation.
+# The drift part went from 10 to 14 s after the lead's idle measurements of 2026-12-01
+# 23:00-23:20 UTC: bench_engine's first call of the fused drift pass took 14.1-15.2 s wall per
+# activation from an empty cache, and with 10 s the cold quick Fig. 10 (three activations) ran
+# 53.8 s against an estimate of 35 s (1.54x).  The sample part went from 5 to 11 s on
+# 2026-12-05: ``compile_kernels(softmax, "sample")`` took 6.4 s from an empty cache on that
+# day's host, against 9.0 s for the drift part, i.e. 11 and 15.5 s in the reference host's
+# units (``machine_speed``); the cold quick Figs. 4, 5 and 7, which compile the sample parts
+# only, ran 10, 11.5 and 7.6 s longer than warm there.
+PART_COMPILE_SECONDS = {"drift": 14.0, "sample": 11.0}
 FIXED_SECONDS = 5.0
 
 
@@ -215,20 +220,32 @@ def figure_pieces(module: ModuleType, quick: bool) -> int | None:
     return len(pieces()) if callable(pieces) else None
 
 
-def estimate(module: ModuleType, quick: bool, jobs: int) -> tuple[float, list[str]]:
-    """(seconds, activations to compile) of a figure run on an idle machine: the figure's own
-    cost model (``estimate_seconds``, CPU seconds of its pieces) shared among the workers
-    (no more workers than pieces: one piece runs on one core), plus the compiles of kernels
-    not cached yet (:func:`compile_seconds`) and the fixed cost of a run (start, imports,
-    drawing)."""
-    seconds = float(module.estimate_seconds(quick))
+def sharing_workers(module: ModuleType, quick: bool, jobs: int) -> int:
+    """Among how many cores a figure's CPU seconds are shared: the workers (no more than the
+    2 cores, nor than the pieces: one piece runs on one core), or both cores whatever the
+    jobs for a figure whose pieces are bound by the compiled kernels' own threads
+    (``THREADED_PIECES``: Fig. 4's quick plan took 13.5 s wall with one job and 15.1 s with
+    two on the 2026-12-05 host)."""
+    if getattr(module, "THREADED_PIECES", False):
+        return 2
     pieces = figure_pieces(module, quick)
-    workers = min(jobs, 2, pieces or jobs)
+    return min(jobs, 2, pieces or jobs)
+
+
+def estimate(module: ModuleType, quick: bool, jobs: int) -> tuple[float, list[str]]:
+    """(seconds, activations to compile) of a figure run on this machine when idle: the
+    figure's own cost model (``estimate_seconds``, CPU seconds of its pieces) shared among the
+    workers (:func:`sharing_workers`), plus the compiles of kernels not cached yet
+    (:func:`compile_seconds`) and the fixed cost of a run (start, imports, drawing), all in
+    seconds of the reference host, times this machine's speed relative to it
+    (``machine_speed.speed``, a probe of ~0.1 s)."""
+    seconds = float(module.estimate_seconds(quick))
+    workers = sharing_workers(module, quick, jobs)
     if workers > 1:
         seconds /= workers ** 0.8  # rough: the pieces are not all of the same size
     cold = uncompiled(figure_activations(module, quick))
     compiling = compile_seconds(module, cold, jobs, quick) if numba_backend() else 0.0
-    return seconds + compiling + FIXED_SECONDS, cold
+    return (seconds + compiling + FIXED_SECONDS) * machine_speed.speed(), cold
 
 
 def describe_estimate(module: ModuleType, quick: bool, jobs: int) -> str:
