@@ -26,7 +26,7 @@ Last, one line per ``--sample-kernels`` size: ``kern.weights`` + ``kern.vjp`` at
 with b, qdiag, a shared by all rows (the lane kernels) against per-row copies (one sample at a
 time), softmax.
 
-    python benchmarks/bench_engine.py [--repeats 3] [--cases 2x4,2x10,4x5,8x5] [--sample-kernels 2x10,8x5]
+    python benchmarks/bench_engine.py [--repeats 10] [--cases 2x4,2x10,4x5,8x5] [--sample-kernels 2x10,8x5]
 """
 from __future__ import annotations
 
@@ -253,7 +253,8 @@ def sizes(text: str) -> list[tuple[int, int]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=10,
+                        help="best of this many calls per variant (3 swung 2x between runs)")
     parser.add_argument("--cases", type=sizes, default="2x4,2x10,4x5,8x5")
     parser.add_argument("--sample-kernels", type=sizes, default="2x10,8x5",
                         help="sizes for the weights/VJP line (softmax); empty: none")
