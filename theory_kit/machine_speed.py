@@ -36,6 +36,7 @@ import functools
 import math
 import os
 import time
+from typing import Callable
 
 import numpy as np
 
@@ -62,8 +63,8 @@ def _python_part() -> float:
     return x
 
 
-def _small_part(rng_state: np.ndarray) -> float:
-    v, m = rng_state[:4], rng_state[:16].reshape(4, 4)
+def _small_part(values: np.ndarray) -> float:
+    v, m = values[:4], values[:16].reshape(4, 4)
     total = 0.0
     for _ in range(1500):
         w = np.exp(v - v.max())
@@ -76,7 +77,7 @@ def _bulk_part(x: np.ndarray) -> float:
     return float(np.sort(y[:50_000]).sum() + y.sum())
 
 
-def _best(fn, *args) -> float:
+def _best(fn: Callable[..., float], *args: object) -> float:
     best = math.inf
     for _ in range(REPEATS):
         start = time.perf_counter()
