@@ -623,3 +623,23 @@ def test_descent_certifies_the_minimum_at_the_end_of_a_flat_curved_valley():
     exact = np.array([[A * (6 * x[0] ** 2 - 2 * x[1]) + eps, -2 * A * x[0]],
                       [-2 * A * x[0], A]])
     assert np.allclose(local.eigs, np.linalg.eigvalsh(exact), rtol=1e-4, atol=local.eig_tol)
+
+
+def test_trust_step_at_a_radius_near_rounding_is_the_step_of_that_radius():
+    """_trust_step at trust radii down to 1e-19 of the gradient: the Levenberg–Marquardt
+    bracket [0, ‖c‖/radius] can lose its sign change to rounding there (brentq raised
+    ValueError for 123 of these 2400 cases before; a Newton stage whose trial steps keep
+    failing shrinks the radius that far); the step is never longer than the radius (to
+    rounding), and a radius the Newton step fits gives the Newton step itself."""
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        A = rng.standard_normal((6, 6))
+        eigs, vecs = np.linalg.eigh(A @ A.T + 0.1 * np.eye(6))
+        g = rng.standard_normal(6)
+        for k in range(8, 20):
+            radius = float(np.linalg.norm(g)) * 10.0 ** (-k)
+            p = fp._trust_step(eigs, vecs, g, radius)
+            assert np.all(np.isfinite(p)) and np.linalg.norm(p) <= radius * (1 + 1e-9)
+        newton = -vecs @ ((vecs.T @ g) / eigs)
+        assert np.allclose(fp._trust_step(eigs, vecs, g, 2 * np.linalg.norm(newton)), newton,
+                           rtol=1e-12, atol=0.0)

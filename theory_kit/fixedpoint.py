@@ -842,7 +842,13 @@ def _trust_step(eigs: np.ndarray, vecs: np.ndarray, gq: np.ndarray, radius: floa
     mu = 0.0
     if size(0.0) > radius:
         hi = max(float(np.linalg.norm(c)) / radius, 1e-300)   # size(hi) ≤ radius
-        mu = optimize.brentq(lambda m: size(m) - radius, 0.0, hi, xtol=1e-14 * hi, rtol=1e-12)
+        # at a radius near rounding (hi ≫ every eigenvalue) size(hi) = ‖c‖/hi = radius can
+        # round to just above radius: no bracket, and p(hi) is the step of that radius
+        if size(hi) < radius:
+            mu = optimize.brentq(lambda m: size(m) - radius, 0.0, hi, xtol=1e-14 * hi,
+                                 rtol=1e-12)
+        else:
+            mu = hi
     return -vecs @ (c / (eigs + mu))
 
 
