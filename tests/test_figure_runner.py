@@ -118,27 +118,33 @@ def test_compile_estimate_follows_how_precompile_deals_the_parts():
 
 
 # --------------------------------------------------------------------------- machine speed
-def test_machine_speed_is_the_geometric_mean_of_the_probe_ratios(monkeypatch):
+@pytest.fixture
+def fresh_speed():
+    """machine_speed.speed() measured anew in the test and forgotten after it (it is cached
+    per process, and the tests change THEORY_KIT_SPEED or the probe)."""
+    from theory_kit import machine_speed as ms
+    ms.speed.cache_clear()
+    yield ms
+    ms.speed.cache_clear()
+
+
+def test_machine_speed_is_the_geometric_mean_of_the_probe_ratios(monkeypatch, fresh_speed):
     """speed() = geometric mean over the probe's parts of t(here) / t(reference host): parts at
     1x, 2x and 4x the reference give 2; an estimate scales with it linearly."""
-    from theory_kit import machine_speed as ms
     from theory_kit.figures import fig8
+    ms = fresh_speed
     ref = ms.REFERENCE_SECONDS
     monkeypatch.delenv(ms.ENV, raising=False)
     monkeypatch.setattr(ms, "probe_seconds",
                         lambda: {"python": ref["python"], "small": 2 * ref["small"],
                                  "bulk": 4 * ref["bulk"]})
+    assert ms.speed() == pytest.approx(2.0, rel=1e-12)
+    monkeypatch.setattr(runner, "uncompiled", lambda names: [])
+    at_two = runner.estimate(fig8, True, 2)[0]
+    monkeypatch.setenv(ms.ENV, "1")
     ms.speed.cache_clear()
-    try:
-        assert ms.speed() == pytest.approx(2.0, rel=1e-12)
-        monkeypatch.setattr(runner, "uncompiled", lambda names: [])
-        at_two = runner.estimate(fig8, True, 2)[0]
-        monkeypatch.setenv(ms.ENV, "1")
-        ms.speed.cache_clear()
-        assert ms.speed() == 1.0
-        assert at_two == pytest.approx(2.0 * runner.estimate(fig8, True, 2)[0], rel=1e-12)
-    finally:
-        ms.speed.cache_clear()
+    assert ms.speed() == 1.0
+    assert at_two == pytest.approx(2.0 * runner.estimate(fig8, True, 2)[0], rel=1e-12)
 
 
 def test_the_probe_measures_this_machine():
@@ -153,36 +159,28 @@ def test_the_probe_measures_this_machine():
 
 
 @pytest.mark.parametrize("text", ["0", "-1", "fast", "nan", "inf"])
-def test_a_bad_speed_setting_is_refused_by_name(text, monkeypatch, capsys, tmp_path):
+def test_a_bad_speed_setting_is_refused_by_name(text, monkeypatch, capsys, tmp_path,
+                                                fresh_speed):
     """THEORY_KIT_SPEED must be a positive number; anything else is a one-line error naming
     it (exit 2 on the command line), never a traceback or a silently wrong estimate."""
-    from theory_kit import machine_speed as ms
     from theory_kit.cli import main
     from theory_kit.model import ValidationError
-    monkeypatch.setenv(ms.ENV, text)
-    ms.speed.cache_clear()
-    try:
-        with pytest.raises(ValidationError, match="THEORY_KIT_SPEED: must be a positive number"):
-            ms.speed()
-        assert main(["figure", "8", "--quick", "--out", str(tmp_path)]) == 2
-        err = capsys.readouterr().err.strip()
-        assert "THEORY_KIT_SPEED: must be a positive number" in err and "Traceback" not in err
-    finally:
-        ms.speed.cache_clear()
+    monkeypatch.setenv(fresh_speed.ENV, text)
+    with pytest.raises(ValidationError, match="THEORY_KIT_SPEED: must be a positive number"):
+        fresh_speed.speed()
+    assert main(["figure", "8", "--quick", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "THEORY_KIT_SPEED: must be a positive number" in err and "Traceback" not in err
 
 
-def test_threaded_pieces_are_shared_among_the_cores_whatever_the_jobs(monkeypatch):
+def test_threaded_pieces_are_shared_among_the_cores_whatever_the_jobs(monkeypatch,
+                                                                      fresh_speed):
     """Fig. 4's pieces run on the kernels' own threads: its estimate does not fall with more
     jobs (measured: one job 13.5 s, two 15.1 s), while a figure of single-core pieces does."""
     from theory_kit.figures import fig1, fig4
     monkeypatch.setattr(runner, "uncompiled", lambda names: [])
-    monkeypatch.setenv("THEORY_KIT_SPEED", "1")
-    from theory_kit import machine_speed as ms
-    ms.speed.cache_clear()
-    try:
-        assert runner.estimate(fig4, True, 1)[0] == runner.estimate(fig4, True, 2)[0]
-        assert runner.estimate(fig1, True, 1)[0] > runner.estimate(fig1, True, 2)[0]
-        assert runner.sharing_workers(fig1, True, 1) == 1
-        assert runner.sharing_workers(fig4, True, 1) == 2
-    finally:
-        ms.speed.cache_clear()
+    monkeypatch.setenv(fresh_speed.ENV, "1")
+    assert runner.estimate(fig4, True, 1)[0] == runner.estimate(fig4, True, 2)[0]
+    assert runner.estimate(fig1, True, 1)[0] > runner.estimate(fig1, True, 2)[0]
+    assert runner.sharing_workers(fig1, True, 1) == 1
+    assert runner.sharing_workers(fig4, True, 1) == 2

@@ -4,7 +4,7 @@ The printed run-time estimates (``theory-kit figure``: ``figures.runner.estimate
 models whose constants are seconds measured on one machine, the *reference host*.  Hosts
 differ: the project's 2-core machines went from an Intel Xeon (Emerald Rapids; the constants'
 host, 2026-12-01 to 12-04) to an AMD EPYC (Zen 4, 2026-12-05), on which the cold quick figures
-ran at 0.45–1.25 of their estimates, outside the factor 1.5 the estimates promise for 10 of
+ran at 0.45–1.26 of their estimates, outside the factor 1.5 the estimates promise for 10 of
 the 14.  So an estimate is scaled by
 
     speed = t_probe(this machine) / t_probe(reference host),
