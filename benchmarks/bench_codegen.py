@@ -14,8 +14,9 @@ import time
 
 import numpy as np
 
-from theory_kit import codegen, derive
-from theory_kit.activations import get_activation
+from theory_kit.kernels import codegen
+from theory_kit.symbolic import derive
+from theory_kit.model.activations import get_activation
 
 
 def best_time(fn, repeats: int = 5, clock=time.perf_counter) -> float:

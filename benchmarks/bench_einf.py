@@ -34,10 +34,11 @@ import time
 
 import numpy as np
 
-from theory_kit import einf
-from theory_kit import fixedpoint as fp
-from theory_kit.activations import get_activation
-from theory_kit.model import Task, make_prior
+from theory_kit.asymptotic import runs as einf
+from theory_kit.asymptotic import fixedpoint as fp
+from theory_kit.model.activations import get_activation
+from theory_kit.model.task import Task
+from theory_kit.model.priors import make_prior
 
 
 def best_time(fn, repeat: int, clock=time.perf_counter) -> float:
@@ -109,7 +110,7 @@ def bench_presolve(H: int, seed: int) -> None:
     """The sampled solve with and without the polish's key bound (module docstring)."""
     import dataclasses
     from theory_kit.figures import fig4
-    from theory_kit.initial import InitialCondition
+    from theory_kit.model.initial import InitialCondition
     p = fig4.FULL
     pt = next(q for q in p.points() if q["panel"] == "H" and q["H"] == H)
     task, act = fig4.task_of(pt, p), get_activation("softmax")

@@ -44,10 +44,11 @@ from oracle import reference_drift_integrands  # noqa: E402
 
 from bench_codegen import best_cpu, best_time  # noqa: E402  (benchmarks/ is on sys.path as the script dir)
 
-from theory_kit import codegen  # noqa: E402
-from theory_kit.activations import custom_activation, get_activation  # noqa: E402
+from theory_kit.kernels import codegen  # noqa: E402
+from theory_kit.model.activations import custom_activation, get_activation  # noqa: E402
 from theory_kit.expect.drift import MonteCarloDrift  # noqa: E402
-from theory_kit.model import Task, make_prior  # noqa: E402
+from theory_kit.model.task import Task
+from theory_kit.model.priors import make_prior  # noqa: E402
 
 N_DRAWS = 20_000
 FIELDS = ("dM", "dQ_lin", "dQ_noise", "da", "db")
@@ -78,7 +79,7 @@ def jax_drift(act, task: Task, engine: MonteCarloDrift, H: int):
     import jax.numpy as jnp
     source = codegen.module_source(act)
     source = source.replace("import numpy\n", "import jax.numpy as numpy\n")
-    source = source.replace("from theory_kit.activations import NUMPY_NAMESPACE as _NS, log_normalise",
+    source = source.replace("from theory_kit.model.activations import NUMPY_NAMESPACE as _NS, log_normalise",
                             "import jax\n_NS = {'Sigmoid': jax.nn.sigmoid, 'Softplus': jax.nn.softplus}")
     source = source.replace("with numpy.errstate(over='ignore', under='ignore', invalid='ignore', "
                             "divide='ignore'):", "if True:")
@@ -133,8 +134,8 @@ def numexpr_integrand(act):
         return None
     if not (act.is_plain_exp and act.norm == "per-head" and act.offset == "none" and act.kappa == 0):
         return None
-    from theory_kit.activations import pair_products
-    from theory_kit.integrands import DriftSamples, projection_matrix
+    from theory_kit.model.activations import pair_products
+    from theory_kit.kernels.integrands import DriftSamples, projection_matrix
 
     def integrand(_act, S, zeta, theta, M, Q, a, b, delta=0.0):
         T = S + b[:, None] if b.any() else S

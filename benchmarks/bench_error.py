@@ -11,9 +11,11 @@ import time
 
 import numpy as np
 
-from theory_kit.activations import get_activation
-from theory_kit.error import population_error_mc, population_error_quad
-from theory_kit.model import State, Task, make_prior
+from theory_kit.model.activations import get_activation
+from theory_kit.expect.error import population_error_mc, population_error_quad
+from theory_kit.model.state import State
+from theory_kit.model.task import Task
+from theory_kit.model.priors import make_prior
 
 
 def timed(fn):

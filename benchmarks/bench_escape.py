@@ -19,10 +19,11 @@ import time
 
 os.environ.setdefault("THEORY_KIT_NO_PROGRESS", "1")
 
-from theory_kit import escape  # noqa: E402
-from theory_kit.activations import get_activation  # noqa: E402
-from theory_kit.model import Task, make_prior  # noqa: E402
-from theory_kit.simulate import SimConfig, simulate  # noqa: E402
+from theory_kit.dynamics import escape  # noqa: E402
+from theory_kit.model.activations import get_activation  # noqa: E402
+from theory_kit.model.task import Task
+from theory_kit.model.priors import make_prior  # noqa: E402
+from theory_kit.dynamics.simulate import SimConfig, simulate  # noqa: E402
 
 TASK = Task(5, make_prior("flipping", nu=[2.0, 2.0]))
 ACT = get_activation("softmax")

@@ -12,10 +12,11 @@ import time
 
 import numpy as np
 
-from theory_kit.activations import get_activation
+from theory_kit.model.activations import get_activation
 from theory_kit.expect.drift import MonteCarloDrift
 from theory_kit.expect.laplace import LaplaceDrift
-from theory_kit.model import Task, make_prior
+from theory_kit.model.task import Task
+from theory_kit.model.priors import make_prior
 
 CASES = [  # (activation, prior, H, L)
     ("softmax", "flipping", 2, 10), ("softmax1", "gaussian", 2, 10), ("bsoftmax", "flipping", 2, 5),

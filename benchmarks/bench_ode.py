@@ -48,8 +48,8 @@ import numpy as np
 from theory_kit.analysis import specialisation_times
 from theory_kit.expect.engines import build_engine
 from theory_kit.figures.panels import Setting
-from theory_kit.ode import Trajectory, integrate_ode
-from theory_kit.simulate import SimConfig, simulate
+from theory_kit.dynamics.ode import Trajectory, integrate_ode
+from theory_kit.dynamics.simulate import SimConfig, simulate
 
 D = 10_000
 SETTING = Setting("softmax", 10, 2, "flipping", (2.0, 2.0), gamma=1.0, T=250.0, D_init=D)

@@ -26,9 +26,10 @@ import time
 
 os.environ.setdefault("THEORY_KIT_NO_PROGRESS", "1")
 
-from theory_kit import simulate as sim  # noqa: E402
-from theory_kit.activations import get_activation  # noqa: E402
-from theory_kit.model import Task, make_prior  # noqa: E402
+from theory_kit.dynamics import simulate as sim  # noqa: E402
+from theory_kit.model.activations import get_activation  # noqa: E402
+from theory_kit.model.task import Task
+from theory_kit.model.priors import make_prior  # noqa: E402
 
 D, H, F = 10_000, 2, 2
 CASES = (("softmax", 4), ("softmax", 10), ("bsoftmax", 4), ("bsoftmax", 10))

@@ -1,7 +1,7 @@
 """Benchmark of the sweep executor: scheduling overhead per piece against the piece time.
 
 Sweeps the pieces of Fig. 6 quick (one batch of reduced SGD runs per D, ``fig6.pieces``)
-through ``theory_kit.executor.run_sweep`` with the figure's own piece function and result
+through ``theory_kit.io.executor.run_sweep`` with the figure's own piece function and result
 store, on three backends measured in the same run: ``local`` with 1 process (in this
 process), ``local`` with 2 worker processes, and a 2-worker ``distributed.LocalCluster``
 (loopback, started before the clock runs).  Every piece times itself inside the worker, so
@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from theory_kit.executor import FolderStore, local_cluster, run_sweep
+from theory_kit.io.executor import FolderStore, local_cluster, run_sweep
 from theory_kit.figures import fig6
 from theory_kit.figures.panels import SimPiece, _run_piece
 

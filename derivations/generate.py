@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from theory_kit.activations import PRESETS, get_activation
-from theory_kit.derive import render
-from theory_kit.results import atomic_replace
+from theory_kit.model.activations import PRESETS, get_activation
+from theory_kit.symbolic.derive import render
+from theory_kit.io.results import atomic_replace
 
 HERE = Path(__file__).resolve().parent
 

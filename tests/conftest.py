@@ -122,7 +122,7 @@ def numpy_backend_when_marked(request, monkeypatch):
 def activation_by_name():
     """name -> Activation: a preset, or "softplus", a user activation (softplus(s),
     per-head normalisation, κ = 0.5) that exercises the SymPy path."""
-    from theory_kit.activations import custom_activation, get_activation
+    from theory_kit.model.activations import custom_activation, get_activation
 
     def build(name):
         if name == "softplus":

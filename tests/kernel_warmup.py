@@ -41,7 +41,7 @@ WAIT_SECONDS = 900.0   # a share that never finishes (a crashed worker) delays t
 
 
 def _activation(name: str):
-    from theory_kit.activations import custom_activation, get_activation
+    from theory_kit.model.activations import custom_activation, get_activation
     if name == "softplus":   # as conftest's activation_by_name fixture builds it
         return custom_activation("softplus(s)", norm="per-head", kappa=0.5)
     return get_activation(name)
@@ -53,7 +53,7 @@ def warm_activation(name: str) -> None:
     the per-sample drift (``drift_rows``, which the oracle tests call), each once on tiny
     inputs."""
     import numpy as np
-    from theory_kit import codegen
+    from theory_kit.kernels import codegen
     from theory_kit.figures import runner
     act = _activation(name)
     for part in runner.KERNEL_PARTS:

@@ -21,8 +21,8 @@ from functools import cached_property
 
 import numpy as np
 
-from theory_kit.activations import Activation, pair_products
-from theory_kit.integrands import DriftSamples, projection_matrix
+from theory_kit.model.activations import Activation, pair_products
+from theory_kit.kernels.integrands import DriftSamples, projection_matrix
 
 
 @dataclass

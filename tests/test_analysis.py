@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from theory_kit import analysis
-from theory_kit.model import ValidationError
+from theory_kit.model.validation import ValidationError
 
 
 def split_heads(t, rate, start=0.01, H=2, F=2, f=1):

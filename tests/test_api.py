@@ -5,9 +5,10 @@ import numpy as np
 import pytest
 
 import theory_kit as tk
-from theory_kit import api, resulttypes
+from theory_kit import api
+from theory_kit.io import resulttypes
 from theory_kit.cli import main
-from theory_kit.results import CODE_DIGEST
+from theory_kit.io.results import CODE_DIGEST
 
 STATE = dict(M=[[1.0, 0.8], [0.9, -0.7]], Q=[[2.0, 0.3], [0.3, 1.8]])
 ODE = dict(activation="softmax", H=2, L=3, nu=[2, 2], gamma=1.0, T=1.0, D=1000, seed=3,
@@ -40,7 +41,7 @@ def test_docstring_examples_run(module):
 
 
 def test_verbs_are_callable_from_the_package_and_modules_still_import():
-    from theory_kit.ode import integrate_ode  # the module behind tk.ode still works
+    from theory_kit.dynamics.ode import integrate_ode  # the module behind tk.ode still works
     assert callable(tk.ode) and callable(integrate_ode)
     assert isinstance(tk.error(activation="softmax", L=4, nu=[2, 2], method="quad", **STATE),
                       tk.ErrorValue)

@@ -1,4 +1,4 @@
-"""Boundary minima: heads that switch off (theory_kit.boundary, docs/theory.md §6).
+"""Boundary minima: heads that switch off (theory_kit.asymptotic.boundary, docs/theory.md §6).
 
 Independent references: the quadrature engine on the whole (H' + 1)-head model against the
 H'-head one (no decomposition, no Laplace engine), extrapolated in e^{b}, for the revival
@@ -9,12 +9,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from theory_kit import boundary as bd
-from theory_kit import fixedpoint as fp
-from theory_kit import saturation
-from theory_kit.activations import get_activation
-from theory_kit.error import population_error
-from theory_kit.model import State, Task, make_prior
+from theory_kit.asymptotic import boundary as bd
+from theory_kit.asymptotic import fixedpoint as fp
+from theory_kit.asymptotic import saturation
+from theory_kit.model.activations import get_activation
+from theory_kit.expect.error import population_error
+from theory_kit.model.state import State
+from theory_kit.model.task import Task
+from theory_kit.model.priors import make_prior
 
 TASK = Task(3, make_prior("flipping", nu=[3.0, 3.0]))
 SOFTMAX1 = get_activation("softmax1")
@@ -244,7 +246,7 @@ def test_a_boundary_saddle_is_left_by_reviving_a_head(monkeypatch):
     b is ~e^{−30}); it is brought back along its bias (``saturation.unsaturated_state``) and
     the third stage certifies.  The
     revival search's own starts run off here; the feature probes find c(√3 u₂) < 0."""
-    from theory_kit import einf
+    from theory_kit.asymptotic import runs as einf
     one = fp.PairwiseError.for_activation(TASK, SOFTMAX1, 1)
     lone = State(np.array([[1.7, 0.1]]), np.array([[2.9]]), np.ones(1), np.array([2.0]))
     lone = bd.saturated_minimum(one, fp.polish_gradient_flow(one, one.pack_state(lone)), 1e-8)

@@ -14,8 +14,8 @@ import numpy as np
 BUILD = """
 import json, sys
 import numpy as np
-from theory_kit import codegen
-from theory_kit.activations import get_activation
+from theory_kit.kernels import codegen
+from theory_kit.model.activations import get_activation
 act = get_activation("linear")           # the cheapest kernels to compile
 rng = np.random.default_rng(0)
 S = rng.standard_normal((5, 2, 3))

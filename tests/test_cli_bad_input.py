@@ -264,8 +264,8 @@ def test_every_verb_is_covered():
 
 def test_phi_rejects_non_finite_and_complex_constants():
     """The parser, not the code generator, rejects zoo/oo/nan/I (all of which SymPy accepts)."""
-    from theory_kit.activations import parse_phi
-    from theory_kit.model import ValidationError
+    from theory_kit.model.activations import parse_phi
+    from theory_kit.model.validation import ValidationError
     for bad in ("zoo*s", "oo*s", "I*s", "log(0)*s", "s + nan"):
         with pytest.raises(ValidationError, match="^phi: must be real and finite"):
             parse_phi(bad)
@@ -277,7 +277,7 @@ def test_einf_empty_workdir_exits_3_naming_it(workdir, tmp_path, capsys, monkeyp
     """``--workdir ""`` used to be taken as the current folder (``Path("")``), so the runs'
     files landed wherever the command was started; it is an output error like ``--out ""``,
     raised before any run starts."""
-    from theory_kit import einf
+    from theory_kit.asymptotic import runs as einf
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(einf, "run_to_convergence", lambda *a, **k: pytest.fail("a run started"))
     argv = ["einf", "--activation", "softmax", "--L", "5", "--nu", "2,2", "--H", "2",

@@ -5,12 +5,13 @@ import dataclasses
 import numpy as np
 import pytest
 
-from theory_kit import codegen
-from theory_kit.activations import PRESETS, custom_activation, get_activation
+from theory_kit.kernels import codegen
+from theory_kit.model.activations import PRESETS, custom_activation, get_activation
 from theory_kit.expect.montecarlo import draw_samples, scores, weighted_mean
 from kernel_warmup import PER_SAMPLE_DRIFT
 from oracle import hand_kernel, reference_drift_integrands
-from theory_kit.model import ValidationError, make_prior
+from theory_kit.model.validation import ValidationError
+from theory_kit.model.priors import make_prior
 
 FIELDS = ("dM", "dQ_lin", "dQ_noise", "da", "db", "sq_err")
 NAMES = list(PRESETS) + ["softplus"]
@@ -414,7 +415,7 @@ def test_generated_agree_with_oracle_all_sizes(name, backend, activation_by_name
 def test_wrong_generated_derivative_fails_the_oracle_check(backend, tmp_path, monkeypatch):
     """A copy of the generator whose J·e uses φ'' where the derivation has φ' (a wrong
     derivative) produces kernels that the oracle comparison rejects."""
-    from theory_kit import derive as dv
+    from theory_kit.symbolic import derive as dv
     act = custom_activation("softplus(s)", norm="per-head", kappa=0.5)
     right = dv.derive_structured(act.norm, act.offset)
     wrong = dataclasses.replace(right, Je=right.Je.subs(dv.D_, dv.D2_))

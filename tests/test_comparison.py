@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 
 from theory_kit.cli import main
-from theory_kit.comparison import (CompareSettings, bands, compare_log, element_series,
-                                   figure_comparison, quantity_row, scores)
-from theory_kit.model import Task, ValidationError, make_prior
-from theory_kit.activations import get_activation
-from theory_kit.userdata import log_from_fields
+from theory_kit.userdata.comparison import CompareSettings, bands, compare_log, element_series, figure_comparison, quantity_row, scores
+from theory_kit.model.task import Task
+from theory_kit.model.validation import ValidationError
+from theory_kit.model.priors import make_prior
+from theory_kit.model.activations import get_activation
+from theory_kit.userdata.logs import log_from_fields
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_numpy_attention.py"
 # cheap but adequate theory for D = 1000, T = 3: the ODE's MC error stays well below the spread
@@ -177,7 +178,7 @@ def test_brute_force_run_as_user_log_is_consistent(tmp_path):
     """A run of the toolkit's brute-force SGD (explicit D-dimensional keys, drawn start), saved
     as an overlaps JSON with times in steps, is judged consistent; the same run compared with
     the wrong sequence length is not."""
-    from theory_kit.simulate import SimConfig, simulate
+    from theory_kit.dynamics.simulate import SimConfig, simulate
     task = Task(4, make_prior("flipping", nu=[2, 2]))
     act = get_activation("softmax")
     D, steps = 1000, np.arange(0, 3001, 250)

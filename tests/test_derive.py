@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 import sympy as sp
 
-from theory_kit import codegen, derive
-from theory_kit.activations import PRESETS, get_activation
+from theory_kit.kernels import codegen
+from theory_kit.symbolic import derive
+from theory_kit.model.activations import PRESETS, get_activation
 from theory_kit.cli import main
 
 RNG = np.random.default_rng(7)

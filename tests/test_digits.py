@@ -8,12 +8,13 @@ import builtins
 import numpy as np
 import pytest
 
-from theory_kit import digits
-from theory_kit.activations import get_activation
-from theory_kit.error import population_error_mc
-from theory_kit.model import State, ValidationError
-from theory_kit.results import read_json
-from theory_kit.simulate import SimConfig, simulate
+from theory_kit.figures import digits
+from theory_kit.model.activations import get_activation
+from theory_kit.expect.error import population_error_mc
+from theory_kit.model.state import State
+from theory_kit.model.validation import ValidationError
+from theory_kit.io.results import read_json
+from theory_kit.dynamics.simulate import SimConfig, simulate
 
 sklearn = pytest.importorskip("sklearn")
 

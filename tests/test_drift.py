@@ -3,13 +3,15 @@ Carlo against quadrature, exact θ_f → −θ_f symmetry, and the layout of the
 import numpy as np
 import pytest
 
-from theory_kit.activations import PRESETS, get_activation
-from theory_kit.error import squared_residual
+from theory_kit.model.activations import PRESETS, get_activation
+from theory_kit.expect.error import squared_residual
 from theory_kit.expect import montecarlo as mc
 from theory_kit.expect.drift import (MonteCarloDrift, QuadratureDrift, gauss_hermite_tensor,
                                      per_group_sums, stratum_shape)
 from oracle import reference_drift_integrands
-from theory_kit.model import Task, ValidationError, make_prior
+from theory_kit.model.task import Task
+from theory_kit.model.validation import ValidationError
+from theory_kit.model.priors import make_prior
 
 M_TEST = np.array([[0.8, 0.3], [0.5, -0.4]])
 Q_TEST = np.array([[1.5, 0.2], [0.2, 1.2]])
@@ -211,7 +213,7 @@ def test_engines_default_generated_paths_equal_the_oracle(case, activation_by_na
 
 def test_fused_path_is_used_by_default():
     """The default engine never builds per-sample arrays: it calls the fused group sums."""
-    from theory_kit import codegen
+    from theory_kit.kernels import codegen
     task = Task(3, make_prior("flipping", nu=[2.0, 2.0]))
     act = get_activation("softmax")
     engine = MonteCarloDrift(50, seed=1)
@@ -235,9 +237,10 @@ def test_head_symmetric_samples_make_the_drift_equivariant(engine_kind):
     """Two identical heads: with head-permutation-symmetrised samples the drifts of the two
     heads agree to round-off; without, they differ by Monte Carlo error (which would pull the
     heads apart during a plateau).  Fails if the permuted copies are built wrongly."""
-    from theory_kit.activations import get_activation
+    from theory_kit.model.activations import get_activation
     from theory_kit.expect.drift import MonteCarloDrift, QuadratureDrift
-    from theory_kit.model import FlippingPrior, Task
+    from theory_kit.model.priors import FlippingPrior
+    from theory_kit.model.task import Task
 
     task = Task(5, FlippingPrior([2.0, 2.0]))
     act = get_activation("softmax")

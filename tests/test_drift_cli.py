@@ -5,12 +5,15 @@ import json
 import numpy as np
 import pytest
 
-from theory_kit.activations import get_activation
+from theory_kit.model.activations import get_activation
 from theory_kit.cli import main
 from theory_kit.expect import engines
 from theory_kit.expect.drift import MonteCarloDrift, QuadratureDrift
-from theory_kit.model import State, Task, ValidationError, make_prior
-from theory_kit.ode import build_system
+from theory_kit.model.state import State
+from theory_kit.model.task import Task
+from theory_kit.model.validation import ValidationError
+from theory_kit.model.priors import make_prior
+from theory_kit.dynamics.ode import build_system
 
 M = [[0.6, 0.15], [0.5, -0.1]]
 Q = [[1.3, 0.2], [0.2, 1.1]]

@@ -4,11 +4,12 @@ import numpy as np
 import pytest
 import sympy as sp
 
-from theory_kit import codegen
-from theory_kit.codegen_numba import LANES
-from theory_kit.activations import custom_activation, get_activation
+from theory_kit.kernels import codegen
+from theory_kit.kernels.codegen_numba import LANES
+from theory_kit.model.activations import custom_activation, get_activation
 from theory_kit.expect.drift import MonteCarloDrift
-from theory_kit.model import Task, make_prior
+from theory_kit.model.task import Task
+from theory_kit.model.priors import make_prior
 from oracle import reference_drift_integrands
 
 numba = pytest.importorskip("numba")
@@ -184,7 +185,8 @@ def test_packed_copies_of_replaced_sample_sets_are_dropped():
 def test_reductions_fused_in_order_and_shared_up_to_index_order():
     """Sums of one shape share a loop nest only when none reads another of its nest, and a sum
     equal to another with its free indices swapped reads that slot transposed."""
-    from theory_kit import codegen_numba as nb, derive as dv
+    from theory_kit.kernels import codegen_numba as nb
+    from theory_kit.symbolic import derive as dv
     low = nb._LoopLowering()
     W, h, g, x, m = dv.W_, dv.h, dv.g, dv.x, dv.m
     a = low.lower(sp.Sum(W[h, x] ** 2 * W[g, x], (x, 0, 5)))
@@ -220,7 +222,8 @@ def test_compiled_gather_packs_the_same_lanes_as_numpy_indexing(shape, n):
 def test_one_head_compiles_no_read_only_twin():
     """At H = 1, np.diag(Q) and broadcast a, b are read-only contiguous views; passed as they
     are, numba compiles a second version of every kernel (≈ 14 CPU s per activation)."""
-    from theory_kit import api, codegen
+    from theory_kit import api
+    from theory_kit.kernels import codegen
     for H, M, Q in ((2, [[0.6, 0.15], [0.5, -0.1]], [[1.3, 0.2], [0.2, 1.1]]),
                     (1, [[0.6, 0.15]], [[1.3]])):
         api.drift(activation="softmax", L=3, prior="flipping", nu=[2.0, 2.0], gamma=1.0,

@@ -1,4 +1,4 @@
-"""E∞, the global minimum and the Bayes floor (theory_kit.einf).
+"""E∞, the global minimum and the Bayes floor (theory_kit.asymptotic.runs).
 
 Independent references: the closed-form Bayes posterior of the flipping spike
 (g(p) ∝ e^{√ν₁ p₁} Π cosh(√ν_f p_f)), finite differences, Monte Carlo against quadrature,
@@ -12,13 +12,16 @@ import json
 import numpy as np
 import pytest
 
-from theory_kit import einf
-from theory_kit.activations import get_activation
+from theory_kit.asymptotic import runs as einf
+from theory_kit.model.activations import get_activation
 from theory_kit.cli import main
-from theory_kit.error import bayes_error, population_error
-from theory_kit.initial import InitialCondition
-from theory_kit.model import State, Task, ValidationError, make_prior
-from theory_kit.results import CODE_DIGEST, read_json
+from theory_kit.expect.error import bayes_error, population_error
+from theory_kit.model.initial import InitialCondition
+from theory_kit.model.state import State
+from theory_kit.model.task import Task
+from theory_kit.model.validation import ValidationError
+from theory_kit.model.priors import make_prior
+from theory_kit.io.results import CODE_DIGEST, read_json
 
 TASK = Task(5, make_prior("flipping", nu=[2.0, 2.0]))
 FAST = einf.RunSettings(gradient_flow=True, n_samples=1000,
@@ -171,7 +174,7 @@ def test_state_distance_respects_the_symmetries_of_E():
 
 
 def test_group_runs_separates_different_end_points():
-    from theory_kit.error import ErrorResult
+    from theory_kit.expect.error import ErrorResult
     a = State(np.eye(2), np.eye(2), np.ones(2))
     b = State(np.eye(2)[[1, 0]], np.eye(2), np.ones(2))       # a with heads swapped
     c = State(2 * np.eye(2), 4 * np.eye(2), np.ones(2))
@@ -285,7 +288,7 @@ def test_sampled_flow_is_the_gradient_flow_ode(name):
     integrands, Monte Carlo engine, γ² term dropped, τ = γ t) at a generic state: dM/dτ,
     dQ/dτ = K̇ Kᵀ + K K̇ᵀ and db/dτ (softmax-1 trains b) agree within the two estimates'
     sampling errors."""
-    from theory_kit.ode import build_system
+    from theory_kit.dynamics.ode import build_system
     act = get_activation(name)
     H = 2
     M = np.array([[0.9, 0.3], [-0.2, 0.7]])
@@ -459,7 +462,7 @@ def test_converged_einf_ordering_and_floors():
 # ----------------------------------------------------------------------------- Fig. 4
 def test_fig4_compute_draw_and_resume(tmp_path, monkeypatch):
     from theory_kit.figures import fig4
-    from theory_kit.results import read_json, write_json
+    from theory_kit.io.results import read_json, write_json
     tiny = fig4.Plan(H_values=(2,), nu_values=(2.0,), runs=2, n_samples=50,
                      error_samples=5000, tol=3e-2, T_max=10.0, chunk=5.0, solver_points=2 ** 8)
     monkeypatch.setattr(fig4, "QUICK", tiny)
@@ -495,7 +498,7 @@ def test_one_bsoftmax_head_is_polished_as_the_per_head_softmax_head():
     quad = population_error(TASK, bs, state, method="quad")
     assert det.method == "laplace pairs"
     assert abs(det.value - quad.value) <= 4 * (det.abs_err + quad.abs_err) + 1e-12
-    from theory_kit import fixedpoint as fp
+    from theory_kit.asymptotic import fixedpoint as fp
     start = fp.FixedPoint(state, fp.Certificate(1.0, 1e-8, 0.0, 0.0, "minimum", 0), "test",
                           float("nan"), [], 0, 0.0)
     polished, err = einf.polish_pairwise(TASK, bs, state, start, 1e-8)

@@ -6,10 +6,13 @@ import sys
 import numpy as np
 import pytest
 
-from theory_kit import error as err
-from theory_kit.activations import PRESETS, get_activation
+from theory_kit.expect import error as err
+from theory_kit.model.activations import PRESETS, get_activation
 from theory_kit.expect.quadrature import bayes_setup
-from theory_kit.model import State, Task, ValidationError, make_prior
+from theory_kit.model.state import State
+from theory_kit.model.task import Task
+from theory_kit.model.validation import ValidationError
+from theory_kit.model.priors import make_prior
 
 
 def test_bad_method_names_the_parameter():

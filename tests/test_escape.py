@@ -1,4 +1,4 @@
-"""Escape from the plateau (theory_kit.escape): linearisation, fluctuation covariance, law of τ.
+"""Escape from the plateau (theory_kit.dynamics.escape): linearisation, fluctuation covariance, law of τ.
 
 Each check compares against something independent: the ODE started with a tiny antisymmetric
 perturbation (λ), one step of the exact reduced simulation (Σ), the exact law of the initial
@@ -13,14 +13,18 @@ import math
 import numpy as np
 import pytest
 
-from theory_kit import analysis, escape
-from theory_kit.activations import get_activation
+from theory_kit import analysis
+from theory_kit.dynamics import escape
+from theory_kit.model.activations import get_activation
 from theory_kit.cli import main
 from theory_kit.expect.drift import MonteCarloDrift
-from theory_kit.initial import InitialCondition
-from theory_kit.model import State, Task, ValidationError, make_prior
-from theory_kit.ode import build_system, integrate_ode
-from theory_kit.simulate import SimConfig, simulate
+from theory_kit.model.initial import InitialCondition
+from theory_kit.model.state import State
+from theory_kit.model.task import Task
+from theory_kit.model.validation import ValidationError
+from theory_kit.model.priors import make_prior
+from theory_kit.dynamics.ode import build_system, integrate_ode
+from theory_kit.dynamics.simulate import SimConfig, simulate
 from oracle import hand_kernel
 
 SOFTMAX = get_activation("softmax")
@@ -153,7 +157,7 @@ class _HandKernels:
 def test_increments_from_generated_kernels_equal_the_hand_kernel(name, monkeypatch):
     """escape.increments on the generated sample kernels gives the numbers of the hand VJP
     kernel (same draws) to 1e-12, Bayes offsets (∂ŷ/∂Q_hh) and trained a, b included."""
-    from theory_kit import codegen
+    from theory_kit.kernels import codegen
     act = get_activation(name)
     M = np.array([[0.8, 0.3], [0.5, -0.2]])
     state = State(M, M @ M.T + np.array([[1.0, 0.3], [0.3, 0.8]]), act.a_default(2, 5) * 1.1,
@@ -340,8 +344,8 @@ def test_unresolved_step_at_huge_gamma_exits_2_naming_dt_and_gamma(capsys):
 
 
 def test_step_rate_of_the_linearisation_is_checked_at_every_node():
-    from theory_kit.escape import check_step_rate
-    from theory_kit.model import ValidationError
+    from theory_kit.dynamics.escape import check_step_rate
+    from theory_kit.model.validation import ValidationError
     J = np.array([np.diag([-0.1, 0.2]), np.diag([-3.0, 0.1])])
     check_step_rate(J, np.array([0.0, 10.0]), 0.4, 1.0)  # 0.4 x 3 = 1.2 <= 1.5
     with pytest.raises(ValidationError, match=r"^dt: must be <= 0\.5 .* at t = 10,"):

@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from theory_kit import executor as ex
+from theory_kit.io import executor as ex
 from theory_kit.cli import main
-from theory_kit.model import ValidationError
-from theory_kit.results import stamps, to_jsonable
+from theory_kit.model.validation import ValidationError
+from theory_kit.io.results import stamps, to_jsonable
 
 distributed = pytest.importorskip("distributed")
 # Dask ships the piece functions below by value: the workers cannot import this test module
@@ -62,8 +62,8 @@ def expected(seed: int) -> dict:
 
 def kernel_loads(_: int) -> tuple[int, int]:
     """(worker pid, generated modules this piece had to build or read from the disk cache)."""
-    from theory_kit import codegen
-    from theory_kit.activations import get_activation
+    from theory_kit.kernels import codegen
+    from theory_kit.model.activations import get_activation
     before = codegen.STATS["generated"] + codegen.STATS["loaded"]
     codegen.load_module(get_activation("softmax1"))
     return os.getpid(), codegen.STATS["generated"] + codegen.STATS["loaded"] - before
@@ -235,7 +235,7 @@ def test_worker_killed_mid_piece(tmp_path, backend, client):
 SCRIPT = textwrap.dedent("""
     import os, signal, sys, time
     from pathlib import Path
-    from theory_kit.executor import FolderStore, run_sweep
+    from theory_kit.io.executor import FolderStore, run_sweep
 
     # Ctrl-C as a terminal delivers it, whatever disposition or mask the test runner passed on
     # (an ignored or blocked SIGINT survives exec; see test_ctrl_c_then_rerun_...)
@@ -459,10 +459,11 @@ def test_fig7_digit_task_reaches_the_workers_once(tmp_path, monkeypatch, client)
 def test_compare_theory_identical_serial_and_dask(tmp_path, client):
     """compare's ODE seeds and reduced simulation as one sweep: the same report in this
     process and on the LocalCluster, and a rerun loads every piece from its work folder."""
-    from theory_kit.activations import get_activation
-    from theory_kit.comparison import CompareSettings, compare_log
-    from theory_kit.model import Task, make_prior
-    from theory_kit.userdata import log_from_fields
+    from theory_kit.model.activations import get_activation
+    from theory_kit.userdata.comparison import CompareSettings, compare_log
+    from theory_kit.model.task import Task
+    from theory_kit.model.priors import make_prior
+    from theory_kit.userdata.logs import log_from_fields
     K = np.random.default_rng(0).standard_normal((3, 2, 50)) / 7
     log = log_from_fields({"K": K, "U": np.eye(50)[:, :2], "steps": np.array([0, 50, 100])})
     task, act = Task(4, make_prior("flipping", nu=[2, 2])), get_activation("softmax")

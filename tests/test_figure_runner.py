@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import theory_kit as tk
-from theory_kit import codegen
-from theory_kit.activations import get_activation
+from theory_kit.kernels import codegen
+from theory_kit.model.activations import get_activation
 from theory_kit.figures import panels, runner
 
 KERNELS = ("pack_rows", "drift_blocks", "weights_rows", "vjp_rows", "weights_batch", "vjp_batch",
@@ -122,7 +122,7 @@ def test_compile_estimate_follows_how_precompile_deals_the_parts():
 def fresh_speed():
     """machine_speed.speed() measured anew in the test and forgotten after it (it is cached
     per process, and the tests change THEORY_KIT_SPEED or the probe)."""
-    from theory_kit import machine_speed as ms
+    from theory_kit.figures import machine_speed as ms
     ms.speed.cache_clear()
     yield ms
     ms.speed.cache_clear()
@@ -150,7 +150,7 @@ def test_machine_speed_is_the_geometric_mean_of_the_probe_ratios(monkeypatch, fr
 def test_the_probe_measures_this_machine():
     """The probe's parts are real timings (positive, finite, each well under a second), and the
     speed it gives is within the range of hosts seen (0.2-5x the reference)."""
-    from theory_kit import machine_speed as ms
+    from theory_kit.figures import machine_speed as ms
     times = ms.probe_seconds()
     assert set(times) == set(ms.REFERENCE_SECONDS)
     assert all(0.0 < t < 1.0 for t in times.values()), times
@@ -164,7 +164,7 @@ def test_a_bad_speed_setting_is_refused_by_name(text, monkeypatch, capsys, tmp_p
     """THEORY_KIT_SPEED must be a positive number; anything else is a one-line error naming
     it (exit 2 on the command line), never a traceback or a silently wrong estimate."""
     from theory_kit.cli import main
-    from theory_kit.model import ValidationError
+    from theory_kit.model.validation import ValidationError
     monkeypatch.setenv(fresh_speed.ENV, text)
     with pytest.raises(ValidationError, match="THEORY_KIT_SPEED: must be a positive number"):
         fresh_speed.speed()

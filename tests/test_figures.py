@@ -7,7 +7,7 @@ import pytest
 
 from theory_kit.cli import main
 from theory_kit.figures import panels, runner
-from theory_kit.results import read_json, write_json
+from theory_kit.io.results import read_json, write_json
 
 CHEAP = (1, 8)                              # run in the default test run
 EXPENSIVE = (2, 3, 6, 9, 10, 11, 12, 13, 14)   # 20-60 s each on 2 cores: slow

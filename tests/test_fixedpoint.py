@@ -1,4 +1,4 @@
-"""Fixed points solved and certified (theory_kit.fixedpoint, einf's solver stage).
+"""Fixed points solved and certified (theory_kit.asymptotic.fixedpoint, einf's solver stage).
 
 Independent references: long ODE integrations (another engine, another point set), the
 exact symmetries of the sampled objective (head exchange, sign flips), the Bayes error by
@@ -15,11 +15,13 @@ import numpy as np
 import pytest
 from scipy import optimize
 
-from theory_kit import einf, fixedpoint as fp
-from theory_kit.activations import get_activation
-from theory_kit.error import population_error
-from theory_kit.initial import InitialCondition
-from theory_kit.model import State, Task, make_prior
+from theory_kit.asymptotic import runs as einf, fixedpoint as fp
+from theory_kit.model.activations import get_activation
+from theory_kit.expect.error import population_error
+from theory_kit.model.initial import InitialCondition
+from theory_kit.model.state import State
+from theory_kit.model.task import Task
+from theory_kit.model.priors import make_prior
 
 TASK = Task(5, make_prior("flipping", nu=[2.0, 2.0]))
 HANDOFF = einf.StopRule(tol=0.1, chunk=20.0, window=2, T_max=300.0)
@@ -94,8 +96,8 @@ def test_rare_event_objective_is_refused_and_the_tilted_one_is_not():
 
 OBJECTIVE_BITS = """
 import hashlib, numpy as np
-from theory_kit import fixedpoint as fp
-from theory_kit.activations import get_activation
+from theory_kit.asymptotic import fixedpoint as fp
+from theory_kit.model.activations import get_activation
 from theory_kit.model import Task, make_prior
 task = Task(5, make_prior("flipping", nu=[2.0, 2.0]))
 obj = fp.SampledError.for_activation(task, get_activation("bsoftmax"), 2, n=2 ** 13)
@@ -420,7 +422,7 @@ def test_finite_gamma_escape_stays_admissible_or_gives_up():
     """The displacement off an unstable root never hands an inadmissible state on: a step
     that would leave Q − M Mᵀ ⪰ 0 is replaced by a smaller one or the other side, and when
     every attempt fails (here: the ODE 'blows up') the caller gets None, not a traceback."""
-    from theory_kit.ode import build_system
+    from theory_kit.dynamics.ode import build_system
     act = get_activation("bsoftmax")
     system, _ = build_system(TASK, act, 2, einf.RunSettings(n_samples=50).engine(), 1.0, None,
                              None, None, None, False, False)

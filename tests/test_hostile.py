@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import sympy as sp
 
-from theory_kit.activations import activation_from_params, get_activation, parse_phi
+from theory_kit.model.activations import activation_from_params, get_activation, parse_phi
 from theory_kit.cli import main
-from theory_kit.model import ValidationError
+from theory_kit.model.validation import ValidationError
 
 CANARY = "/tmp/theory_kit_hostile_canary"
 TOUCH = f'__import__("os").system("touch {CANARY}")'
@@ -273,7 +273,7 @@ def test_result_file_activation_is_parsed_not_evaluated(srepr):
 
 
 def test_srepr_round_trip_keeps_fingerprints():
-    from theory_kit.activations import PRESETS, custom_activation
+    from theory_kit.model.activations import PRESETS, custom_activation
     acts = [make() for make in PRESETS.values()]
     acts.append(custom_activation("0.1234567890123456789*s + 1.5*exp(s)/3 + sqrt(s**2+2)",
                                   norm="elementwise"))
@@ -551,7 +551,7 @@ def test_progress_counts_without_float_noise(monkeypatch):
     monkeypatch.delenv("THEORY_KIT_NO_PROGRESS", raising=False)
     import io
 
-    from theory_kit.progress import progress_bar
+    from theory_kit.io.progress import progress_bar
     bar = progress_bar(30.0, "t", unit="t")
     bar.fp = io.StringIO()
     for _ in range(3):
@@ -589,8 +589,8 @@ def test_overflowing_phi_is_a_phi_error_naming_the_scores(argv, capsys):
 
 
 def test_overflow_scores_of_phi():
-    from theory_kit.activations import lambdify_numpy
-    from theory_kit.phi_parser import overflow_scores
+    from theory_kit.model.activations import lambdify_numpy
+    from theory_kit.model.phi_parser import overflow_scores
     s = sp.Symbol("s", real=True)
     lo, hi = overflow_scores(sp.exp(sp.exp(sp.exp(s))), lambdify_numpy)
     assert lo is None and abs(hi - np.log(np.log(709.78))) < 0.01
@@ -830,7 +830,7 @@ def test_second_fuzz(case, tmp_path, capsys, monkeypatch):
     argv, code = case
     _fuzz_files(tmp_path)
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr("theory_kit.results.FIFO_WAIT", 0.2)  # a FIFO nobody reads: refused
+    monkeypatch.setattr("theory_kit.io.results.FIFO_WAIT", 0.2)  # a FIFO nobody reads: refused
     argv = [a.replace("{R}", str(tmp_path)) for a in argv]
     before = sorted(p.name for p in tmp_path.iterdir())
     status, out, err = run_cli(argv, capsys)

@@ -8,11 +8,14 @@ import numpy as np
 import pytest
 from oracle import reference_drift_integrands
 
-from theory_kit.activations import custom_activation, get_activation
-from theory_kit.error import population_error
+from theory_kit.model.activations import custom_activation, get_activation
+from theory_kit.expect.error import population_error
 from theory_kit.expect.drift import MonteCarloDrift
 from theory_kit.expect.laplace import LaplaceDrift, applicability
-from theory_kit.model import State, Task, ValidationError, make_prior
+from theory_kit.model.state import State
+from theory_kit.model.task import Task
+from theory_kit.model.validation import ValidationError
+from theory_kit.model.priors import make_prior
 
 FIELDS = ("dM", "dQ_lin", "dQ_noise", "da", "db")
 M3 = np.array([[0.6, 0.15], [0.5, -0.1], [0.2, 0.3]])
@@ -436,7 +439,7 @@ def test_per_step_check_is_honest_along_the_fig1_curve():
     the actual error of each entry (against ``LaplaceDrift(level=2)``) is within the reported
     abs_err (the anchor's largest per field)."""
     from theory_kit.figures.panels import Setting
-    from theory_kit.ode import integrate_ode
+    from theory_kit.dynamics.ode import integrate_ode
     s = Setting("softmax", 10, 2, "flipping", (2.0, 2.0), gamma=1.0, T=30.0, D_init=10_000)
     task, act = s.task(), s.act()
     seen = []
@@ -493,7 +496,7 @@ def test_windowed_evaluation_equals_the_whole_grid(monkeypatch, prior, M):
     """Under a budget that forces ≥ 3 windows of the u grid, the fields and the mass defect
     equal the one-window evaluation's up to the order of the float additions (a window
     counted twice, or a pattern summed in every window, would be off by O(1))."""
-    from theory_kit import resources
+    from theory_kit.io import limits as resources
     from theory_kit.expect import laplace as lp
     act = get_activation("softmax")
     task = Task(3, make_prior(prior, nu=[2.0, 1.5]))
@@ -545,7 +548,7 @@ def test_peak_memory_of_a_large_key_evaluation_stays_below_the_budget(monkeypatc
     below the fixed part: nodes, outer kernels and weight blocks are not windowed.)"""
     import tracemalloc
 
-    from theory_kit import resources
+    from theory_kit.io import limits as resources
     act = get_activation("softmax")
     task = Task(3, make_prior("flipping", nu=[10.0, 10.0]))
     M, Q, a, b = _state(act, 2, 3, scale=3.0)
@@ -574,8 +577,8 @@ def test_peak_memory_of_a_large_key_evaluation_stays_below_the_budget(monkeypatc
 def test_a_state_beyond_the_budget_fails_naming_its_key_norm(monkeypatch):
     """Key norm 1000: its score nodes alone (~10^9) exceed the budget, refused before they
     are allocated; key norm 3 under a 2 MB budget cannot be cut into windows small enough."""
-    from theory_kit import resources
-    from theory_kit.model import ResourceError
+    from theory_kit.io import limits as resources
+    from theory_kit.model.validation import ResourceError
     act = get_activation("softmax")
     task = Task(5, make_prior("flipping", nu=[10.0, 10.0]))
     a, b = act.a_default(2, 5), act.b_default(2, 5)

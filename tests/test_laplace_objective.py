@@ -1,4 +1,4 @@
-"""The deterministic E of joint normalisers on the drift engine (theory_kit.laplace_objective).
+"""The deterministic E of joint normalisers on the drift engine (theory_kit.asymptotic.laplace_objective).
 
 Independent references: central differences of E by the quadrature engine (another engine,
 no drift fields, no Lyapunov solve) for ∂E/∂K; the Bayes error by quadrature for the polished
@@ -8,12 +8,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from theory_kit import einf
-from theory_kit import fixedpoint as fp
-from theory_kit.activations import get_activation
-from theory_kit.error import bayes_error, population_error
-from theory_kit.laplace_objective import LaplaceError
-from theory_kit.model import State, Task, make_prior
+from theory_kit.asymptotic import runs as einf
+from theory_kit.asymptotic import fixedpoint as fp
+from theory_kit.model.activations import get_activation
+from theory_kit.expect.error import bayes_error, population_error
+from theory_kit.asymptotic.laplace_objective import LaplaceError
+from theory_kit.model.state import State
+from theory_kit.model.task import Task
+from theory_kit.model.priors import make_prior
 
 TASK = Task(3, make_prior("flipping", nu=[2.0, 2.0]))
 BSOFTMAX = get_activation("bsoftmax")

@@ -1,8 +1,10 @@
 import numpy as np
 import pytest
 
-from theory_kit.model import (FlippingPrior, GaussianPrior, State, Task, ValidationError,
-                              make_prior, EmpiricalPrior)
+from theory_kit.model.priors import FlippingPrior, GaussianPrior, make_prior, EmpiricalPrior
+from theory_kit.model.state import State
+from theory_kit.model.task import Task
+from theory_kit.model.validation import ValidationError
 
 
 def test_flipping_atoms_and_moments():

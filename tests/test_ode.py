@@ -4,12 +4,13 @@ import json
 import numpy as np
 import pytest
 
-from theory_kit.activations import get_activation
+from theory_kit.model.activations import get_activation
 from theory_kit.cli import main
 from theory_kit.expect.drift import MonteCarloDrift, QuadratureDrift
-from theory_kit.model import Task, ValidationError, make_prior
-from theory_kit.ode import (BlowUpError, Trajectory, check_admissible, initial_condition,
-                            integrate_ode)
+from theory_kit.model.task import Task
+from theory_kit.model.validation import ValidationError
+from theory_kit.model.priors import make_prior
+from theory_kit.dynamics.ode import BlowUpError, Trajectory, check_admissible, initial_condition, integrate_ode
 
 TASK = Task(4, make_prior("flipping", nu=[2.0, 2.0]))
 SOFTMAX = get_activation("softmax")
@@ -274,7 +275,7 @@ def test_drift_err_is_the_rate_times_the_engine_error():
 def test_ode_follows_finite_d_sgd():
     """docs/theory.md §5 check: the ODE (Gauss–Hermite drifts, so its own numerical error is small)
     against the mean of 36 exact reduced SGD runs at D = 2000, within 4 standard errors."""
-    from theory_kit.simulate import SimConfig, simulate
+    from theory_kit.dynamics.simulate import SimConfig, simulate
     task = Task(3, make_prior("flipping", nu=[2.0, 2.0]))
     ic = _ic(task=task)
     times = (0.0, 2.0, 4.0)
@@ -303,7 +304,7 @@ class _StiffeningSystem:
 
 
 def test_stage_estimate_of_h_lambda_is_the_local_rate():
-    from theory_kit.ode import rk4_stages
+    from theory_kit.dynamics.ode import rk4_stages
     for t, h in ((0.0, 0.1), (2.0, 0.05), (3.0, 0.3)):
         _, rate = rk4_stages(_StiffeningSystem, t, np.array([1.0, -2.0]), h)
         assert rate == pytest.approx(h * (1 + t * t), rel=0.25)
@@ -313,7 +314,7 @@ def test_a_trajectory_that_stiffens_later_is_stopped_naming_the_time():
     """h = 0.5 resolves t = 0 (hλ = 0.5) but RK4 is unstable from t ≈ 2.1 (hλ > 2.785); the
     exact solution decays as exp(-t - t³/3) while unchecked RK4 at hλ ≈ 5 grows
     (|R(-5)| = 13)."""
-    from theory_kit.ode import MAX_STEP_RATE, StepError, StepWatch, rk4_step
+    from theory_kit.dynamics.ode import MAX_STEP_RATE, StepError, StepWatch, rk4_step
     y, t, h = np.array([1.0]), 0.0, 0.5
     watch = StepWatch(_StiffeningSystem)
     with pytest.raises(StepError, match=r"^dt: the RK4 step 0.5 does not resolve the dynamics "
@@ -334,7 +335,7 @@ def test_ode_at_huge_gamma_stops_during_the_run_not_only_at_the_start():
     """γ = 1e3 with a step of 2 on a Sobol drift (the setting of escape --gamma 1e3): the
     start passes the stage test, the steps after it do not (the run used to go on)."""
     from theory_kit.expect.engines import build_engine
-    from theory_kit.ode import StepError
+    from theory_kit.dynamics.ode import StepError
     task = Task(5, make_prior("flipping", nu=[2.0, 2.0]))
     ic = initial_condition(SOFTMAX, task, M0=np.zeros((2, 2)), Q0=np.eye(2))
     engine = build_engine("sobol", samples=256, seed=1, head_symmetric=True)
@@ -364,8 +365,8 @@ def test_killed_every_half_second_a_run_still_finishes_with_the_same_numbers(tmp
     import signal
     import time
 
-    import theory_kit.ode as ode_module
-    from theory_kit.results import read_json
+    import theory_kit.dynamics.ode as ode_module
+    from theory_kit.io.results import read_json
     monkeypatch.setattr(ode_module, "CHECKPOINT_SECONDS", 0.25)
     kw = dict(gamma=1.0, T=4.0, times=[0, 2.0, 4.0], dt=0.05, progress=False,
               checkpoint_every=10 ** 6)

@@ -12,12 +12,15 @@ import dataclasses
 import numpy as np
 import pytest
 
-from theory_kit import einf
-from theory_kit import fixedpoint as fp
-from theory_kit.activations import get_activation
-from theory_kit.error import population_error
+from theory_kit.asymptotic import runs as einf
+from theory_kit.asymptotic import fixedpoint as fp
+from theory_kit.model.activations import get_activation
+from theory_kit.expect.error import population_error
 from theory_kit.expect import pairwise
-from theory_kit.model import State, Task, ValidationError, make_prior
+from theory_kit.model.state import State
+from theory_kit.model.task import Task
+from theory_kit.model.validation import ValidationError
+from theory_kit.model.priors import make_prior
 
 TASK = Task(4, make_prior("flipping", nu=[2.0, 2.0]))
 NOISY = Task(4, make_prior("flipping", nu=[2.0, 2.0]), delta=0.3)

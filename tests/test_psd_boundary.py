@@ -10,12 +10,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from theory_kit import einf
-from theory_kit.activations import get_activation
+from theory_kit.asymptotic import runs as einf
+from theory_kit.model.activations import get_activation
 from theory_kit.expect.engines import build_engine
-from theory_kit.initial import InitialCondition
-from theory_kit.model import Task, make_prior
-from theory_kit.ode import BoundaryError, integrate_ode
+from theory_kit.model.initial import InitialCondition
+from theory_kit.model.task import Task
+from theory_kit.model.priors import make_prior
+from theory_kit.dynamics.ode import BoundaryError, integrate_ode
 
 TASK = Task(5, make_prior("gaussian", nu=[2.0, 2.0]))
 ACT = get_activation("softmax")

@@ -2,11 +2,14 @@
 import numpy as np
 import pytest
 
-from theory_kit.activations import get_activation
+from theory_kit.model.activations import get_activation
 from theory_kit.expect import precise
 from theory_kit.expect import quadrature as quad
 from theory_kit.expect.quadrature import quad_moments, whiten
-from theory_kit.model import State, Task, ValidationError, make_prior
+from theory_kit.model.state import State
+from theory_kit.model.task import Task
+from theory_kit.model.validation import ValidationError
+from theory_kit.model.priors import make_prior
 
 M2 = np.array([[1.0, 0.8], [0.9, -0.7]])
 Q2 = np.array([[2.0, 0.3], [0.3, 1.8]])
@@ -124,7 +127,7 @@ def test_quad_matches_mpmath_small_cases(case):
 def test_rqmc_fallback_agrees_with_monte_carlo():
     # Joint normalisation over H = 4 independent heads exceeds the tensor-grid budget, so
     # scrambled Sobol replicates are used; their mean must agree with plain MC.
-    from theory_kit.error import population_error_mc
+    from theory_kit.expect.error import population_error_mc
     task = Task(3, make_prior("flipping", nu=[2.0, 2.0]))
     act = get_activation("bsoftmax")
     rng = np.random.default_rng(1)
@@ -184,7 +187,7 @@ def test_softmax_ignores_large_biases_by_quad():
     """b has no effect on per-head softmax: E with b = (1000, −1000) is E with b = 0
     (closed form), and agrees with MC.  The cross term used one u grid for all heads and
     gave 0.2932 ± 1.7e-13 here (truth 0.54316)."""
-    from theory_kit.error import population_error
+    from theory_kit.expect.error import population_error
     task = Task(2, make_prior("flipping", nu=[2, 2]))
     act = get_activation("softmax")
     M, Q = [[0.1, 0], [0, 0.1]], [[1, 0], [0, 1]]
@@ -200,7 +203,7 @@ def test_wide_score_range_is_right_or_says_so(name, monkeypatch):
     """Q = 400 spreads log φ over > 300: with the old u range (span 200) the result was off
     by 4e-4 with abs_err 2e-15; the mass check E[Σ W] = 1 must now report it, and the
     wider default range must get the MC value."""
-    from theory_kit.error import population_error
+    from theory_kit.expect.error import population_error
     task = Task(3, make_prior("flipping", nu=[3]))
     act = get_activation(name)
     st = State(np.array([[15.0]]), np.array([[400.0]]), act.a_default(1, 3), act.b_default(1, 3))
@@ -226,7 +229,7 @@ def test_wide_score_range_is_right_or_says_so(name, monkeypatch):
                                           ({"method": "mc", "seed": 1.5}, "seed")])
 def test_python_api_validates_like_the_cli(kwargs, param):
     """resolution=1e-6 returned 0.99999 ± 2.6e-14 and n=-5 returned 0 ± 0."""
-    from theory_kit.error import bayes_error, population_error
+    from theory_kit.expect.error import bayes_error, population_error
     task = Task(2, make_prior("flipping", nu=[2, 2]))
     act = get_activation("softmax")
     st = _state(act, [[0.1, 0], [0, 0.1]], [[1, 0], [0, 1]])
@@ -240,7 +243,7 @@ def test_python_api_validates_like_the_cli(kwargs, param):
 def test_bsoftmax_huge_scores_by_quad_agree_with_mc():
     """Bayes offsets −Q_hh/2 = −500 and score spread ±270: quad gave 0.965 ± 4e-5 (and 1.0 ±
     0.0 for Q = 10⁴ I) against MC 0.379 ± 0.0015."""
-    from theory_kit.error import population_error
+    from theory_kit.expect.error import population_error
     task = Task(2, make_prior("flipping", nu=[2, 2]))
     act = get_activation("bsoftmax")
     st = _state(act, [[30, 0], [0, 30]], [[1000, 0], [0, 1000]])

@@ -4,10 +4,11 @@ the change to coarser rules for tensor Gauss–Hermite.  Before issue #12 both r
 import numpy as np
 import pytest
 
-from theory_kit.activations import get_activation
+from theory_kit.model.activations import get_activation
 from theory_kit.expect.drift import QuadratureDrift, SampleDrift
 from theory_kit.expect.laplace import LaplaceDrift
-from theory_kit.model import Task, make_prior
+from theory_kit.model.task import Task
+from theory_kit.model.priors import make_prior
 
 FIELDS = ("dM", "dQ_lin", "dQ_noise", "da", "db", "error")
 M2 = np.array([[0.6, 0.15], [0.5, -0.1]])

@@ -11,10 +11,9 @@ import sys
 import numpy as np
 import pytest
 
-from theory_kit.model import OutputError, ValidationError
-from theory_kit import results
-from theory_kit.results import (CHECKPOINT_SCHEMA, Checkpoint, OutputLock, atomic_replace,
-                                dumps_strict, read_json, read_piece, sources_digest, write_json)
+from theory_kit.model.validation import OutputError, ValidationError
+from theory_kit.io import results
+from theory_kit.io.results import CHECKPOINT_SCHEMA, Checkpoint, OutputLock, atomic_replace, dumps_strict, read_json, read_piece, sources_digest, write_json
 
 
 def strict_load(text: str) -> object:
@@ -181,7 +180,7 @@ def test_code_digest_changes_with_a_files_bytes_or_name(tmp_path):
     d.write_text("")
     assert sources_digest([a, c, d], tmp_path) != sources_digest([a, c], tmp_path)
     files = results.package_sources()
-    assert any(f.name == "einf.py" for f in files) and all(f.suffix == ".py" for f in files)
+    assert any(f.name == "runs.py" for f in files) and all(f.suffix == ".py" for f in files)
     assert results.CODE_DIGEST == sources_digest(files)
     assert read_json(write_json(tmp_path / "r.json", {}))["code_digest"] == results.CODE_DIGEST
 

@@ -1,5 +1,5 @@
 """Boundary minima at b_h → +∞: softmax-1 heads that become plain softmax heads
-(theory_kit.saturation, docs/theory.md §6).
+(theory_kit.asymptotic.saturation, docs/theory.md §6).
 
 Independent references: the quadrature engine on a κ = 0 activation (no extra token at all)
 for the saturated model's E; E along b by quadrature for the slope c and the curvature K; the
@@ -12,11 +12,13 @@ import dataclasses
 import numpy as np
 import pytest
 
-from theory_kit import fixedpoint as fp
-from theory_kit import saturation as st
-from theory_kit.activations import Activation, get_activation
-from theory_kit.error import population_error
-from theory_kit.model import State, Task, make_prior
+from theory_kit.asymptotic import fixedpoint as fp
+from theory_kit.asymptotic import saturation as st
+from theory_kit.model.activations import Activation, get_activation
+from theory_kit.expect.error import population_error
+from theory_kit.model.state import State
+from theory_kit.model.task import Task
+from theory_kit.model.priors import make_prior
 
 SOFTMAX1 = get_activation("softmax1")
 SMALL = Task(3, make_prior("flipping", nu=[2.0, 2.0]))

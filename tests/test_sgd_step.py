@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from theory_kit import simulate as sim
-from theory_kit.activations import get_activation
-from theory_kit.model import Task, make_prior
+from theory_kit.dynamics import simulate as sim
+from theory_kit.model.activations import get_activation
+from theory_kit.model.task import Task
+from theory_kit.model.priors import make_prior
 
 FLIP = Task(4, make_prior("flipping", nu=[2.0, 2.0]))
 GAUSS = Task(3, make_prior("gaussian", nu=[3.0, 1.0]))
@@ -101,7 +102,7 @@ def test_wishart_part_has_the_law_of_beta_G_beta(H: int, L: int) -> None:
 
 
 def sgd_step_part(beta: np.ndarray, B: np.ndarray) -> np.ndarray:
-    from theory_kit.sgd_step import wishart_part
+    from theory_kit.dynamics.sgd_step import wishart_part
     H = beta.shape[0]
     Y = np.empty((H, B.shape[1]))
     assert wishart_part(np.ascontiguousarray(beta), np.ascontiguousarray(B), np.empty((H, H)),

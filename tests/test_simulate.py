@@ -7,14 +7,16 @@ import time
 import numpy as np
 import pytest
 
-from theory_kit import simulate as sim
-from theory_kit.activations import custom_activation, get_activation
+from theory_kit.dynamics import simulate as sim
+from theory_kit.model.activations import custom_activation, get_activation
 from theory_kit.cli import main
 from theory_kit.expect.drift import MonteCarloDrift
 from theory_kit.figures.compare import compare, comparison_figure, write_comparison
-from theory_kit.model import Task, ValidationError, make_prior
-from theory_kit.ode import initial_condition, integrate_ode
-from theory_kit.results import Checkpoint, write_json
+from theory_kit.model.task import Task
+from theory_kit.model.validation import ValidationError
+from theory_kit.model.priors import make_prior
+from theory_kit.dynamics.ode import initial_condition, integrate_ode
+from theory_kit.io.results import Checkpoint, write_json
 from oracle import hand_kernel
 
 FLIP = Task(4, make_prior("flipping", nu=[2.0, 2.0]))
@@ -323,7 +325,7 @@ def test_given_initial_condition_and_recorded_error() -> None:
     res = sim.simulate(config(initial=ic, runs=50, error_samples=400, times=(0.0, 0.1)))
     np.testing.assert_allclose(res.M[:, 0], np.broadcast_to(ic.state.M, (50, 2, 2)), atol=1e-12)
     np.testing.assert_allclose(res.Q[:, 0], np.broadcast_to(ic.state.Q, (50, 2, 2)), atol=1e-12)
-    from theory_kit.error import population_error_mc
+    from theory_kit.expect.error import population_error_mc
     ref = population_error_mc(FLIP, act, ic.state, n=100_000)
     pooled = res.error[:, 0]
     assert abs(pooled.mean() - ref.value) < 5 * (pooled.std() / np.sqrt(50) + ref.abs_err)

@@ -1,4 +1,4 @@
-"""Import and validation of user training logs (theory_kit.userdata) and the CLI's exit code."""
+"""Import and validation of user training logs (theory_kit.userdata.logs) and the CLI's exit code."""
 from __future__ import annotations
 
 import json
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from theory_kit.cli import main
-from theory_kit.model import ValidationError
-from theory_kit.userdata import load_training_log, overlaps_from_keys
+from theory_kit.model.validation import ValidationError
+from theory_kit.userdata.logs import load_training_log, overlaps_from_keys
 
 
 def random_keys(n: int = 5, H: int = 2, D: int = 300, F: int = 2, seed: int = 0):

@@ -1,10 +1,13 @@
 """theory_kit: the theory of multi-head attention in the single-location model.
 
-Data flows one way: model → activations → derive (SymPy) → codegen (compiled callables) →
-expect (Monte Carlo, quadrature, mpmath) → error / ode / einf / simulate → analysis → figures.
-The equations are in docs/theory.md.
+Data flows one way, and the subpackages follow it: ``model`` (task, priors, state,
+activations) → ``symbolic`` (SymPy derivation) → ``kernels`` (generated, compiled callables)
+→ ``expect`` (Monte Carlo, quadrature, mpmath, Laplace) → ``dynamics`` (ODE, simulation,
+escape) and ``asymptotic`` (E∞) → ``analysis`` → ``figures``.  ``userdata`` reads a user's
+training logs, ``io`` writes result files and runs sweeps.  The equations are in
+docs/theory.md.
 
-The flat Python API (:mod:`theory_kit.api`) mirrors the ``theory-kit`` verbs, with the same
+The Python API (:mod:`theory_kit.api`) has one function per ``theory-kit`` verb, with the same
 parameter names and defaults::
 
     import theory_kit as tk
@@ -13,70 +16,44 @@ parameter names and defaults::
     tr.plot(sim)            # ODE lines, SGD dots
     tr.save("run.json"); tk.load("run.json")
 
-The names are imported on first use (PEP 562): ``import theory_kit`` loads neither SymPy,
-SciPy, numba nor matplotlib, so a ``theory-kit`` process (and every process a sweep or a test
-starts) pays only for the modules its verb needs.
+The names are imported on first use (PEP 562), so ``import theory_kit`` loads neither SymPy,
+SciPy, numba nor matplotlib.
 """
+from __future__ import annotations
+
 import importlib
-import sys
-import types
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-# Verbs whose name is also a module of the package (theory_kit.ode is the ODE integrator,
-# tk.ode(...) the API call). Python binds a submodule as the package attribute of the same
-# name, so the module object itself is made callable: tk.ode(...) runs api.ode(...), while
-# `from theory_kit.ode import integrate_ode` keeps working.
-_VERB_MODULES = ("derive", "error", "ode", "simulate", "einf", "escape")
-# name -> the submodule that defines it (the rest of the public API)
-_LAZY = {**{name: "api" for name in ("activation", "bayes_error", "command_line", "compare",
-                                     "drift", "figure", "load", "task")},
-         "Task": "model",
-         **{name: "resulttypes" for name in ("Comparison", "Derivation", "Drift", "EinfResult",
-                                             "ErrorValue", "Escape", "FigureResult", "Result",
-                                             "Simulation", "Trajectory")}}
+# public name -> the module that defines it
+_EXPORTS = {
+    **{name: "theory_kit.api" for name in (
+        "activation", "task", "error", "bayes_error", "derive", "drift", "ode", "simulate",
+        "einf", "escape", "compare", "figure", "load", "command_line")},
+    "Task": "theory_kit.model.task",
+    "ValidationError": "theory_kit.model.validation",
+    **{name: "theory_kit.io.resulttypes" for name in (
+        "Comparison", "Derivation", "Drift", "EinfResult", "ErrorValue", "Escape",
+        "FigureResult", "Result", "Simulation", "Trajectory")},
+}
 
-__all__ = ["__version__", "Task", "task", "activation", "error", "bayes_error", "derive",
-           "drift", "ode", "simulate", "einf", "escape", "compare", "figure", "load",
-           "command_line", "Result", "ErrorValue", "Derivation", "Trajectory", "Simulation",
-           "EinfResult", "Drift", "Escape", "Comparison", "FigureResult"]
+__all__ = ["__version__", *_EXPORTS]
 
-
-class _VerbModule(types.ModuleType):
-    """A module that is also the API function of the same name (see ``_VERB_MODULES``)."""
-
-    def __call__(self, *args, **kwargs):
-        from . import api
-        return getattr(api, self.__name__.rsplit(".", 1)[1])(*args, **kwargs)
+if TYPE_CHECKING:  # the same names, seen by type checkers and editors
+    from .api import (activation, bayes_error, command_line, compare, derive, drift, einf,
+                      error, escape, figure, load, ode, simulate, task)
+    from .io.resulttypes import (Comparison, Derivation, Drift, EinfResult, ErrorValue, Escape,
+                                 FigureResult, Result, Simulation, Trajectory)
+    from .model.task import Task
+    from .model.validation import ValidationError
 
 
-class _Package(types.ModuleType):
-    """The package module: a verb submodule becomes callable when the import system binds it
-    here, however it was imported (``import theory_kit.ode``, ``from theory_kit.ode import
-    ...``, or ``tk.ode``, which imports it on first use)."""
-
-    def __setattr__(self, name: str, value: object) -> None:
-        if name in _VERB_MODULES and type(value) is types.ModuleType:
-            value.__class__ = _VerbModule
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
-
-
-def __getattr__(name: str) -> object:
-    """The public names, imported on first use (a verb: its module, made callable)."""
-    if name in _VERB_MODULES:
-        try:
-            return importlib.import_module(f"{__name__}.{name}")   # binds it (see _Package)
-        except ModuleNotFoundError as exc:   # a verb whose module is not part of this build
-            if exc.name != f"{__name__}.{name}":
-                raise
-            value = getattr(importlib.import_module(f"{__name__}.api"), name)
-    elif name in _LAZY:
-        value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
-    else:
+def __getattr__(name: str) -> Any:
+    """A public name, imported on first use."""
+    if name not in _EXPORTS:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
     globals()[name] = value
     return value
 

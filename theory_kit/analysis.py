@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .model import ValidationError, as_finite_array, fail
+from .model.validation import ValidationError, as_finite_array, fail
 
 DEFAULT_DELTA = 0.2
 DEFAULT_ALIGNMENT = 0.5

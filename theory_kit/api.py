@@ -10,10 +10,10 @@ command validate their input with the same messages and compute the same numbers
 
 Values may be plain Python or NumPy: lists of numbers for comma lists (``nu``, ``times``, ``D``
 of ``escape``), nested lists or arrays for matrices (``M``, ``Q``, ``M0``, …), booleans for
-switches, an :class:`~theory_kit.activations.Activation` (from :func:`activation`) or a preset
+switches, an :class:`~theory_kit.model.activations.Activation` (from :func:`activation`) or a preset
 name for ``activation``. Bad input raises ``ValueError`` (a
-:class:`~theory_kit.model.ValidationError`) with the CLI's one-line message. Results are the
-types of :mod:`theory_kit.resulttypes`: printed they summarise themselves, ``.params`` holds
+:class:`~theory_kit.model.validation.ValidationError`) with the CLI's one-line message. Results are the
+types of :mod:`theory_kit.io.resulttypes`: printed they summarise themselves, ``.params`` holds
 every input and the toolkit version, ``.save(path)`` writes the CLI's file format and
 :func:`load` reads any result file back. The equations are in ``docs/theory.md``.
 
@@ -36,9 +36,11 @@ from typing import Any
 
 import numpy as np
 
-from . import resulttypes as rt
-from .activations import PRESETS, Activation, custom_activation, get_activation
-from .model import Task, ValidationError, make_prior
+from .io import resulttypes as rt
+from .model.activations import PRESETS, Activation, custom_activation, get_activation
+from .model.task import Task
+from .model.validation import ValidationError
+from .model.priors import make_prior
 
 # options given as comma-separated numbers on the command line
 COMMA_LISTS = {"nu", "times"}
@@ -183,7 +185,7 @@ def activation(name: str | None = None, phi: str | None = None, norm: str = "per
 def error(**kwargs: Any) -> rt.ErrorValue:
     """Population error E(M, Q, a, b) = Δ + E|δ_ε − w|² (docs/theory.md §4); ``theory-kit error``.
 
-    M (H, F), Q (H, H), a, b (H,). Returns an :class:`~theory_kit.resulttypes.ErrorValue`.
+    M (H, F), Q (H, H), a, b (H,). Returns an :class:`~theory_kit.io.resulttypes.ErrorValue`.
 
     >>> error(activation="softmax", L=4, nu=[2, 2], M=[[1.0, 0.8], [0.9, -0.7]],
     ...       Q=[[2.0, 0.3], [0.3, 1.8]], method="mc").method
@@ -215,7 +217,7 @@ def derive(**kwargs: Any) -> rt.Derivation:
 def ode(**kwargs: Any) -> rt.Trajectory:
     """Integrate the order-parameter ODEs (docs/theory.md §5); ``theory-kit ode``.
 
-    Returns a :class:`~theory_kit.resulttypes.Trajectory`: t (times,), M (times, H, F),
+    Returns a :class:`~theory_kit.io.resulttypes.Trajectory`: t (times,), M (times, H, F),
     Q (times, H, H), a, b (times, H), error (times,). ``out=`` also keeps the file.
 
     >>> tr = ode(activation="softmax", H=2, L=3, nu=[2, 2], gamma=1, T=1, D=1000,
@@ -230,7 +232,7 @@ def ode(**kwargs: Any) -> rt.Trajectory:
 def simulate(**kwargs: Any) -> rt.Simulation:
     """Finite-D online SGD, brute force or exact reduced (docs/theory.md §7); ``theory-kit simulate``.
 
-    Returns a :class:`~theory_kit.resulttypes.Simulation`: t (times,), M (runs, times, H, F),
+    Returns a :class:`~theory_kit.io.resulttypes.Simulation`: t (times,), M (runs, times, H, F),
     Q (runs, times, H, H), a, b (runs, times, H), error (runs, times).
 
     >>> sim = simulate(activation="softmax", H=2, L=3, nu=[2, 2], D=200, runs=2, T=0.5,
@@ -245,7 +247,7 @@ def simulate(**kwargs: Any) -> rt.Simulation:
 def einf(**kwargs: Any) -> rt.EinfResult:
     """Asymptotic error E∞ per run, its groups, the global minimum and E_Bayes (docs/theory.md §6).
 
-    ``theory-kit einf``; returns an :class:`~theory_kit.resulttypes.EinfResult`."""
+    ``theory-kit einf``; returns an :class:`~theory_kit.io.resulttypes.EinfResult`."""
     return rt.EinfResult(_json_verb("einf", _progress_flag("einf", kwargs)))
 
 
@@ -275,7 +277,7 @@ def compare(**kwargs: Any) -> rt.Comparison:
 def figure(number: int, **kwargs: Any) -> rt.FigureResult:
     """Reproduce figure ``number`` of the paper (writes figN.png and figN.json to ``out``).
 
-    ``theory-kit figure N``; returns a :class:`~theory_kit.resulttypes.FigureResult` holding the
+    ``theory-kit figure N``; returns a :class:`~theory_kit.io.resulttypes.FigureResult` holding the
     plotted data and the paths."""
     out = Path(kwargs.pop("out", "figures"))
     printed = _run(command_line("figure", number=number, out=str(out), **kwargs))

@@ -138,7 +138,7 @@ def _silence_stdout() -> None:
 
 def classify(exc: BaseException, out: object = None) -> tuple[int, str | None]:
     """(exit status, message or None for silence) of an exception escaping a verb."""
-    from ..model import OutputError, ResourceError, ValidationError
+    from ..model.validation import OutputError, ResourceError, ValidationError
 
     if isinstance(exc, ValidationError):
         return EXIT_INPUT, str(exc)
@@ -183,7 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = [a for a in argv if a != "--yes"]
     argv, max_memory = _take_option(argv, "--max-memory")
     command = argv[0] if argv and not argv[0].startswith("-") else "error"
-    from .. import resources
+    from ..io import limits as resources
     with warnings.catch_warnings():
         warnings.showwarning = _one_line_warning
         try:
@@ -251,7 +251,7 @@ def _report(exc: BaseException, command: str, out: object, debug: bool) -> int:
 
 def _run(args, debug: bool) -> int:
     """Run the verb under the output lock, mapping its failures (see :func:`classify`)."""
-    from ..results import OutputLock
+    from ..io.results import OutputLock
     from .common import run_verb
 
     out = getattr(args, "out", None)

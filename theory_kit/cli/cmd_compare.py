@@ -3,13 +3,11 @@ from __future__ import annotations
 
 import argparse
 
-from ..comparison import THRESHOLD, CompareSettings, compare_log, write_report
-from ..model import ValidationError, check_int
-from ..resources import check_compare
-from ..userdata import TIME_UNITS, load_training_log
-from .common import (add_activation_args, add_executor_args, add_out_arg, add_progress_arg,
-                     add_task_args, beside, build_activation, build_task, out_json,
-                     request_of, strata_of, stored_output, sweep_executor)
+from ..userdata.comparison import THRESHOLD, CompareSettings, compare_log, write_report
+from ..model.validation import ValidationError, check_int
+from ..io.limits import check_compare
+from ..userdata.logs import TIME_UNITS, load_training_log
+from .common import add_activation_args, add_executor_args, add_out_arg, add_progress_arg, add_task_args, beside, build_activation, build_task, out_json, request_of, strata_of, stored_output, sweep_executor
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import argparse
 
-from .. import codegen, derive
-from ..model import fail
+from ..kernels import codegen
+from ..symbolic import derive
+from ..model.validation import fail
 from .common import add_activation_args, build_activation
 
 FORMATS = ("markdown", "latex", "python")

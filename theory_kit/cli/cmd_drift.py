@@ -11,12 +11,11 @@ import argparse
 
 import numpy as np
 
-from ..results import stamps
-from ..model import check_state_for_task
-from ..ode import OdeSystem, build_system
+from ..io.results import stamps
+from ..model.state import check_state_for_task
+from ..dynamics.ode import OdeSystem, build_system
 from .cmd_ode import add_engine_args, add_rate_args, engine_from_args
-from .common import (add_activation_args, add_progress_arg, add_state_args, add_task_args,
-                     build_activation, build_state, build_task, print_json, refuse_non_finite)
+from .common import add_activation_args, add_progress_arg, add_state_args, add_task_args, build_activation, build_state, build_task, print_json, refuse_non_finite
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -4,12 +4,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .. import einf
+from ..asymptotic import runs as einf
 from ..expect.drift import ENGINES
-from ..model import OutputError, ValidationError, check_int, fail
-from ..resources import check_einf
-from .common import (add_activation_args, add_executor_args, add_progress_arg, add_task_args,
-                     build_activation, build_task, print_json, strata_of, sweep_executor)
+from ..model.validation import OutputError, ValidationError, check_int, fail
+from ..io.limits import check_einf
+from .common import add_activation_args, add_executor_args, add_progress_arg, add_task_args, build_activation, build_task, print_json, strata_of, sweep_executor
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -5,10 +5,9 @@ import argparse
 
 import numpy as np
 
-from .. import error as err
-from ..model import check_state_for_task
-from .common import (add_activation_args, add_state_args, add_task_args, build_activation,
-                     build_state, build_task, print_json, refuse_non_finite)
+from ..expect import error as err
+from ..model.state import check_state_for_task
+from .common import add_activation_args, add_state_args, add_task_args, build_activation, build_state, build_task, print_json, refuse_non_finite
 
 
 def register(sub: argparse._SubParsersAction) -> None:

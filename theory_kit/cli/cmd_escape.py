@@ -1,19 +1,19 @@
 """``theory-kit escape``: the predicted law of the specialisation time τ_f at finite D from the
-linearised escape from the plateau plus the finite-D fluctuations (``theory_kit.escape``)."""
+linearised escape from the plateau plus the finite-D fluctuations (``theory_kit.dynamics.escape``)."""
 from __future__ import annotations
 
 import argparse
 
 import numpy as np
 
-from ..escape import escape_law
-from ..model import Task, ValidationError, fail, make_prior
-from ..ode import initial_condition
-from ..results import write_json
+from ..dynamics.escape import escape_law
+from ..model.task import Task
+from ..model.validation import ValidationError, fail
+from ..model.priors import make_prior
+from ..dynamics.ode import initial_condition
+from ..io.results import write_json
 from .cmd_ode import add_rate_args
-from .common import (add_activation_args, add_out_arg, add_progress_arg, build_activation,
-                     out_json, parse_float_list, parse_json_array, print_json, request_of,
-                     stored_output)
+from .common import add_activation_args, add_out_arg, add_progress_arg, build_activation, out_json, parse_float_list, parse_json_array, print_json, request_of, stored_output
 
 DEFAULT_D = "250,500,1000,2000,4000"
 
@@ -99,7 +99,7 @@ def run_escape(args: argparse.Namespace) -> int:
 
 
 def _compute(args: argparse.Namespace, task: Task, act, H: int, initial) -> dict:
-    """The escape law of the command line (``theory_kit.escape.escape_law``)."""
+    """The escape law of the command line (``theory_kit.dynamics.escape.escape_law``)."""
     return escape_law(task, act, H, args.gamma, _dimensions(args.D), eta=args.eta,
                       initial=initial, T=args.T, delta=args.delta, direction=args.direction,
                       runs=args.runs, n_points=args.points, dt=args.dt,

@@ -6,10 +6,9 @@ import os
 from pathlib import Path
 
 from ..figures import runner
-from ..model import check_int, fail
-from ..resources import check_figure
-from .common import (add_executor_args, add_out_arg, add_progress_arg, out_json, request_of,
-                     stamp_output, stored_output, sweep_executor)
+from ..model.validation import check_int, fail
+from ..io.limits import check_figure
+from .common import add_executor_args, add_out_arg, add_progress_arg, out_json, request_of, stamp_output, stored_output, sweep_executor
 
 # the budget of a full figure (15 min) assumes both cores of a 2-core machine are used
 DEFAULT_JOBS = max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")

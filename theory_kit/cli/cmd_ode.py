@@ -6,15 +6,14 @@ from pathlib import Path
 
 import numpy as np
 
-from ..activations import Activation
+from ..model.activations import Activation
 from ..expect.engines import ENGINE_NAMES, DriftEngine, build_engine
-from ..model import State, Task, check_int, fail
-from ..ode import (METHODS, BlowUpError, Trajectory, build_system, check_positive,
-                   initial_condition, integrate_ode, output_times, rk4_stages)
-from ..resources import check_ode
-from .common import (add_activation_args, add_out_arg, add_progress_arg, add_task_args,
-                     build_activation, build_task, out_json, parse_float_list, parse_json_array,
-                     request_of, stamp_output, strata_of, stored_output)
+from ..model.state import State
+from ..model.task import Task
+from ..model.validation import check_int, fail
+from ..dynamics.ode import METHODS, BlowUpError, Trajectory, build_system, check_positive, initial_condition, integrate_ode, output_times, rk4_stages
+from ..io.limits import check_ode
+from .common import add_activation_args, add_out_arg, add_progress_arg, add_task_args, build_activation, build_task, out_json, parse_float_list, parse_json_array, request_of, stamp_output, strata_of, stored_output
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -5,14 +5,14 @@ import argparse
 
 import numpy as np
 
-from ..activations import Activation
-from ..initial import InitialCondition
-from ..model import Task, ValidationError
-from ..resources import check_simulation
-from ..ode import initial_condition as ode_initial_condition
-from ..simulate import METHODS, SimConfig, simulate_to_file, stored_result
-from .common import (add_activation_args, add_out_arg, add_progress_arg, add_task_args,
-                     build_activation, build_task, out_json, parse_float_list, parse_json_array)
+from ..model.activations import Activation
+from ..model.initial import InitialCondition
+from ..model.task import Task
+from ..model.validation import ValidationError
+from ..io.limits import check_simulation
+from ..dynamics.ode import initial_condition as ode_initial_condition
+from ..dynamics.simulate import METHODS, SimConfig, simulate_to_file, stored_result
+from .common import add_activation_args, add_out_arg, add_progress_arg, add_task_args, build_activation, build_task, out_json, parse_float_list, parse_json_array
 
 DEFAULT_RECORDS = 31
 

@@ -10,10 +10,12 @@ from typing import Iterator
 
 import numpy as np
 
-from .. import executor, progress
-from ..activations import NORMS, OFFSETS, Activation, custom_activation, get_activation
-from ..model import (PRIOR_NAMES, OutputError, State, Task, ValidationError, as_finite_array,
-                     check_int, make_prior)
+from ..io import executor, progress
+from ..model.activations import NORMS, OFFSETS, Activation, custom_activation, get_activation
+from ..model.priors import PRIOR_NAMES, make_prior
+from ..model.validation import OutputError, ValidationError, as_finite_array, check_int
+from ..model.state import State
+from ..model.task import Task
 
 
 def parse_json_array(text: str | None, param: str, ndim: int) -> np.ndarray | None:
@@ -122,7 +124,7 @@ def build_state(args: argparse.Namespace, act: Activation, task: Task) -> State:
 
 def print_json(obj: dict) -> None:
     """Strict JSON on stdout (NaN/inf become null, listed under ``non_finite``)."""
-    from ..results import dumps_strict
+    from ..io.results import dumps_strict
     print(dumps_strict(obj))
 
 
@@ -236,7 +238,7 @@ def request_of(args: argparse.Namespace, files: tuple[str, ...] = ()) -> dict:
     change how it runs (--progress, --jobs, --scheduler, --out, --json), and the SHA-256 of
     the input files named by ``files`` (e.g. ``("data",)``), so an edited input recomputes,
     and the toolkit's version and code digest, so a result of other code is not reused."""
-    from ..results import stamps
+    from ..io.results import stamps
     options = {k: v for k, v in sorted(vars(args).items()) if k not in _NOT_IN_REQUEST}
     digests = {name: file_digest(getattr(args, name, None)) for name in files}
     return {"verb": args.command, "options": options, "input_sha256": digests, **stamps()}
@@ -247,14 +249,14 @@ def stored_output(path: Path | None, request: dict) -> dict | None:
     files, toolkit version and code), else None; without its ``request`` and with the values
     that were written as null because they were NaN or inf restored.  A file that is not a
     readable result is left alone (the new run replaces it)."""
-    from ..results import read_json
+    from ..io.results import read_json
     if path is None or not path.is_file():
         return None
     try:
         data = read_json(path)
     except ValidationError:
         return None
-    from ..results import restore_non_finite, to_jsonable
+    from ..io.results import restore_non_finite, to_jsonable
     if data.get("request") != to_jsonable(request):
         return None
     return restore_non_finite({k: v for k, v in data.items() if k != "request"})
@@ -263,7 +265,7 @@ def stored_output(path: Path | None, request: dict) -> dict | None:
 def stamp_output(path: Path | None, request: dict) -> None:
     """Add ``request`` to a result file another module wrote, so that rerunning the same
     command finds it (:func:`stored_output`)."""
-    from ..results import read_json, write_json
+    from ..io.results import read_json, write_json
     if path is None or not path.is_file():
         return  # /dev/null and the like: nothing to find again
     write_json(path, {**read_json(path), "request": request})
@@ -273,8 +275,8 @@ def stamp_output(path: Path | None, request: dict) -> None:
 def refuse_non_finite(act: Activation, what: str, *values: object) -> None:
     """A ``phi`` error (exit 2) when a result of ``act`` is NaN or ±inf: the population error
     and drifts of a φ that overflows name the scores where it does, never print null."""
-    from ..activations import lambdify_numpy
-    from ..phi_parser import overflow_scores
+    from ..model.activations import lambdify_numpy
+    from ..model.phi_parser import overflow_scores
     with np.errstate(all="ignore"):
         finite = all(np.all(np.isfinite(np.asarray(v, dtype=float))) for v in values)
     if finite:

@@ -35,10 +35,12 @@ from typing import Callable
 import numpy as np
 from scipy import special, stats
 
-from .. import codegen
-from ..activations import Activation
-from ..integrands import DriftSamples
-from ..model import FlippingPrior, GaussianPrior, Prior, Task, check_int, fail
+from ..kernels import codegen
+from ..model.activations import Activation
+from ..kernels.integrands import DriftSamples
+from ..model.priors import FlippingPrior, GaussianPrior, Prior
+from ..model.task import Task
+from ..model.validation import check_int, fail
 from . import montecarlo as mc
 
 Integrand = Callable[..., DriftSamples]

@@ -32,8 +32,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..activations import Activation
-from ..model import State, Task, ValidationError, check_int, fail
+from ..model.activations import Activation
+from ..model.state import State
+from ..model.task import Task
+from ..model.validation import ValidationError, check_int, fail
 from .drift import DriftMeans, MonteCarloDrift, QuadratureDrift
 
 ENGINE_NAMES = ("auto", "laplace", "mc", "quad", "sobol")

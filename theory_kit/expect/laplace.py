@@ -90,15 +90,15 @@ import numpy as np
 import sympy as sp
 from scipy import special
 
-from ..activations import S_SYMBOL, Activation, lambdify_numpy
-from ..integrands import projection_matrix
-from .. import resources
-from ..model import GaussianPrior, ResourceError, Task, ValidationError
+from ..model.activations import S_SYMBOL, Activation, lambdify_numpy
+from ..kernels.integrands import projection_matrix
+from ..io import limits as resources
+from ..model.priors import GaussianPrior
+from ..model.validation import ResourceError, ValidationError
+from ..model.task import Task
 from . import montecarlo as mc
 from .drift import DriftMeans
-from .quadrature import (COARSE, EIG_TOL, MAX_PSI_SPAN, UGrid, exp_minus_exp, gaussian_nodes,
-                         kinks, largest_psi, log_phi, piecewise_gauss_legendre_normal,
-                         tensor_cost, tensor_rules, trapezoid_normal, u_grid, whiten)
+from .quadrature import COARSE, EIG_TOL, MAX_PSI_SPAN, UGrid, exp_minus_exp, gaussian_nodes, kinks, largest_psi, log_phi, piecewise_gauss_legendre_normal, tensor_cost, tensor_rules, trapezoid_normal, u_grid, whiten
 
 Mono = tuple[str, ...]           # sorted atom names at one token, e.g. ("D0", "P1", "W0")
 MAX_H = {"elementwise": 2, "per-head": 2, "joint": 3}
@@ -940,7 +940,7 @@ class _Engine:
         pattern, the others only those whose active set holds ``axis``, and the mass totals
         add up the same way.  Results differ from the one-window evaluation by the order of
         the float additions only (≤ ~1e−15 relative, measured).  A state whose nodes alone
-        do not fit raises :class:`~theory_kit.model.ResourceError` naming its key norm."""
+        do not fit raises :class:`~theory_kit.model.validation.ResourceError` naming its key norm."""
         budget = resources.engine_memory_budget()
         if not (self.norm == "per-head" and self.H == 2):
             self._check_memory(self._flat_bytes(pats), "")

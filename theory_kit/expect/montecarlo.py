@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..model import GaussianPrior, Prior
+from ..model.priors import GaussianPrior, Prior
 
 MAX_ENUMERATED_ATOMS = 64
 MAX_SIGN_PATTERNS = 256

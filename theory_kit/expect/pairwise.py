@@ -49,8 +49,10 @@ from typing import Callable
 
 import numpy as np
 
-from ..activations import Activation
-from ..model import Task, ValidationError, make_prior
+from ..model.activations import Activation
+from ..model.task import Task
+from ..model.validation import ValidationError
+from ..model.priors import make_prior
 from . import laplace as lp
 
 # Fixed resolutions tried by ``evaluate``, coarsest first.  Measured at softmax F = 4, ν = 10,

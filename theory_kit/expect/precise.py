@@ -24,8 +24,11 @@ import numpy as np
 import sympy as sp
 from mpmath.calculus.quadrature import GaussLegendre
 
-from ..activations import S_SYMBOL, Activation
-from ..model import DiscretePrior, GaussianPrior, State, Task, ValidationError
+from ..model.activations import S_SYMBOL, Activation
+from ..model.priors import DiscretePrior, GaussianPrior
+from ..model.state import State
+from ..model.task import Task
+from ..model.validation import ValidationError
 from .quadrature import Column, kinks, signal_columns, whiten
 
 DEFAULT_DPS = 30

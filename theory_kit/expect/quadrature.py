@@ -51,9 +51,12 @@ import numpy as np
 import sympy as sp
 from scipy import special
 
-from ..activations import S_SYMBOL, Activation
-from ..model import GaussianPrior, State, Task, ValidationError
-from ..resources import check_memory
+from ..model.activations import S_SYMBOL, Activation
+from ..model.priors import GaussianPrior
+from ..model.state import State
+from ..model.task import Task
+from ..model.validation import ValidationError
+from ..io.limits import check_memory
 
 Z_RANGE = 8.5           # trapezoid truncation of the standard normal, e^{−Z²/2} ≈ 2e−16
 Z_RANGE_GL = 10.0       # composite Gauss–Legendre truncation (elementwise, polynomial growth)

@@ -1,7 +1,7 @@
 """Simulation pieces of the digit-detection figures (Fig. 5 and Fig. 7).
 
 Both figures train H heads by brute-force online SGD (``simulate``, method ``brute``) on the
-digit task of :mod:`theory_kit.digits` at its true dimension D = number of pixels (64 for
+digit task of :mod:`theory_kit.figures.digits` at its true dimension D = number of pixels (64 for
 the UCI digits).  Time is t = steps/D, the key step is γ/D, keys start at
 k_h(0) ~ N(0, η²/D I_D).  A *piece* is one batch of runs of one activation; it follows the
 piece protocol of :func:`theory_kit.figures.panels.run_pieces` (``name``, ``seconds()``,
@@ -18,11 +18,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import digits
-from ..activations import get_activation
-from ..model import fail
-from ..results import Checkpoint, to_jsonable
-from ..simulate import SimConfig, SimResult, simulate
+from . import digits
+from ..model.activations import get_activation
+from ..model.validation import fail
+from ..io.results import Checkpoint, to_jsonable
+from ..dynamics.simulate import SimConfig, SimResult, simulate
 
 # rough brute-force CPU cost on one idle core (seconds; a loaded machine is 2-4× slower):
 # one SGD step of all runs together is ~STEP + PER_RUN·runs (B-softmax ~1.5×: norm terms)

@@ -1,4 +1,4 @@
-"""The escape theory (``theory_kit.escape``) as a figure piece, and the drawing of its band.
+"""The escape theory (``theory_kit.dynamics.escape``) as a figure piece, and the drawing of its band.
 
 An :class:`EscapePiece` is one ``escape_law`` computation (linearisation along the
 head-symmetric ODE of a setting + samples of the linear process at each D); like the ODE and
@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.axes import Axes
 
-from ..escape import escape_law
+from ..dynamics.escape import escape_law
 from ..expect.montecarlo import head_permutations
 from .panels import Setting, drift_seconds
 

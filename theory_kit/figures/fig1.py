@@ -10,7 +10,7 @@ several 0.01 and splits the heads spuriously), γ = 1 (larger γ slows the escap
 the unspecialised phase, because the γ² noise inflates the orthogonal part) and a horizon long
 enough for the flipping direction to specialise; the ODE and every SGD run start from the same
 initial overlaps drawn at D.  Simulation: exact reduced SGD (docs/theory.md §7).
-Theory band (orange, m_h2 panel): the SGD τ_2 predicted by ``theory_kit.escape`` from the same
+Theory band (orange, m_h2 panel): the SGD τ_2 predicted by ``theory_kit.dynamics.escape`` from the same
 overlaps at the same D (linearised escape + SGD noise), mean ± std next to the ODE's τ_2.
 """
 from __future__ import annotations
@@ -21,8 +21,7 @@ from pathlib import Path
 
 from .escape_pieces import EscapePiece, draw_band_in_time
 from .style import legend_right
-from .panels import (QUICK_ERROR_SAMPLES, OverlayPlan, PlannedFigure, Setting, overlay_draw,
-                     run_pieces)
+from .panels import QUICK_ERROR_SAMPLES, OverlayPlan, PlannedFigure, Setting, overlay_draw, run_pieces
 
 NUMBER = 1
 CAPTION = ("ODE (lines; one style per head) against SGD (markers, one shape per "
@@ -42,7 +41,7 @@ M_F2_PANEL = 2   # the panels are error, m_h1, m_h2, orthogonal part
 
 def theory_piece(quick: bool) -> EscapePiece:
     """The predicted SGD law of τ_2 at the plan's D from the same initial overlaps
-    (``theory_kit.escape``, given overlaps: only the SGD noise is random)."""
+    (``theory_kit.dynamics.escape``, given overlaps: only the SGD noise is random)."""
     p = plan(quick)
     return EscapePiece(p.settings[0], (p.D,), points=256 if quick else p.n_samples, given=True)
 

@@ -9,7 +9,7 @@ drift with fixed samples (quick plan: the same gradient flow on the solver's own
 ``einf.SampledFlow``, so that a cold run compiles no drift kernels) until ``einf.StopRule``
 hands over (the state has left the plateau and its speed falls) or T_max; then the fixed
 point is solved for and certified
-(``theory_kit.fixedpoint``: local minimum of E on ``solver_points`` (``solver_points_left`` at
+(``theory_kit.asymptotic.fixedpoint``: local minimum of E on ``solver_points`` (``solver_points_left`` at
 F = 4, ν = 10, where 2^11 points let the keys of B-softmax and softmax-1 at H = 4 run off to
 |K| ~ 500 on a sample-fitting saddle) importance-tilted Sobol
 points with the Bayes posterior as control variate, drift norm ≤ 1e-8, quotient Hessian
@@ -34,10 +34,11 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullFormatter, ScalarFormatter
 
-from .. import einf
-from ..activations import get_activation
-from ..initial import InitialCondition
-from ..model import Task, make_prior
+from ..asymptotic import runs as einf
+from ..model.activations import get_activation
+from ..model.initial import InitialCondition
+from ..model.task import Task
+from ..model.priors import make_prior
 from .style import label_axes, legend_under_figure, new_figure, series_colors
 
 NUMBER = 4

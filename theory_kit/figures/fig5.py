@@ -3,7 +3,7 @@
 Paper caption: MNIST detection task (App. C); left: the learned keys (k_h) at H = 10; right:
 the achieved error E^σ_∞ for the activation functions after training.
 
-Our setting (offline, so not MNIST; see :mod:`theory_kit.digits`): the UCI handwritten
+Our setting (offline, so not MNIST; see :mod:`theory_kit.figures.digits`): the UCI handwritten
 digits (8 × 8, 1,797 images) or the user's ``--data FILE.npz``; images centred, scaled to unit
 RMS norm, times √ν with ν = 10 (E|θ|² = ν); L = 5 tokens, the others pure N(0, I_64) noise;
 D = 64 (the pixels), directions = the F = 50 leading principal components (99.95 % of the
@@ -25,9 +25,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
 
-from .. import digits
-from ..error import population_error_mc
-from ..model import State
+from . import digits
+from ..expect.error import population_error_mc
+from ..model.state import State
 from .digitsim import DigitSetup, DigitSimPiece, data_fingerprint
 from .panels import ACT_LABELS, run_pieces
 from .style import RC, SMALL, label_axes, legend_below, series_colors

@@ -13,7 +13,7 @@ itself need not fall.  D starts at 250: below that a run can start with spread �
 (probability 2Φ(−δ√D), 4.6 % at D = 100), which puts τ_2 = 0 and hides the law above.
 Runs that have not crossed by T stay in the data as τ_2 = inf; statistics use the runs
 that crossed and the figure reports the crossed fraction.
-Theory (orange): the law of τ_2 predicted by ``theory_kit.escape`` at each D (linearised escape
+Theory (orange): the law of τ_2 predicted by ``theory_kit.dynamics.escape`` at each D (linearised escape
 from the head-symmetric plateau, initial-overlap and SGD fluctuations; 2000 samples of the
 linear process per D, drift on 8192 Sobol points paired with the head swap).
 """
@@ -61,7 +61,7 @@ def pieces(quick: bool) -> list[SimPiece]:
 
 
 def theory_piece(quick: bool) -> EscapePiece:
-    """The predicted law of τ_2 at the same D (``theory_kit.escape``: linearised escape from
+    """The predicted law of τ_2 at the same D (``theory_kit.dynamics.escape``: linearised escape from
     the head-symmetric plateau plus the initial-overlap and SGD fluctuations)."""
     p = plan(quick)
     return EscapePiece(SETTING.with_(T=p["T"]), tuple(sorted(p["D"])),

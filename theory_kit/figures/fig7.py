@@ -5,7 +5,7 @@ heads with softmax attention; the specialisation time τ_f in direction f is the
 with ‖m_{:,f} − H⁻¹ Σ_h m_{h,f} 1_H‖_2 > 1; means and variances over 100 independent runs for
 each point.
 
-Our setting (see :mod:`theory_kit.digits` and Fig. 5): UCI 8 × 8 digits offline (or
+Our setting (see :mod:`theory_kit.figures.digits` and Fig. 5): UCI 8 × 8 digits offline (or
 ``--data``), ν = 10, L = 5, D = 64, the directions u_f are the leading principal components
 of the preprocessed images (the task keeps F = 50 of them; τ is shown for the first
 ``n_directions``), H = 10, softmax, η = 1, brute-force SGD with key step γ/D = 1/64 and time
@@ -26,7 +26,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from .. import analysis
-from ..digits import DigitTask
+from .digits import DigitTask
 from .digitsim import DigitSetup, DigitSimPiece, data_fingerprint
 from .panels import run_pieces
 from .style import SMALL, label_axes, legend_below, new_figure, series_colors

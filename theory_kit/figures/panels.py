@@ -20,19 +20,21 @@ import numpy as np
 from matplotlib.axes import Axes
 
 from .. import analysis
-from ..activations import Activation, get_activation
+from ..model.activations import Activation, get_activation
 from ..expect.engines import DriftEngine, build_engine, laplace_applies
 from ..expect.montecarlo import head_permutations
-from ..initial import InitialCondition
-from ..error import population_error_mc
-from ..model import State, Task, ValidationError, make_prior
-from ..ode import initial_condition, integrate_ode
-from ..executor import FolderStore, run_sweep, runs_in_process
-from ..results import to_jsonable
-from ..simulate import SimConfig, simulate_to_file
+from ..model.initial import InitialCondition
+from ..expect.error import population_error_mc
+from ..model.state import State
+from ..model.task import Task
+from ..model.validation import ValidationError
+from ..model.priors import make_prior
+from ..dynamics.ode import initial_condition, integrate_ode
+from ..io.executor import FolderStore, run_sweep, runs_in_process
+from ..io.results import to_jsonable
+from ..dynamics.simulate import SimConfig, simulate_to_file
 from . import compare
-from .style import (LEGEND_WIDTH, SMALL, head_style, label_axes, legend_right,
-                    legend_under_figure, new_figure, series_colors)
+from .style import LEGEND_WIDTH, SMALL, head_style, label_axes, legend_right, legend_under_figure, new_figure, series_colors
 
 # CPU costs measured on the 2-core development machine (2026-12-01, the block-compiled
 # generated kernels), along the quick figures' trajectories: a drift evaluation costs a fixed
@@ -304,7 +306,7 @@ def scratch_folder(workdir: Path) -> Path:
 def run_pieces(pieces: Sequence[OdePiece | SimPiece], workdir: Path, jobs: int = 1,
                desc: str = "pieces", executor: object | None = None,
                shared: object | None = None) -> list[dict]:
-    """Results of all pieces (in order) through :func:`theory_kit.executor.run_sweep`:
+    """Results of all pieces (in order) through :func:`theory_kit.io.executor.run_sweep`:
     ``jobs`` local worker processes, or ``executor`` (a ``concurrent.futures.Executor`` or a
     ``distributed.Client``).  Each finished piece is ``workdir/<name>.json``, so a rerun
     skips it.  ``shared`` (a large input common to the pieces, e.g. the digit task) reaches

@@ -3,7 +3,7 @@
 Every figure module ``theory_kit.figures.fig<N>`` follows one contract: ``NUMBER``,
 ``CAPTION``, ``estimate_seconds(quick)``, ``compute(quick, workdir, jobs) -> dict`` and
 ``draw(data) -> Figure``; a figure made of independent pieces also takes ``executor=``
-(``theory_kit.executor``) in ``compute``.  The runner draws from the data *as reloaded from the JSON file*,
+(``theory_kit.io.executor``) in ``compute``.  The runner draws from the data *as reloaded from the JSON file*,
 so ``--redraw`` (draw again from figN.json) gives the same figure as the original run.
 
 Finished pieces of a long computation live in ``<out>/.work/fig<N>[-quick]/``; a stopped
@@ -24,9 +24,9 @@ from typing import Callable
 
 import matplotlib.pyplot as plt
 
-from .. import machine_speed
-from ..model import ValidationError, check_int
-from ..results import atomic_replace, read_json, restore_non_finite, write_json
+from . import machine_speed
+from ..model.validation import ValidationError, check_int
+from ..io.results import atomic_replace, read_json, restore_non_finite, write_json
 
 FIGURE_NUMBERS = tuple(range(1, 15))
 CONTRACT = ("NUMBER", "CAPTION", "estimate_seconds", "compute", "draw")
@@ -113,8 +113,8 @@ def figure_activations(module: ModuleType, quick: bool) -> set[str]:
 def uncompiled(names: set[str]) -> list[str]:
     """The activations whose generated numba module is not in the cache yet (their kernels
     compile during the run)."""
-    from .. import codegen
-    from ..activations import get_activation
+    from ..kernels import codegen
+    from ..model.activations import get_activation
     return sorted(n for n in names if not codegen.cache_path(get_activation(n), "numba").is_file())
 
 
@@ -132,8 +132,9 @@ def compile_kernels(act: "Activation | str", part: str) -> None:
     per-sample forms at the reduced simulation's signature (``simulate.step_kernels``)."""
     import numpy as np
 
-    from .. import codegen, simulate
-    from ..activations import get_activation
+    from ..kernels import codegen
+    from ..dynamics import simulate
+    from ..model.activations import get_activation
     if part not in KERNEL_PARTS:
         raise ValueError(f"part must be one of {KERNEL_PARTS}, got {part!r}")
     act = get_activation(act) if isinstance(act, str) else act
@@ -205,7 +206,7 @@ def compile_seconds(module: ModuleType, cold: list[str], jobs: int,
 
 
 def numba_backend() -> bool:
-    from .. import codegen
+    from ..kernels import codegen
     return codegen.resolve_backend() == "numba"
 
 
@@ -307,8 +308,8 @@ def run_figure(number: int, quick: bool = False, out: str | Path = "figures", jo
                log: Callable[[str], None] = print, data: str | None = None,
                executor: object | None = None) -> list[Path]:
     """Compute figure ``number`` and write figN.json then figN.png; returns the paths.
-    ``data``: an images .npz for the digit figures (see ``theory_kit.digits``).
-    ``executor``: where the figure's pieces run (``theory_kit.executor``; default ``jobs``
+    ``data``: an images .npz for the digit figures (see ``theory_kit.figures.digits``).
+    ``executor``: where the figure's pieces run (``theory_kit.io.executor``; default ``jobs``
     local processes)."""
     module = figure_module(number)
     jobs = check_int(jobs, "jobs", 1)

@@ -1,0 +1,732 @@
+"""Finite-D online SGD (docs/theory.md §1, §5, §7): brute force and an exact reduced simulation.
+
+One fresh sample per step: tokens x_l = z_l + 1[l = ε] U θ, values c_l ~ N(0, 1),
+y = c_ε + √Δ ξ, prediction ŷ = Σ_l w_l(S) c_l with scores s_{hl} = k_h · x_l, and
+
+    k_h ← k_h + (γ/D) r (Σ_l G_{hl} x_l + 2 R_h k_h),    r = y − ŷ,
+
+with G_{hl} = ∂ŷ/∂s_{hl} = J_{hl}·c and R_h = ∂ŷ/∂Q_{hh} (Bayes offsets only); trained scalars
+move as a_h ← a_h + (γ_a/D) r ∂ŷ/∂a_h and b_h ← b_h + (γ_b/D) r ∂ŷ/∂b_h.  Time t = steps/D.
+Writing β_{hl} = (γ/D) r G_{hl} and ρ_h = (γ/D) r 2R_h, one step is
+
+    k_h ← (1 + ρ_h) k_h + Σ_l β_{hl} x_l.
+
+Methods (both vectorised over runs, same law at every D):
+
+* ``brute``: explicit keys (runs × H × D); U = the first F coordinate axes, which is exact in
+  law because the data law is invariant under rotations fixing span(U).
+* ``reduced``: the state is the Gram matrix of {u_1..u_F, k_1..k_H}, stored as M = (k_h·u_f) and
+  the Gram matrix O = Q − M Mᵀ of the keys' components orthogonal to span(U) (and, for the
+  steps, the key coordinates K = [M | P] below).  With O = P Pᵀ
+  (Cholesky, or a clipped eigendecomposition when O is singular) the keys have coordinates
+  [M | P] on an orthonormal system e_1..e_{F+H} containing span{u, k} (extra directions are
+  allowed: they only carry zero key components).  A fresh token has i.i.d. N(0, 1) coordinates
+  (p_l, q_l) on that system (plus θ on p at the signal token), and its remainder lies in the
+  D − F − H dimensional complement, so the Gram matrix of the remainders of the L tokens is
+  G ~ Wishart_L(D − F − H, I).  The step is then exact:
+
+      M ← (1+ρ) M + β p,   P ← (1+ρ) P + β q,   O ← P Pᵀ + β G βᵀ,
+
+  which includes the γ² term |Σ_l β_{hl} x_l|².  β G βᵀ ~ Wishart_H(D − F − H, β βᵀ) exactly,
+  drawn as Y Yᵀ with Y = C B, C Cᵀ = β βᵀ and B a factor of Wishart_H(D − F − H, I) when
+  H < L, or Y = β B with B a factor of G when L ≤ H (:mod:`theory_kit.dynamics.sgd_step`): a factor
+  of size p = min(H, L).  The cost per step does not depend on D.
+  The steps run compiled (:mod:`theory_kit.dynamics.sgd_step`) over blocks of steps and all runs,
+  on random numbers drawn for the block in NumPy beforehand; the loop assembles each step's
+  tokens [p | q | A] from them itself.  Stream layout of a block of m steps for R runs, one
+  call each, in this order: ε (m, R) integers, θ (m·R draws of the prior), c (m, R, L), ξ
+  (m, R), [p | q] (m, R, L, F + H) standard normals, then the Wishart_p factor's
+  N(0, 1) (m, R, p(p−1)/2) and χ²(D − F − H − i) (m, R, p) (or N(0, 1) (m, R, p, D − F − H)
+  when D − F − H < p).  This is stream layout STREAM_LAYOUT = 3 (recorded in the parameters):
+  layouts 1–2 drew the L × L factor of G, so their numbers differ (same law).  Blocks start at fixed step indices (see :func:`simulate`), so a seed fixes
+  every number and a resumed run continues the same stream.
+
+The step coefficients of both methods come from the generated per-sample kernels of the
+activation (:func:`codegen.sample_kernels`), the same code for presets and a user's φ.
+
+Recorded at each requested time: M, Q, a, b, the population error E = Δ + E|δ_ε − w|²
+estimated by Monte Carlo from the exact law of the scores given (M, Q, a, b) (``error``, with
+``error_samples`` fresh draws from a separate seeded stream, so recording never changes the
+trajectory), and the running training error: the average of Δ + |δ_ε − w|² over the SGD samples
+seen since the previous recorded time (``error_running``, NaN at a time with no steps before it).
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from ..kernels import codegen
+from ..model.activations import Activation
+from ..expect.error import squared_residual
+from ..model.initial import InitialCondition, keys_from_state
+from ..model.task import Task
+from ..model.validation import ValidationError, as_finite_array, check_int, fail
+from ..model.state import check_state_for_task
+from ..io.progress import progress_bar
+from ..io.results import Checkpoint, is_current, read_json, set_aside, to_jsonable, write_json
+from .sgd_step import FAULT_NONE, FAULT_NONFINITE, FAULT_NORMALISER, VJP_SIG, WEIGHTS_SIG, coefficients_stack, psd_factor, reduced_block, tokens_stack
+
+METHODS = ("reduced", "brute")
+# random numbers drawn at once for a block of reduced steps (bounds memory, amortises calls)
+BLOCK_FLOATS = 400_000
+# a checkpoint at least this often (checked between blocks), so a kill every 20 s loses nothing
+CHECKPOINT_SECONDS = 10.0
+# layout of the saved progress; bump when it changes (an older checkpoint is then set aside)
+CHECKPOINT_SCHEMA = 3
+# layout of the random stream of the reduced method (module docstring); part of the parameters,
+# so a result file or checkpoint of another layout is not taken for this run's
+STREAM_LAYOUT = 3
+
+
+# ----------------------------------------------------------------------------- random pieces
+@dataclass
+class WishartDraws:
+    """The random numbers of Wishart factors (leading axes ``size``), in the order drawn.
+
+    Bartlett (dof ≥ p): tri (…, p(p−1)/2) below the diagonal in ``np.tril_indices(p, -1)``
+    order and chi (…, p) ~ χ²(dof − i); gauss is then (…, p, 0).  Otherwise gauss (…, p, dof)
+    and tri, chi have length 0."""
+
+    tri: np.ndarray
+    chi: np.ndarray
+    gauss: np.ndarray
+
+
+def wishart_draws(rng: np.random.Generator, dof: int, size: tuple[int, ...],
+                  p: int) -> WishartDraws:
+    """The draws of :func:`wishart_factor`: one standard_normal call of shape size + (p(p−1)/2,)
+    then one chisquare call of shape size + (p,) (Bartlett), or one standard_normal call of
+    shape size + (p, dof).  A bulk draw of shape (k, n) equals k successive draws of n, so the
+    stream does not depend on how steps are grouped into blocks of draws beyond the calls."""
+    if dof >= p:
+        tri = rng.standard_normal(size + (p * (p - 1) // 2,))
+        chi = rng.chisquare(dof - np.arange(p), size=size + (p,))
+        return WishartDraws(tri, chi, np.empty(size + (p, 0)))
+    return WishartDraws(np.empty(size + (0,)), np.empty(size + (0,)),
+                        rng.standard_normal(size + (p, dof)))
+
+
+def wishart_factor(rng: np.random.Generator, dof: int, size: tuple[int, ...], p: int) -> np.ndarray:
+    """A factor A (size × p × k) with A Aᵀ ~ Wishart_p(dof, I), independently over ``size``.
+
+    dof ≥ p: Bartlett decomposition, A lower triangular with A_ii = √χ²(dof − i) (i = 0..p−1)
+    and N(0, 1) below the diagonal.  0 ≤ dof < p: A = Gᵀ with G a dof × p Gaussian matrix.
+    Assembled in NumPy from :func:`wishart_draws` (the compiled step loop assembles the same
+    factor itself, :func:`sgd_step.tokens_stack`)."""
+    draws = wishart_draws(rng, dof, size, p)
+    if dof < p:
+        return draws.gauss
+    A = np.zeros(size + (p, p))
+    rows, cols = np.tril_indices(p, -1)
+    A[..., rows, cols] = draws.tri
+    diag = np.arange(p)
+    A[..., diag, diag] = np.sqrt(draws.chi)
+    return A
+
+
+@dataclass
+class TokenDraws:
+    """The token randomness of a block of reduced steps, leading axes (steps, runs): coords
+    (…, L, F + H) = [p | q] before the signal θ is added, and the draws of the Wishart_p
+    factor (p = min(H, L)) of the step (module docstring)."""
+
+    coords: np.ndarray
+    wishart: WishartDraws
+
+    def assembled(self, smp: "Samples") -> tuple[np.ndarray, np.ndarray]:
+        """The tokens [p | q] (…, L, F + H) with θ added at the signal, and the Wishart_p
+        factors B (…, p, k), assembled by the compiled code of the step loop."""
+        wd = self.wishart
+        m, R, L, FH = self.coords.shape
+        p = wd.gauss.shape[-2]
+        k = p if wd.chi.shape[-1] else wd.gauss.shape[-1]
+        T, B = np.empty((m, R, L, FH)), np.empty((m, R, p, k))
+        tokens_stack(self.coords, _contiguous(smp.theta), smp.eps, wd.tri, wd.chi, wd.gauss,
+                     T, B)
+        return T, B
+
+
+def _contiguous(x: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(x, dtype=float)
+
+
+@dataclass
+class Samples:
+    """The token-independent randomness of a block of steps, leading axes (steps, runs)."""
+
+    eps: np.ndarray    # signal location ε
+    theta: np.ndarray  # (…, F)
+    c: np.ndarray      # values (…, L)
+    xi: np.ndarray     # label noise
+    y: np.ndarray      # labels y = c_ε + √Δ ξ
+
+
+def squared_errors(eps: np.ndarray, w: np.ndarray, delta: float) -> np.ndarray:
+    """Δ + |δ_ε − w|² for signal locations eps (…) and token weights w (…, L)."""
+    e = -w
+    np.put_along_axis(e, eps[..., None], np.take_along_axis(e, eps[..., None], -1) + 1.0, -1)
+    return delta + np.einsum("...l,...l->...", e, e)
+
+
+def draw_samples(task: Task, rng: np.random.Generator, steps: int, runs: int) -> Samples:
+    """ε uniform on the L tokens, θ from the prior, values and label noise standard normal."""
+    eps = rng.integers(0, task.L, size=(steps, runs))
+    theta = task.prior.sample(rng, steps * runs).reshape(steps, runs, task.F)
+    c = rng.standard_normal((steps, runs, task.L))
+    xi = rng.standard_normal((steps, runs))
+    y = np.take_along_axis(c, eps[..., None], -1)[..., 0] + np.sqrt(task.delta) * xi
+    return Samples(eps, theta, c, xi, y)
+
+
+# ----------------------------------------------------------------------------- SGD coefficients
+def step_kernels(act: Activation) -> Any:
+    """The generated per-sample kernels of ``act`` (:func:`codegen.sample_kernels`), compiled
+    for the array layout of :mod:`theory_kit.dynamics.sgd_step` (a no-op once cached)."""
+    kernels = codegen.sample_kernels(act)
+    kernels.weights1.compile(WEIGHTS_SIG)
+    kernels.vjp1.compile(VJP_SIG)
+    return kernels
+
+
+@dataclass
+class StepCoefficients:
+    """One step's update coefficients (runs first): k_h ← (1+ρ_h) k_h + Σ_l β_{hl} x_l,
+    a_h ← a_h + da_h, b_h ← b_h + db_h (ρ, da, db are 0 when they vanish)."""
+
+    beta: np.ndarray   # (R, H, L)
+    rho: np.ndarray    # (R, H)
+    da: np.ndarray     # (R, H)
+    db: np.ndarray     # (R, H)
+    w: np.ndarray      # (R, L) token weights, for the running error
+    ok: bool = True    # False when a normaliser κ + Σφ was ≤ 0 (weights NaN)
+
+
+def step_coefficients(kernels: Any, S: np.ndarray, a: np.ndarray, b: np.ndarray,
+                      Qdiag: np.ndarray, c: np.ndarray, y: np.ndarray, rates: np.ndarray,
+                      bayes: bool) -> StepCoefficients:
+    """SGD coefficients at scores S (R, H, L) for values c (R, L) and labels y (R,), from the
+    compiled generated kernels (the same code as the reduced step loop).
+
+    a, b, Qdiag: (R, H), one per run (Qdiag matters only for Bayes offsets).  ``rates`` =
+    (γ, γ_a, γ_b)/D, zero for an untrained scalar.  With r = y − w·c and G = J·c:
+    β = (γ/D) r G, ρ = (γ/D) r 2 ∂w/∂Q_hh·c, da = (γ_a/D) r ∂w/∂a_h·c, db = (γ_b/D) r ∂w/∂b_h·c."""
+    R, H, L = S.shape
+    out = StepCoefficients(np.empty((R, H, L)), np.empty((R, H)), np.empty((R, H)),
+                           np.empty((R, H)), np.empty((R, L)))
+    f8 = lambda x: np.ascontiguousarray(x, dtype=float)  # noqa: E731
+    out.ok = coefficients_stack(kernels.weights1, kernels.vjp1, f8(S), f8(a), f8(b), f8(Qdiag),
+                                f8(c), f8(y), f8(rates), bool(bayes), out.beta, out.rho, out.da,
+                                out.db, out.w)
+    return out
+
+
+# ----------------------------------------------------------------------------- the two methods
+class ReducedState:
+    """Exact reduced simulation: per run the key coordinates K = [M | P] (H × (F+H)) on
+    (u_1..u_F, e_1..e_H), with P Pᵀ = O = Q − M Mᵀ; see the module docstring."""
+
+    def __init__(self, M: np.ndarray, O: np.ndarray, D: int, wishart_dof: int | None = None):
+        self.D = D
+        H, self.F = M.shape[-2:]
+        self.dof = D - self.F - H if wishart_dof is None else wishart_dof
+        self._set(M, O)
+
+    def _set(self, M: np.ndarray, O: np.ndarray) -> None:
+        # the same factor as the compiled step takes, so a resumed run continues bit for bit
+        self.O = np.ascontiguousarray(O, dtype=float)
+        self.K = np.ascontiguousarray(np.concatenate([M, psd_factor(self.O)], axis=-1))
+
+    @property
+    def M(self) -> np.ndarray:
+        return self.K[..., :self.F]
+
+    @classmethod
+    def drawn(cls, rng: np.random.Generator, runs: int, H: int, F: int, D: int, eta: float,
+              wishart_dof: int | None = None) -> "ReducedState":
+        """Law of k_h ~ N(0, η²/D I): m_hf ~ N(0, η²/D), O ~ Wishart_H(D − F, η²/D I)."""
+        scale = eta / np.sqrt(D)
+        M = rng.standard_normal((runs, H, F)) * scale
+        A = wishart_factor(rng, D - F, (runs,), H) * scale
+        return cls(M, A @ np.swapaxes(A, -1, -2), D, wishart_dof)
+
+    @classmethod
+    def given(cls, ic: InitialCondition, runs: int, D: int,
+              wishart_dof: int | None = None) -> "ReducedState":
+        st = ic.state
+        return cls(np.repeat(st.M[None], runs, 0), np.repeat(st.orthogonal_part()[None], runs, 0),
+                   D, wishart_dof)
+
+    def block_steps(self, runs: int, L: int) -> int:
+        return max(1, BLOCK_FLOATS // (runs * L * (self.K.shape[-1] + L)))
+
+    def draw_tokens(self, rng: np.random.Generator, steps: int, smp: Samples) -> TokenDraws:
+        """Per step and run the draws of the token coordinates [p | q] (L × (F + H)): p on u,
+        q on e (θ is added to p at the signal token inside the step loop), and the draws of
+        a factor of Wishart_p(D − F − H, I), p = min(H, L), for the Gram matrix of the new
+        keys' remainders (module docstring).
+
+        Stream layout of a block (after :func:`draw_samples`): one standard_normal call of
+        shape (steps, R, L, F + H), then the calls of :func:`wishart_draws`."""
+        R, H, FH = self.K.shape
+        L = smp.c.shape[-1]
+        coords = rng.standard_normal((steps, R, L, FH))
+        return TokenDraws(coords, wishart_draws(rng, self.dof, (steps, R), min(H, L)))
+
+    def steps(self, kernels: Any, smp: Samples, tokens: TokenDraws,
+              scalars: "Scalars") -> tuple[int, int]:
+        """The block's steps, compiled (:func:`sgd_step.reduced_block`), in place; returns
+        (step index, kind) of the earliest failure, kind FAULT_NONE if there was none."""
+        fault = np.zeros(2, dtype=np.int64)
+        wd = tokens.wishart
+        reduced_block(kernels.weights1, kernels.vjp1, self.K, self.O, scalars.a, scalars.b,
+                      tokens.coords, _contiguous(smp.theta), smp.eps, wd.tri, wd.chi, wd.gauss,
+                      smp.c, _contiguous(smp.y), scalars.rates, scalars.bayes, scalars.delta,
+                      scalars.sq_sum, fault)
+        return int(fault[0]), int(fault[1])
+
+    def order_parameters(self) -> tuple[np.ndarray, np.ndarray]:
+        M = self.M.copy()
+        return M, self.O + M @ np.swapaxes(M, -1, -2)
+
+    def to_dict(self) -> dict:
+        return {"M": self.M, "O": self.O}
+
+    def load(self, saved: dict) -> None:
+        """Restore from :meth:`to_dict` (CorruptCheckpoint on wrong shapes or values)."""
+        R, H, _ = self.K.shape
+        self._set(_checked_array(saved, "M", (R, H, self.F)), _checked_array(saved, "O", (R, H, H)))
+
+
+class BruteState:
+    """Explicit keys K (runs × H × D); U = the first F coordinate axes."""
+
+    def __init__(self, K: np.ndarray, F: int):
+        self.K, self.F = K, F
+
+    @classmethod
+    def drawn(cls, rng: np.random.Generator, runs: int, H: int, F: int, D: int,
+              eta: float) -> "BruteState":
+        return cls(rng.standard_normal((runs, H, D)) * (eta / np.sqrt(D)), F)
+
+    @classmethod
+    def given(cls, ic: InitialCondition, runs: int, D: int) -> "BruteState":
+        K, _ = keys_from_state(ic.state, D)
+        return cls(np.repeat(K[None], runs, 0), ic.state.F)
+
+    def block_steps(self, runs: int, L: int) -> int:
+        return 1
+
+    def draw_tokens(self, rng: np.random.Generator, steps: int, smp: Samples) -> np.ndarray:
+        """The tokens X (steps × R × L × D) of a one-step block."""
+        R, _, D = self.K.shape
+        X = rng.standard_normal((R, smp.c.shape[-1], D))
+        X[np.arange(R), smp.eps[0], :self.F] += smp.theta[0]
+        return X[None]
+
+    def steps(self, kernels: Any, smp: Samples, tokens: np.ndarray,
+              scalars: "Scalars") -> tuple[int, int]:
+        """The block's steps in NumPy (coefficients from the compiled kernels), in place;
+        returns (step index, kind) of the first failure, kind FAULT_NONE if there was none."""
+        for i in range(tokens.shape[0]):
+            X = tokens[i]
+            co = step_coefficients(kernels, self.K @ np.swapaxes(X, -1, -2), scalars.a,
+                                   scalars.b, np.sum(self.K ** 2, axis=-1), smp.c[i], smp.y[i],
+                                   scalars.rates, scalars.bayes)
+            self.K = (1.0 + co.rho[..., None]) * self.K + co.beta @ X
+            scalars.a += co.da
+            scalars.b += co.db
+            scalars.sq_sum += squared_errors(smp.eps[i], co.w, scalars.delta)
+            if not co.ok:
+                return i, FAULT_NORMALISER
+            if not (np.all(np.isfinite(co.w)) and np.all(np.isfinite(scalars.a))
+                    and np.all(np.isfinite(scalars.b))):
+                return i, FAULT_NONFINITE
+        return 0, FAULT_NONE
+
+    def order_parameters(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.K[..., :self.F].copy(), self.K @ np.swapaxes(self.K, -1, -2)
+
+    def to_dict(self) -> dict:
+        return {"K": self.K}
+
+    def load(self, saved: dict) -> None:
+        """Restore from :meth:`to_dict` (CorruptCheckpoint on wrong shapes or values)."""
+        self.K = _checked_array(saved, "K", self.K.shape)
+
+
+# ----------------------------------------------------------------------------- configuration
+@dataclass(frozen=True)
+class SimConfig:
+    """Everything that fixes the law (and, with the seed, the numbers) of a simulation."""
+
+    task: Task
+    act: Activation
+    H: int
+    D: int
+    times: tuple[float, ...]
+    runs: int = 1
+    gamma: float = 1.0
+    eta: float = 1.0
+    seed: int = 0
+    method: str = "reduced"
+    initial: InitialCondition | None = None
+    train_a: bool | None = None
+    train_b: bool | None = None
+    gamma_a: float | None = None
+    gamma_b: float | None = None
+    error_samples: int = 512
+    wishart_dof: int | None = field(default=None)  # test-only: override D − F − H
+
+    def __post_init__(self) -> None:
+        check_int(self.H, "H", 1)
+        check_int(self.runs, "runs", 1)
+        check_int(self.seed, "seed", 0)
+        check_int(self.error_samples, "error_samples", 1)
+        if self.method not in METHODS:
+            fail("method", f"must be one of {', '.join(METHODS)}", self.method)
+        check_int(self.D, "D", self.min_dimension())
+        for name in ("gamma", "eta", "gamma_a", "gamma_b"):
+            val = getattr(self, name)
+            if val is not None and (not np.isfinite(val) or val < 0):
+                fail(name, "must be a finite number >= 0", val)
+        times = as_finite_array(self.times, "times", ndim=1)
+        if times.size == 0 or np.any(times < 0) or np.any(np.diff(times) <= 0):
+            fail("times", "must be a non-empty increasing list of times >= 0", times)
+        object.__setattr__(self, "times", tuple(float(t) for t in times))
+        if self.initial is not None:
+            check_state_for_task(self.initial.state, self.task)
+            if self.initial.state.H != self.H:
+                fail("H", f"must match the initial condition's {self.initial.state.H} heads", self.H)
+        if self.wishart_dof is not None and self.wishart_dof < 0:
+            fail("wishart_dof", "must be >= 0", self.wishart_dof)
+
+    def min_dimension(self) -> int:
+        """Smallest D: the reduced method needs room for u, the keys and a token remainder
+        (D ≥ F + H + 1); brute force only needs U (D ≥ F), or D ≥ F + H to place given
+        initial overlaps."""
+        F, H = self.task.F, self.H
+        if self.method == "reduced":
+            return F + H + 1
+        return max(1, F + (H if self.initial is not None else 0))
+
+    @property
+    def trained(self) -> tuple[bool, bool]:
+        """(train_a, train_b), defaulting to the activation's conventions."""
+        return (self.act.train_a if self.train_a is None else bool(self.train_a),
+                self.act.train_b if self.train_b is None else bool(self.train_b))
+
+    def rates(self) -> np.ndarray:
+        """(γ, γ_a, γ_b)/D, zero for an untrained scalar."""
+        ta, tb = self.trained
+        ga = self.gamma if self.gamma_a is None else self.gamma_a
+        gb = self.gamma if self.gamma_b is None else self.gamma_b
+        return np.array([self.gamma, ga * ta, gb * tb]) / self.D
+
+    def record_steps(self) -> np.ndarray:
+        """Step index of each recorded time (t = steps/D, rounded)."""
+        return np.round(np.asarray(self.times) * self.D).astype(np.int64)
+
+    def params(self) -> dict:
+        ta, tb = self.trained
+        return {"method": self.method, "stream": STREAM_LAYOUT, "D": self.D, "H": self.H, "runs": self.runs,
+                "seed": self.seed, "gamma": self.gamma, "eta": self.eta,
+                "gamma_a": self.gamma if self.gamma_a is None else self.gamma_a,
+                "gamma_b": self.gamma if self.gamma_b is None else self.gamma_b,
+                "train_a": ta, "train_b": tb, "times": list(self.times),
+                "error_samples": self.error_samples, "wishart_dof": self.wishart_dof,
+                "task": self.task.params(), "activation": self.act.params(),
+                "initial": None if self.initial is None else self.initial.params()}
+
+
+@dataclass
+class SimResult:
+    """Recorded trajectories; arrays are runs first, then times."""
+
+    t: np.ndarray
+    M: np.ndarray              # (runs, times, H, F)
+    Q: np.ndarray              # (runs, times, H, H)
+    a: np.ndarray              # (runs, times, H)
+    b: np.ndarray              # (runs, times, H)
+    error: np.ndarray          # (runs, times) population error, MC from the order parameters
+    error_running: np.ndarray  # (runs, times) mean of Δ + |e|² over the steps since last record
+    params: dict
+
+    def to_dict(self) -> dict:
+        return {k: getattr(self, k) for k in ("t", "M", "Q", "a", "b", "error", "error_running",
+                                              "params")}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "SimResult":
+        return cls(**{k: (data[k] if k == "params" else np.array(data[k], dtype=float))
+                      for k in ("t", "M", "Q", "a", "b", "error", "error_running", "params")})
+
+
+def load_result(path: str) -> SimResult:
+    """Reload a ``theory-kit simulate`` output file."""
+    return SimResult.from_dict(read_json(path))
+
+
+# ----------------------------------------------------------------------------- running
+def estimate_error(cfg: SimConfig, kernels: Any, M: np.ndarray, Q: np.ndarray, a: np.ndarray,
+                   b: np.ndarray, record_index: int) -> np.ndarray:
+    """Population error Δ + E|δ_0 − w|² per run, from n exact draws of the scores given (M, Q):
+    s_{:,l} = 1[l = 0] M θ + Q^{1/2} g_l.  Uses its own stream seeded by (seed, record index).
+
+    M (R, H, F), Q (R, H, H), a, b (R, H); returns (R,).  Weights from the generated kernels."""
+    rng = np.random.default_rng([cfg.seed, 1, record_index])
+    n, (R, H, F), L = cfg.error_samples, M.shape, cfg.task.L
+    theta = cfg.task.prior.sample(rng, n * R).reshape(n, R, F)
+    S = psd_factor(Q) @ rng.standard_normal((n, R, H, L))
+    S[..., 0] += np.einsum("rhf,nrf->nrh", M, theta)
+    per_sample = lambda x: np.broadcast_to(x, (n, R, H)).reshape(n * R, H)  # noqa: E731
+    _, _, _, w = kernels.weights(S.reshape(n * R, H, L), per_sample(b),
+                                 per_sample(np.einsum("rhh->rh", Q)), per_sample(a))
+    return cfg.task.delta + squared_residual(w).reshape(n, R).mean(axis=0)
+
+
+def _initial_state(cfg: SimConfig, rng: np.random.Generator) -> ReducedState | BruteState:
+    F = cfg.task.F
+    if cfg.method == "reduced":
+        if cfg.initial is not None:
+            return ReducedState.given(cfg.initial, cfg.runs, cfg.D, cfg.wishart_dof)
+        return ReducedState.drawn(rng, cfg.runs, cfg.H, F, cfg.D, cfg.eta, cfg.wishart_dof)
+    if cfg.initial is not None:
+        return BruteState.given(cfg.initial, cfg.runs, cfg.D)
+    return BruteState.drawn(rng, cfg.runs, cfg.H, F, cfg.D, cfg.eta)
+
+
+@dataclass
+class Scalars:
+    """What the steps update besides the keys, per run: the trained scalars a, b (R, H) and
+    the sum of Δ + |δ_ε − w|² over the steps since the last record (R,); plus the constants
+    the steps need (rates = (γ, γ_a, γ_b)/D, Bayes offsets or not, Δ)."""
+
+    a: np.ndarray
+    b: np.ndarray
+    sq_sum: np.ndarray
+    rates: np.ndarray
+    bayes: bool
+    delta: float
+
+    @classmethod
+    def initial(cls, cfg: SimConfig) -> "Scalars":
+        if cfg.initial is not None:
+            a0, b0 = cfg.initial.state.a, cfg.initial.state.b
+        else:
+            a0, b0 = cfg.act.a_default(cfg.H, cfg.task.L), cfg.act.b_default(cfg.H, cfg.task.L)
+        tile = lambda x: np.ascontiguousarray(np.tile(np.asarray(x, float), (cfg.runs, 1)))  # noqa: E731
+        return cls(tile(a0), tile(b0), np.zeros(cfg.runs), cfg.rates(),
+                   cfg.act.offset == "bayes", float(cfg.task.delta))
+
+
+class CorruptCheckpoint(ValueError):
+    """Saved progress that cannot be this run's: wrong schema, shapes, or step counts."""
+
+
+def _checked_array(saved: dict, key: str, shape: tuple[int, ...]) -> np.ndarray:
+    arr = np.ascontiguousarray(np.array(saved[key], dtype=float))
+    if arr.shape != shape or not np.all(np.isfinite(arr)):
+        raise CorruptCheckpoint(f"'{key}' has shape {arr.shape} or non-finite values, "
+                                f"expected finite {shape}")
+    return arr
+
+
+class _Run:
+    """Mutable progress of a simulation: state, scalars, RNG, records; (de)serialisable."""
+
+    def __init__(self, cfg: SimConfig, kernels: Any):
+        self.cfg, self.kernels = cfg, kernels
+        self.rng = np.random.default_rng(cfg.seed)
+        self.state = _initial_state(cfg, self.rng)
+        self.scalars = Scalars.initial(cfg)
+        self.step_count = 0
+        self.sq_count = 0
+        self.records: list[dict[str, np.ndarray]] = []
+
+    def snapshot(self) -> dict:
+        sc = self.scalars
+        return {"schema": CHECKPOINT_SCHEMA, "step": self.step_count,
+                "rng": self.rng.bit_generator.state, "state": self.state.to_dict(), "a": sc.a,
+                "b": sc.b, "sq_sum": sc.sq_sum, "sq_count": self.sq_count,
+                "records": self.records}
+
+    def restore(self, saved: dict) -> None:
+        """Load a snapshot, checking it against this configuration (CorruptCheckpoint if not)."""
+        if not isinstance(saved, dict) or saved.get("schema") != CHECKPOINT_SCHEMA:
+            raise CorruptCheckpoint(f"not a simulate checkpoint of schema {CHECKPOINT_SCHEMA}")
+        targets = self.cfg.record_steps()
+        R, H = self.cfg.runs, self.cfg.H
+        step, records, count = int(saved["step"]), saved["records"], int(saved["sq_count"])
+        n_rec = len(records) if isinstance(records, list) else -1
+        lo = int(targets[n_rec - 1]) if n_rec > 0 else 0
+        if not (0 <= n_rec <= len(targets) and lo <= step <= int(targets[min(n_rec, len(targets) - 1)])
+                and 0 <= count <= step):
+            raise CorruptCheckpoint(f"step {step} with {n_rec} records does not fit the times")
+        self.state.load(saved["state"])
+        self.scalars.a = _checked_array(saved, "a", (R, H))
+        self.scalars.b = _checked_array(saved, "b", (R, H))
+        self.scalars.sq_sum = _checked_array(saved, "sq_sum", (R,))
+        self.rng.bit_generator.state = saved["rng"]
+        self.step_count, self.sq_count = step, count
+        self.records = [self._checked_record(rec) for rec in records]
+
+    def _checked_record(self, rec: dict) -> dict[str, np.ndarray]:
+        """A saved record as arrays of this run's shapes (CorruptCheckpoint if not)."""
+        R, H, F = self.cfg.runs, self.cfg.H, self.cfg.task.F
+        shapes = {"M": (R, H, F), "Q": (R, H, H), "a": (R, H), "b": (R, H), "error": (R,)}
+        out = {k: _checked_array(rec, k, shape) for k, shape in shapes.items()}
+        # NaN (null in the file) where no step preceded the record
+        running = np.array([np.nan if v is None else v for v in rec["error_running"]], float)
+        if running.shape != (R,):
+            raise CorruptCheckpoint(f"'error_running' has shape {running.shape}, expected {(R,)}")
+        return {**out, "error_running": running}
+
+    def record(self) -> None:
+        M, Q = self.state.order_parameters()
+        if not (np.all(np.isfinite(M)) and np.all(np.isfinite(Q))):
+            raise ValidationError(f"gamma: the simulation diverged before t = "
+                                  f"{self.step_count / self.cfg.D:g} (non-finite overlaps); "
+                                  "use a smaller step size")
+        idx, sc = len(self.records), self.scalars
+        running = sc.sq_sum / self.sq_count if self.sq_count else np.full(self.cfg.runs, np.nan)
+        error = estimate_error(self.cfg, self.kernels, M, Q, sc.a, sc.b, idx)
+        # arrays, not lists: a checkpoint then serialises each in one call
+        self.records.append({"M": M, "Q": Q, "a": sc.a.copy(), "b": sc.b.copy(), "error": error,
+                             "error_running": running})
+        sc.sq_sum, self.sq_count = np.zeros(self.cfg.runs), 0
+
+    def advance(self, n_steps: int, after_block: Callable[[int], None] | None = None) -> None:
+        """n_steps SGD steps, drawing randomness block by block (blocks start at this call);
+        ``after_block(m)`` runs after each block of m steps (progress, checkpoints)."""
+        cfg, state = self.cfg, self.state
+        block = state.block_steps(cfg.runs, cfg.task.L)
+        done = 0
+        while done < n_steps:
+            m = min(block, n_steps - done)
+            smp = draw_samples(cfg.task, self.rng, m, cfg.runs)
+            tokens = state.draw_tokens(self.rng, m, smp)
+            bad, kind = state.steps(self.kernels, smp, tokens, self.scalars)
+            if kind != FAULT_NONE:
+                self._fail(self.step_count + bad, kind)
+            done += m
+            self.step_count += m
+            self.sq_count += m
+            if after_block is not None:
+                after_block(m)
+
+    def _fail(self, step: int, kind: int) -> None:
+        t = f"t = {(step + 1) / self.cfg.D:g}"
+        if kind == FAULT_NORMALISER:
+            raise ValidationError(f"activation '{self.cfg.act.name}': the normaliser N = kappa + "
+                                  f"sum phi must be > 0, but it was <= 0 at {t} (phi must be "
+                                  "non-negative and not all zero)")
+        assert kind == FAULT_NONFINITE
+        raise ValidationError(f"gamma: the simulation diverged at {t} (non-finite keys, a or b);"
+                              " use a smaller step size")
+
+    def result(self) -> SimResult:
+        rec = {k: np.array([r[k] for r in self.records], dtype=float) for k in self.records[0]}
+        # records are (times, runs, ...): put runs first
+        arrs = {k: np.swapaxes(v, 0, 1) for k, v in rec.items()}
+        return SimResult(np.array(self.cfg.times), arrs["M"], arrs["Q"], arrs["a"], arrs["b"],
+                         arrs["error"], arrs["error_running"], self.cfg.params())
+
+
+def _chunks(start: int, stop: int, size: int) -> list[tuple[int, int]]:
+    """Pieces of [start, stop) with boundaries at multiples of ``size``: each starts a new
+    block of random numbers, so the stream layout is fixed by the step indices alone."""
+    edges = [start] + [k for k in range(size * (start // size + 1), stop, size)] + [stop]
+    return [(lo, hi) for lo, hi in zip(edges[:-1], edges[1:]) if hi > lo]
+
+
+def _set_aside(checkpoint: Checkpoint, reason: str) -> None:
+    """Rename an unusable checkpoint out of the way (kept for inspection), with one warning."""
+    set_aside(checkpoint.path, f"not a usable simulate checkpoint ({reason})")
+
+
+def _resumed_run(cfg: SimConfig, kernels: Any, checkpoint: Checkpoint | None) -> _Run:
+    """A fresh run, or the checkpoint's progress when it was made by this configuration.
+
+    A foreign (other parameters) or corrupt checkpoint is set aside and the run starts clean."""
+    run = _Run(cfg, kernels)
+    if checkpoint is None or not checkpoint.path.is_file():
+        return run
+    try:
+        saved = checkpoint.load(cfg.params())
+        if saved is None:  # foreign or corrupt: results.Checkpoint has set it aside already
+            return run
+        run.restore(saved)
+    except (CorruptCheckpoint, ValueError, KeyError, TypeError, IndexError, AttributeError,
+            RecursionError, UnicodeDecodeError) as exc:
+        _set_aside(checkpoint, str(exc) or type(exc).__name__)
+        return _Run(cfg, kernels)
+    return run
+
+
+def simulate(cfg: SimConfig, checkpoint: Checkpoint | None = None) -> SimResult:
+    """Run ``cfg.runs`` independent SGD runs (vectorised) and record the requested times.
+
+    With a :class:`results.Checkpoint`, progress (state of all runs, RNG state, step count,
+    records) is saved between blocks of steps at least every ``CHECKPOINT_SECONDS``, and a
+    rerun with the same parameters resumes from it; the numbers are bit-identical to an
+    uninterrupted run because the blocks of random numbers always start at the same step
+    indices (multiples of D, recorded steps, and every ``block_steps`` after those)."""
+    kernels = step_kernels(cfg.act)
+    run = _resumed_run(cfg, kernels, checkpoint)
+    params = cfg.params()
+    targets = cfg.record_steps()
+    chunk = max(1, cfg.D)
+    last_save = time.monotonic()
+
+    with progress_bar(total=int(targets[-1]), desc=f"simulate ({cfg.method})", unit="step",
+                      initial=run.step_count) as bar:
+
+        def after_block(m: int) -> None:
+            # saving rewrites every record so far, so it is rate-limited (its cost would grow
+            # like records² if saved at each record)
+            nonlocal last_save
+            bar.update(m)
+            if checkpoint is not None and time.monotonic() - last_save > CHECKPOINT_SECONDS:
+                checkpoint.save(params, run.snapshot())
+                last_save = time.monotonic()
+
+        for idx in range(len(run.records), len(targets)):
+            for lo, hi in _chunks(run.step_count, int(targets[idx]), chunk):
+                run.advance(hi - lo, after_block)
+            run.record()
+            after_block(0)
+    return run.result()
+
+
+def stored_result(cfg: SimConfig, out: str | os.PathLike) -> SimResult | None:
+    """The result already in ``out`` when it was written by this configuration and this
+    toolkit code (``results.is_current``; so rerunning a finished command does not
+    recompute), else None."""
+    path = Path(out)
+    if not path.is_file():
+        return None
+    try:
+        data = read_json(path)
+        if not is_current(data) or data.get("params") != to_jsonable(cfg.params()):
+            return None
+        return SimResult.from_dict(data)
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError, UnicodeDecodeError,
+            OSError):
+        return None  # not ours or unreadable: recompute and overwrite
+
+
+def simulate_to_file(cfg: SimConfig, out: str | os.PathLike) -> SimResult:
+    """:func:`simulate` with a resumable checkpoint next to ``out``; writes ``out`` atomically.
+    Returns the stored result without computing when ``out`` already holds this run."""
+    if (done := stored_result(cfg, out)) is not None:
+        return done
+    ckpt = Checkpoint(out)
+    result = simulate(cfg, ckpt)
+    write_json(out, result.to_dict())
+    ckpt.clear()
+    return result

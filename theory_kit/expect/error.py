@@ -1,0 +1,226 @@
+"""Population error E(M, Q, a, b) and the Bayes error (docs/theory.md §4).
+
+Averaging over the values c_l gives, with e = δ_ε − w,
+
+    E = Δ + E_{θ,ε,z}[ (1 − w_ε)² + Σ_{l≠ε} w_l² ],
+
+and the Bayes-optimal predictor has E_Bayes = Δ + 1 − E[Σ_l p_l²] with
+p_l = g(Uᵀx_l)/Σ_{l'} g(Uᵀx_{l'}), g(p) = E_θ exp(θ·p − |θ|²/2).
+
+Methods: ``mc`` (Monte Carlo, seeded, standard error), ``quad`` (deterministic quadrature on
+the Laplace-reduced integrals, see ``expect.quadrature``), ``mpmath`` (≥ 30 digits, small
+cases), ``auto`` (the most accurate one that is fast for the case at hand).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy import special
+
+from ..kernels import codegen
+from ..model.activations import Activation
+from . import montecarlo as mc
+from . import precise
+from . import quadrature as quad
+from ..model.priors import GaussianPrior, Prior
+from ..model.validation import ResourceError, check_int, fail
+from ..model.state import State, check_state_for_task
+from ..model.task import Task
+from ..io.limits import check_memory, check_monte_carlo
+
+METHODS = ("auto", "quad", "mc", "mpmath")
+AUTO_QUAD_TOL = 1e-8
+MPMATH_ABS_ERR = 1e-15
+MIN_SAMPLES, MAX_SAMPLES = 2, 10 ** 10
+
+
+@dataclass(frozen=True)
+class ErrorResult:
+    """A number with an honest estimate of its numerical error and how it was computed."""
+
+    value: float
+    abs_err: float
+    method: str
+    details: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"error": self.value, "abs_err": self.abs_err, "method": self.method,
+                **self.details}
+
+
+def _check_method(method: str) -> None:
+    if method not in METHODS:
+        fail("method", f"must be one of {', '.join(METHODS)}", method)
+
+
+def squared_residual(w: np.ndarray) -> np.ndarray:
+    """|e|² = (1 − w_0)² + Σ_{l≥1} w_l² with the signal at token 0; w of shape (n, L)."""
+    return (1.0 - w[:, 0]) ** 2 + np.sum(w[:, 1:] ** 2, axis=1)
+
+
+def check_samples(n: object, param: str = "n") -> int:
+    """A Monte Carlo sample count: an integer in [MIN_SAMPLES, MAX_SAMPLES] (the standard
+    error needs a few samples; beyond 10¹⁰ a run takes days)."""
+    if isinstance(n, float) and n.is_integer():
+        n = int(n)
+    check_int(n, param, MIN_SAMPLES)
+    if n > MAX_SAMPLES:
+        fail(param, f"must be an integer in [{MIN_SAMPLES}, {MAX_SAMPLES:.0e}]", n)
+    return int(n)
+
+
+def check_seed(seed: object) -> int:
+    """A NumPy seed: an integer >= 0."""
+    return check_int(seed, "seed", 0)
+
+
+def population_error_mc(task: Task, act: Activation, state: State, n: int = 200_000,
+                        seed: int = 0) -> ErrorResult:
+    """Monte Carlo estimate of E with its standard error (θ stratified, see ``expect.montecarlo``);
+    the token weights come from the generated kernels (``codegen.sample_kernels``).
+
+    n: samples (integer >= 2), seed: integer >= 0."""
+    n, seed = check_samples(n), check_seed(seed)
+    check_state_for_task(state, task)
+    check_monte_carlo(n, state.H, task.L)
+    rng = np.random.default_rng(seed)
+    kernels = codegen.sample_kernels(act)
+    total, sq = 0.0, 0.0
+    chunk = max(1, min(n, 2_000_000 // max(1, state.H * task.L * 8)))
+    done = 0
+    means, errs = [], []
+    while done < n:
+        m = min(chunk, n - done)
+        smp = mc.draw_samples(task.prior, state.H, task.L, m, rng)
+        S, _ = mc.scores(smp, state.M, state.Q)
+        w = kernels.weights(S, state.b, np.diag(state.Q), state.a)[3]
+        mean, se = mc.weighted_mean(smp, squared_residual(w))
+        means.append((m, float(mean)))
+        errs.append((m, float(se)))
+        done += m
+    total = sum(k * v for k, v in means) / n
+    sq = np.sqrt(sum((k * e) ** 2 for k, e in errs)) / n
+    return ErrorResult(task.delta + total, float(sq), "mc", {"n_samples": n, "seed": seed})
+
+
+def population_error_quad(task: Task, act: Activation, state: State,
+                          resolution: float = 1.0) -> ErrorResult:
+    """E by deterministic quadrature (``expect.quadrature``); abs_err from two resolutions
+    (or the RQMC spread when the joint column is too high-dimensional for tensor grids)."""
+    resolution = quad.check_resolution(resolution)
+    check_state_for_task(state, task)
+    r = quad.quad_moments(task, act, state, resolution)
+    return ErrorResult(r.value, r.abs_err, "quad", {"rule": r.rule, "resolution": resolution,
+                                                    "level": r.level})
+
+
+def population_error_mpmath(task: Task, act: Activation, state: State,
+                            dps: int = precise.DEFAULT_DPS) -> ErrorResult:
+    """E at ``dps`` digits (small cases only, see ``expect.precise``); abs_err ≈ 1e−15 is the
+    accuracy of its fixed Gauss–Legendre rules, far below the float64 rounding of the value."""
+    value = precise.population_error_mp(task, act, state, dps)
+    return ErrorResult(float(value), MPMATH_ABS_ERR, "mpmath", {"dps": dps, "digits": str(value)})
+
+
+def _auto(quad_fn, mc_fn, sampled_quad: bool = False) -> ErrorResult:
+    """auto: quadrature first; if its error estimate exceeds ``AUTO_QUAD_TOL`` (1e−8), also run
+    Monte Carlo and return whichever reports the smaller abs_err.  Monte Carlo alone where the
+    quadrature would be RQMC (``sampled_quad``, ``quadrature.needs_rqmc``): RQMC is a sampling
+    estimate too, its replicate spread can understate its error (skewed replicates,
+    ``quadrature.tensor_level``), so "the smaller abs_err" would favour it for the wrong
+    reason, and it costs far more (B-softmax, F = 4, ν = 10, L = 5, H = 4 at its fixed point:
+    RQMC 40 CPU s for ± 7.2e-5, Monte Carlo's 2·10⁵ draws 1.4 s for ± 4.0e-5; the precise E
+    of each Fig. 4 B-softmax run called it twice, ~90 % of the run)."""
+    if sampled_quad:
+        m = mc_fn()
+        return ErrorResult(m.value, m.abs_err, m.method,
+                           {**m.details, "auto": True, "quad": "skipped (would be RQMC)"})
+    try:
+        q = quad_fn()
+    except ResourceError:  # too large a grid for quadrature: Monte Carlo alone
+        m = mc_fn()
+        return ErrorResult(m.value, m.abs_err, m.method, {**m.details, "auto": True})
+    if q.abs_err <= AUTO_QUAD_TOL:
+        return ErrorResult(q.value, q.abs_err, "quad", {**q.details, "auto": True})
+    m = mc_fn()
+    best = q if q.abs_err <= m.abs_err else m
+    return ErrorResult(best.value, best.abs_err, best.method, {**best.details, "auto": True})
+
+
+def population_error(task: Task, act: Activation, state: State, method: str = "auto",
+                     **kwargs: object) -> ErrorResult:
+    """E(M, Q, a, b) for activation ``act`` on ``task`` by the chosen method.
+
+    ``mc``: n, seed; ``quad``: resolution; ``mpmath``: dps; ``auto``: quad, then MC if
+    quad's abs_err > 1e−8 (the smaller error wins); MC alone where quad would be RQMC."""
+    _check_method(method)
+    check_state_for_task(state, task)
+    if method == "mc":
+        return population_error_mc(task, act, state, **kwargs)  # type: ignore[arg-type]
+    if method == "quad":
+        return population_error_quad(task, act, state, **kwargs)  # type: ignore[arg-type]
+    if method == "mpmath":
+        return population_error_mpmath(task, act, state, **kwargs)  # type: ignore[arg-type]
+    return _auto(lambda: population_error_quad(task, act, state),
+                 lambda: population_error_mc(task, act, state),
+                 quad.needs_rqmc(task, act, state))
+
+
+# ----------------------------------------------------------------------------- Bayes error
+def log_bayes_factor(prior: Prior, P: np.ndarray) -> np.ndarray:
+    """log g(p) up to a constant, for projections P of shape (..., F, L).
+
+    Discrete: log Σ_j π_j exp(θ_j·p − |θ_j|²/2); Gaussian: Σ_f ν_f p_f² / (2(1 + ν_f))."""
+    if isinstance(prior, GaussianPrior):
+        beta = prior.nu / (2 * (1 + prior.nu))
+        return np.einsum("f,...fl->...l", beta, P * P)
+    atoms, pi = prior.atoms()
+    with np.errstate(divide="ignore"):
+        logit = (np.einsum("jf,...fl->...jl", atoms, P)
+                 - 0.5 * np.sum(atoms ** 2, axis=1)[:, None] + np.log(pi)[:, None])
+    return special.logsumexp(logit, axis=-2)
+
+
+def bayes_error_mc(task: Task, n: int = 200_000, seed: int = 0) -> ErrorResult:
+    """Monte Carlo E_Bayes = Δ + 1 − E[Σ_l p_l²]: projections p = Uᵀx are scores with M = I,
+    Q = I, so the shared samplers (θ stratified) apply."""
+    n, seed = check_samples(n), check_seed(seed)
+    K = len(task.prior.atoms()[1]) if task.prior.is_discrete else 1
+    check_memory(8.0 * n * K * task.L * 4, f"the Bayes error by Monte Carlo with {K} prior "
+                 f"atoms and {n} samples", "use fewer signal strengths (F) or samples")
+    rng = np.random.default_rng(seed)
+    F = task.F
+    smp = mc.draw_samples(task.prior, F, task.L, n, rng)
+    P, _ = mc.scores(smp, np.eye(F), np.eye(F))
+    logg = log_bayes_factor(task.prior, P)
+    p = np.exp(logg - special.logsumexp(logg, axis=-1, keepdims=True))
+    mean, se = mc.weighted_mean(smp, np.sum(p * p, axis=-1))
+    return ErrorResult(task.delta + 1 - float(mean), float(se), "mc", {"n_samples": n, "seed": seed})
+
+
+def bayes_error_quad(task: Task, resolution: float = 1.0) -> ErrorResult:
+    """E_Bayes by quadrature; abs_err includes the tower-property gap |E[p_ε] − E[Σ p²]|."""
+    resolution = quad.check_resolution(resolution)
+    r = quad.quad_bayes(task, resolution)
+    return ErrorResult(r.value, r.abs_err, "quad",
+                       {"rule": r.rule, "tower_gap": abs(r.w0 - r.w2), "resolution": resolution})
+
+
+def bayes_error_mpmath(task: Task, dps: int = precise.DEFAULT_DPS) -> ErrorResult:
+    """E_Bayes at ``dps`` digits (discrete priors of rank ≤ 1, Gaussian prior with F = 1)."""
+    from_sq, from_p0 = precise.bayes_error_mp(task, dps)
+    return ErrorResult(float(from_sq), max(MPMATH_ABS_ERR, float(abs(from_sq - from_p0))),
+                       "mpmath", {"dps": dps, "digits": str(from_sq)})
+
+
+def bayes_error(task: Task, method: str = "auto", **kwargs: object) -> ErrorResult:
+    """E_Bayes = Δ + 1 − E[Σ_l p_l²] for the task's prior (discrete or Gaussian)."""
+    _check_method(method)
+    if method == "mc":
+        return bayes_error_mc(task, **kwargs)  # type: ignore[arg-type]
+    if method == "quad":
+        return bayes_error_quad(task, **kwargs)  # type: ignore[arg-type]
+    if method == "mpmath":
+        return bayes_error_mpmath(task, **kwargs)  # type: ignore[arg-type]
+    return _auto(lambda: bayes_error_quad(task), lambda: bayes_error_mc(task))

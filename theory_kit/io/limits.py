@@ -1,0 +1,262 @@
+"""Resource bounds: refuse a request whose estimated memory (or time) exceeds the limit,
+before anything is allocated.
+
+The memory limit is ``--max-memory`` on the command line (``8G``, ``512M``, ``50%``), the
+environment variable ``THEORY_KIT_MAX_MEMORY`` or, by default, 50 % of the physical RAM.
+Estimates are from the sizes alone (bytes of the largest arrays a step holds at once);
+each check raises :class:`~theory_kit.model.validation.ResourceError` (CLI exit 4) with one line
+naming the request, the estimate, the limit and what to change.
+"""
+from __future__ import annotations
+
+import os
+import re
+
+from ..model.validation import ResourceError, ValidationError
+
+DEFAULT_FRACTION = 0.5
+MAX_SECONDS = 3600.0  # runs estimated beyond an hour need THEORY_KIT_YES=1 / --yes
+_limit: int | None = None
+_yes = False
+
+
+def physical_memory() -> int:
+    """Bytes of RAM (``os.sysconf``), or 8 GiB where that is unavailable."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 8 * 1024 ** 3
+
+
+def parse_size(text: str) -> int:
+    """``8G``, ``512M``, ``1.5T``, ``123456`` (bytes) or ``30%`` (of RAM) to bytes."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kKmMgGtT%]?)[iI]?[bB]?\s*", str(text))
+    if not match:
+        raise ValidationError(f"max-memory: must be a size such as 8G, 512M or 50% "
+                              f"(got {text!r})")
+    value, unit = float(match.group(1)), match.group(2).upper()
+    if unit == "%":
+        size = value / 100 * physical_memory()
+    else:
+        size = value * 1024 ** " KMGT".index(unit or " ") if unit else value
+    if size <= 0:
+        raise ValidationError(f"max-memory: must be > 0 (got {text!r})")
+    return int(size)
+
+
+def set_memory_limit(text: str | None) -> None:
+    """Set the limit for this process (None: back to the default)."""
+    global _limit
+    _limit = None if text is None else parse_size(text)
+
+
+def set_yes(yes: bool) -> None:
+    """``--yes``: run requests estimated beyond :data:`MAX_SECONDS` anyway."""
+    global _yes
+    _yes = bool(yes)
+
+
+def memory_limit() -> int:
+    """The memory limit in bytes (see the module docstring)."""
+    if _limit is not None:
+        return _limit
+    env = os.environ.get("THEORY_KIT_MAX_MEMORY")
+    return parse_size(env) if env else int(DEFAULT_FRACTION * physical_memory())
+
+
+def human(nbytes: float) -> str:
+    for unit, size in (("TiB", 1024 ** 4), ("GiB", 1024 ** 3), ("MiB", 1024 ** 2)):
+        if nbytes >= size:
+            return f"{nbytes / size:.3g} {unit}"
+    return f"{nbytes:.0f} B"
+
+
+def check_memory(nbytes: float, what: str, hint: str) -> None:
+    """Refuse ``what`` when it needs more than the memory limit (one-line ResourceError)."""
+    limit = memory_limit()
+    if not nbytes <= limit:  # also catches nan/inf from overflowing size products
+        raise ResourceError(f"resources: {what} needs about {human(nbytes)} of memory, over the "
+                            f"limit of {human(limit)} (--max-memory); {hint}")
+
+
+def check_time(seconds: float, what: str, hint: str) -> None:
+    """Refuse ``what`` when estimated beyond :data:`MAX_SECONDS` unless THEORY_KIT_YES=1."""
+    if _yes or os.environ.get("THEORY_KIT_YES") == "1":
+        return
+    if not seconds <= MAX_SECONDS:
+        hours = seconds / 3600
+        raise ResourceError(f"resources: {what} would take about {hours:.3g} hours (estimate); "
+                            f"{hint}, or pass --yes to run it anyway")
+
+
+# ----------------------------------------------------------------------------- estimates
+# seconds per elementary operation, measured on this project's 2-core machine (rounded up)
+SECONDS_PER_SCORE = 5e-8  # one (sample, head, token) score with its weight
+SECONDS_PER_KEY_FLOP = 2e-9  # one multiply-add of a D-dimensional SGD step
+# One (sample, stratum, head, token) score of a sampled drift, per activation class, and the
+# fixed cost of one evaluation.  Measured 2026-12-01 on the block-compiled kernels (CPU time
+# by time.process_time over repeated evaluations at 2000 and 20000 samples, H = 2, L = 5,
+# flipping prior: 2 strata; slope = per score, intercept = fixed):
+#   softmax 1.69e-8 s (fixed 1.1 ms), softmax1 2.01e-8 (1.05 ms), bsoftmax 1.87e-8 (0.36 ms),
+#   relu 1.57e-8 (1.3 ms), user phi per-head 1.68e-8 (1.1 ms), joint 1.54e-8 (1.7 ms),
+#   elementwise 2.07e-8 (0.47 ms).
+# The classes differ by 1.35x at most, so one constant (the largest, rounded up) serves all:
+# whole `theory-kit ode` runs (20000 samples, --times 0,T, T = 4 against 40: the slope per
+# evaluation) measured 7.7 ms (softmax), 6.3 ms (bsoftmax), 8.4 ms (phi joint) per evaluation
+# where the estimate below gives 10.3 ms: estimates are 1.2-1.6x the measured CPU time, never
+# below it.  (The constant was 2.5e-7 before the kernel rewrite: ode estimates were 13x long.)
+SECONDS_PER_DRIFT_SCORE = 2.2e-8
+SECONDS_PER_EVALUATION = 1.5e-3  # fixed cost of one drift evaluation (0.4-1.7 ms measured)
+ESTIMATE_FACTOR = 2.0  # measured CPU time <= estimate <= ESTIMATE_FACTOR x measured
+SECONDS_PER_REDUCED_STEP = 6e-5  # one run-step of the reduced simulation, H + L = 6 (53 us)
+EINF_EVALS_PER_TIME = 2.1  # adaptive ODE evaluations per unit time (291 to T = 140)
+# einf's own constant (its per-chunk records and checks cost more per score than a bare
+# drift).  Re-checked 2026-12-01 on the block-compiled kernels against the README's einf run
+# (B-softmax H = 2, L = 5, 2 runs, warm cache): estimate 23 s, measured 17-31 CPU s.
+EINF_SECONDS_PER_DRIFT_SCORE = 2.5e-7
+EINF_TYPICAL_T = 200.0  # where einf typically hands over to the solver (T = 140 measured)
+SOLVER_EVALUATIONS = 150  # objective + gradient evaluations of one solve (L-BFGS, Newton)
+
+
+def simulation_bytes(D: int, H: int, L: int, runs: int, method: str,
+                     error_samples: int) -> float:
+    """Memory of a simulation: ``brute`` keys, gradients and one batch (runs × H × D and
+    L × D floats, a few copies); ``reduced`` the Gram matrix of the F + H directions per run
+    (no D); both the scores of the recorded population error (error_samples × runs × H × L,
+    a few arrays)."""
+    if method == "reduced":
+        nbytes = 8.0 * runs * (4.0 * (H + L) ** 2 + 64.0)
+    else:
+        nbytes = 8.0 * D * (4.0 * runs * H + 2.0 * L)
+    return nbytes + 8.0 * 4 * float(error_samples) * runs * H * L
+
+
+def simulation_seconds(D: int, H: int, L: int, runs: int, T: float, method: str) -> float:
+    """CPU seconds of T·D SGD steps: ``brute`` about runs·D·(H + L) operations per step,
+    ``reduced`` :data:`SECONDS_PER_REDUCED_STEP` per run and step (no D)."""
+    steps = float(T) * D
+    if method == "reduced":
+        return steps * runs * SECONDS_PER_REDUCED_STEP * (H + L) / 6.0
+    return steps * runs * D * (H + L) * SECONDS_PER_KEY_FLOP
+
+
+def check_simulation(D: int, H: int, L: int, runs: int, T: float, method: str = "brute",
+                     error_samples: int = 0) -> None:
+    """Refuse a simulation over the memory limit or estimated beyond an hour."""
+    steps = float(T) * D
+    seconds = simulation_seconds(D, H, L, runs, T, method)
+    check_memory(simulation_bytes(D, H, L, runs, method, error_samples),
+                 f"simulate at D = {D} with {runs} run(s) and H = {H}", "lower --D or --runs")
+    check_time(seconds, f"simulate ({method}) for T = {T:g} at D = {D} ({steps:.3g} SGD steps "
+               f"x {runs} run(s))", "lower --T, --D or --runs")
+
+
+def drift_seconds(samples: int, H: int, L: int, strata: int) -> float:
+    """CPU seconds of one sampled drift evaluation: samples × strata × H × L scores at
+    :data:`SECONDS_PER_DRIFT_SCORE` each, plus :data:`SECONDS_PER_EVALUATION` of overhead."""
+    return float(samples) * strata * H * L * SECONDS_PER_DRIFT_SCORE + SECONDS_PER_EVALUATION
+
+
+def drift_bytes(samples: int, H: int, L: int, strata: int) -> float:
+    """Memory of one sampled drift evaluation: tens of arrays of samples × strata × H × L."""
+    return float(samples) * strata * H * L * 8.0 * 40
+
+
+def check_ode(samples: int, H: int, L: int, strata: int, T: float, dt: float) -> None:
+    """The ODE with a sampled drift: four evaluations per RK4 step of at most dt (within
+    :data:`ESTIMATE_FACTOR` of the measured CPU time for every activation class; more
+    requested times than T/dt add steps the estimate does not count)."""
+    check_memory(drift_bytes(samples, H, L, strata), f"the drift with {samples} samples x "
+                 f"{strata} theta strata x H = {H} x L = {L}", "lower --samples")
+    steps = max(1.0, float(T) / float(dt))
+    check_time(4.0 * steps * drift_seconds(samples, H, L, strata),
+               f"the ODE to T = {T:g} ({steps:.3g} steps of dt = {dt:g})", "lower --T or --samples")
+
+
+def einf_seconds(runs: int, samples: int, H: int, L: int, strata: int, T_min: float,
+                 T_max: float, solver_points: int, solve: bool, shift_check: bool,
+                 minimum_starts: int) -> float:
+    """CPU seconds of ``einf``: per run the adaptive ODE (:data:`EINF_EVALS_PER_TIME`
+    evaluations per unit time up to a typical hand-over at ``EINF_TYPICAL_T``, or T_max when
+    sooner, T_min when later), then the solver (:data:`SOLVER_EVALUATIONS` objective and
+    gradient evaluations on solver_points × strata × H × L scores, twice with the shift check),
+    and the global minimum (``minimum_starts`` solver runs).  Calibrated on the README's
+    B-softmax run (H = 2, L = 5: 291 drift evaluations to T = 140, 25.6 CPU s in all), with
+    the ODE's cost per score at :data:`EINF_SECONDS_PER_DRIFT_SCORE` (the value it was
+    calibrated with, which covers einf's per-chunk records and checks)."""
+    horizon = min(float(T_max), max(float(T_min), EINF_TYPICAL_T))
+    per_evaluation = (float(samples) * strata * H * L * EINF_SECONDS_PER_DRIFT_SCORE
+                      + SECONDS_PER_EVALUATION)
+    ode = EINF_EVALS_PER_TIME * horizon * per_evaluation
+    solve_once = SOLVER_EVALUATIONS * float(solver_points) * strata * H * L * SECONDS_PER_SCORE
+    solver = solve_once * (2 if shift_check else 1) if solve else 0.0
+    return runs * (ode + solver) + minimum_starts * solve_once
+
+
+def check_einf(runs: int, jobs: int, samples: int, H: int, L: int, strata: int, T_min: float,
+               T_max: float, solver_points: int, solve: bool, shift_check: bool,
+               minimum_starts: int) -> None:
+    """Refuse an ``einf`` request over the memory limit, or estimated beyond an hour."""
+    biggest = max(drift_bytes(samples, H, L, strata),
+                  drift_bytes(solver_points, H, L, strata) if solve or minimum_starts else 0.0)
+    check_memory(biggest * min(jobs, runs), f"einf with {samples} drift samples and "
+                 f"{solver_points} solver points x {strata} theta strata x H = {H} x L = {L} "
+                 f"({min(jobs, runs)} job(s) at once)", "lower --samples, --solver-points or --jobs")
+    seconds = einf_seconds(runs, samples, H, L, strata, T_min, T_max, solver_points, solve,
+                           shift_check, minimum_starts) / max(1, min(jobs, runs, cores()))
+    check_time(seconds, f"einf with {runs} run(s) of H = {H}, L = {L}",
+               "lower --runs, --samples or --solver-points (or add --jobs)")
+
+
+def check_compare(ode_seeds: int, samples: int, H: int, L: int, strata: int, T: float,
+                  dt: float, D: int, runs: int, error_samples: int, jobs: int) -> None:
+    """``compare``: ``ode_seeds`` RK4 integrations over the log's span T and ``runs`` reduced
+    simulations at the log's D, recording their loss from ``error_samples`` draws (the pieces
+    of one sweep, ``jobs`` at a time)."""
+    check_memory(drift_bytes(samples, H, L, strata) * min(jobs, ode_seeds),
+                 f"compare's ODE with {samples} samples x {strata} theta strata x H = {H} x "
+                 f"L = {L}", "lower --samples or --jobs")
+    check_memory(simulation_bytes(D, H, L, runs, "reduced", error_samples),
+                 f"compare's {runs} simulations (their loss from {error_samples} draws each)",
+                 "lower --runs")
+    steps = max(1.0, float(T) / float(dt))
+    ode = ode_seeds * 4.0 * steps * drift_seconds(samples, H, L, strata)
+    sim = simulation_seconds(D, H, L, runs, T, "reduced")
+    check_time((ode + sim) / max(1, min(jobs, ode_seeds + 1, cores())),
+               f"compare over t = {T:g} ({ode_seeds} ODE seeds of {steps:.3g} steps, {runs} "
+               f"simulations of {T * D:.3g} steps at D = {D})", "lower --samples, --runs or "
+               "raise --dt")
+
+
+def check_figure(seconds: float, number: int, quick: bool, jobs: int) -> None:
+    """A figure whose own estimate (``figN.estimate_seconds``, one core) is beyond an hour
+    even with ``jobs`` cores."""
+    check_time(seconds / max(1, min(jobs, cores())), f"figure {number}"
+               f"{' --quick' if quick else ''}", "run it with --quick or more --jobs")
+
+
+def cores() -> int:
+    """Cores this process may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def check_monte_carlo(n: int, H: int, L: int, what: str = "Monte Carlo") -> None:
+    """n samples of H × L scores, processed in chunks (memory bounded, time not)."""
+    check_time(float(n) * H * L * SECONDS_PER_SCORE, f"{what} with {n} samples of H = {H} x "
+               f"L = {L} scores", "lower n (--samples) or L")
+
+
+# ----------------------------------------------------------------------------- engines
+# Bytes one deterministic-engine evaluation (``expect.laplace``) may hold at once: the engine
+# cuts its u grid into windows to stay below (``_Engine.bounded``).  A quarter of the limit,
+# so that two jobs and their callers' arrays fit, and at most 1 GiB (a drift along Fig. 1
+# holds ~0.1 GB; at key norm 10 the whole grid needs ~1 GB).
+ENGINE_MEMORY = 1 << 30
+
+
+def engine_memory_budget() -> int:
+    """Bytes per engine evaluation: min(:data:`ENGINE_MEMORY`, memory limit / 4)."""
+    return int(min(ENGINE_MEMORY, memory_limit() / 4))

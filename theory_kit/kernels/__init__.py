@@ -1,0 +1,1 @@
+"""Code generation: the derivation lowered to compiled callables, their cache and runtime."""

@@ -1,0 +1,30 @@
+"""The data law of docs/theory.md §1: sequence length L, the prior of θ and label noise Δ."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .priors import Prior
+from .validation import as_finite_array, check_int, fail
+
+
+@dataclass(frozen=True)
+class Task:
+    """The data law: sequence length L ≥ 2, the prior of θ (which fixes F), label noise Δ ≥ 0."""
+
+    L: int
+    prior: Prior
+    delta: float = 0.0
+
+    def __post_init__(self) -> None:
+        check_int(self.L, "L", 2)
+        d = float(as_finite_array(self.delta, "delta"))
+        if d < 0:
+            fail("delta", "label noise must be >= 0", d)
+        object.__setattr__(self, "delta", d)
+
+    @property
+    def F(self) -> int:
+        return self.prior.F
+
+    def params(self) -> dict:
+        return {"L": self.L, "delta": self.delta, **self.prior.params()}
