@@ -174,13 +174,13 @@ def test_state_distance_respects_the_symmetries_of_E():
 
 
 def test_group_runs_separates_different_end_points():
-    from theory_kit.expect.error import ErrorResult
+    from theory_kit.expect.error import ErrorValue
     a = State(np.eye(2), np.eye(2), np.ones(2))
     b = State(np.eye(2)[[1, 0]], np.eye(2), np.ones(2))       # a with heads swapped
     c = State(2 * np.eye(2), 4 * np.eye(2), np.ones(2))
-    errs = [ErrorResult(0.5, 1e-6, "x"), ErrorResult(0.5, 1e-6, "x"), ErrorResult(0.4, 1e-6, "x")]
+    errs = [ErrorValue(0.5, 1e-6, "x"), ErrorValue(0.5, 1e-6, "x"), ErrorValue(0.4, 1e-6, "x")]
     assert einf.group_runs([a, b, c], errs, TASK.prior) == [[2], [0, 1]]
-    same_state_other_error = [ErrorResult(0.5, 1e-6, "x"), ErrorResult(0.6, 1e-6, "x")]
+    same_state_other_error = [ErrorValue(0.5, 1e-6, "x"), ErrorValue(0.6, 1e-6, "x")]
     assert len(einf.group_runs([a, a], same_state_other_error, TASK.prior)) == 2
 
 

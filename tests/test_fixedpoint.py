@@ -561,7 +561,7 @@ def test_a_runoff_is_solved_again_on_more_points_at_every_attempt_then_checked(m
     assert not fixed.certificate.certified and fixed.runoff is not None
     assert fixed.runoff["heads"] == [0] and fixed.runoff["points"] == 4096
     assert fixed.runoff["verdict"] in (fp.ARTEFACT, fp.FALLS, fp.INCONCLUSIVE)
-    run = einf.EinfRun(0, far, einf.ErrorResult(0.5, 1e-3, "mc"), 10.0, False, [1.0],
+    run = einf.EinfRun(0, far, einf.ErrorValue(0.5, 1e-3, "mc"), 10.0, False, [1.0],
                        {"speed": [1.0]}, fixed=fixed)
     d = einf.EinfRun.from_dict(run.to_dict()).to_dict()
     assert d["runoff_verdict"] == fixed.runoff["verdict"] and not np.isfinite(d["abs_err"])

@@ -45,7 +45,7 @@ def moment_z_scores(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return np.concatenate([np.ravel(z_mean), np.ravel(z_var)])
 
 
-def law_statistics(res: sim.SimResult) -> np.ndarray:
+def law_statistics(res: sim.Simulation) -> np.ndarray:
     """m_h1(t) and Q_hh(t) at the two non-zero recorded times: (runs, times, 2H)."""
     qdiag = np.diagonal(res.Q, axis1=-2, axis2=-1)
     return np.concatenate([res.M[:, 1:, :, 0], qdiag[:, 1:]], axis=-1)

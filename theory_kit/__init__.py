@@ -30,22 +30,31 @@ __version__ = "0.1.0"
 _EXPORTS = {
     **{name: "theory_kit.api" for name in (
         "activation", "task", "error", "bayes_error", "derive", "drift", "ode", "simulate",
-        "einf", "escape", "compare", "figure", "load", "command_line")},
+        "einf", "escape", "compare", "figure", "load")},
+    **{name: "theory_kit.options" for name in (
+        "Engine", "Integrator", "Rates", "Run", "Limits", "Stop", "Solver", "Evaluation")},
     "Task": "theory_kit.model.task",
     "ValidationError": "theory_kit.model.validation",
-    **{name: "theory_kit.io.resulttypes" for name in (
-        "Comparison", "Derivation", "Drift", "EinfResult", "ErrorValue", "Escape",
-        "FigureResult", "Result", "Simulation", "Trajectory")},
+    **{name: "theory_kit.io.result" for name in (
+        "Comparison", "Derivation", "Drift", "Escape", "FigureResult", "Result")},
+    "ErrorValue": "theory_kit.expect.error",
+    "Trajectory": "theory_kit.dynamics.trajectory",
+    "Simulation": "theory_kit.dynamics.simulate",
+    "EinfResult": "theory_kit.asymptotic.runs",
 }
 
 __all__ = ["__version__", *_EXPORTS]
 
 if TYPE_CHECKING:  # the same names, seen by type checkers and editors
-    from .api import (activation, bayes_error, command_line, compare, derive, drift, einf,
-                      error, escape, figure, load, ode, simulate, task)
-    from .io.resulttypes import (Comparison, Derivation, Drift, EinfResult, ErrorValue, Escape,
-                                 FigureResult, Result, Simulation, Trajectory)
+    from .api import (activation, bayes_error, compare, derive, drift, einf, error, escape,
+                      figure, load, ode, simulate, task)
+    from .asymptotic.runs import EinfResult
+    from .dynamics.simulate import Simulation
+    from .dynamics.trajectory import Trajectory
+    from .expect.error import ErrorValue
+    from .io.result import Comparison, Derivation, Drift, Escape, FigureResult, Result
     from .model.task import Task
+    from .options import Engine, Evaluation, Integrator, Limits, Rates, Run, Solver, Stop
     from .model.validation import ValidationError
 
 

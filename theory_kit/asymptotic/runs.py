@@ -35,7 +35,7 @@ from ..model.activations import Activation, activation_from_params, get_activati
 from .boundary import REVIVALS, boundary_minimum, revived_state, saddle_record
 from ..expect.error import METHODS as ERROR_METHODS
 from ..kernels.codegen import sample_kernels
-from ..expect.error import ErrorResult, bayes_error, population_error, squared_residual
+from ..expect.error import ErrorValue, bayes_error, population_error, squared_residual
 from ..expect import montecarlo as mc
 from ..io.executor import run_sweep, runs_in_process
 from ..expect.drift import ENGINES, SampleDrift
@@ -67,7 +67,7 @@ HELD_OUT = 3            # seed offset of the held-out points of a run-off check 
 
 # ----------------------------------------------------------------------------- precise E
 def precise_error(task: Task, act: Activation, state: State, method: str = "auto",
-                  mc_samples: int = 400_000, seed: int = 12345) -> ErrorResult:
+                  mc_samples: int = 400_000, seed: int = 12345) -> ErrorValue:
     """E at ``state`` by ``error.population_error`` (``auto``: quadrature, with Monte Carlo
     when quadrature cannot reach 1e-8); with ``mc``, ``mc_samples`` noise draws.
 
@@ -81,7 +81,7 @@ def precise_error(task: Task, act: Activation, state: State, method: str = "auto
             obj = PairwiseError.for_activation(task, pairwise_activation(task, act, state.H),
                                                state.H)
             value, err = obj.engine.error(*obj.unpack(obj.pack_state(state)))
-            return ErrorResult(value, err, "laplace pairs")
+            return ErrorValue(value, err, "laplace pairs")
         method = "auto"
     return population_error(task, act, state, method=method)
 
@@ -120,7 +120,7 @@ def bayes_softmax_at_atoms(prior: Prior, H: int,
 class MinimumResult:
     """The lowest E found, where, and every local minimum the starts reached."""
 
-    error: ErrorResult
+    error: ErrorValue
     state: State
     sampled_value: float
     local_minima: list[dict]
@@ -224,7 +224,7 @@ def state_distance(s1: State, s2: State, signs: np.ndarray | None = None) -> flo
     return float(best)
 
 
-def group_runs(states: list[State], errors: list[ErrorResult], prior: Prior,
+def group_runs(states: list[State], errors: list[ErrorValue], prior: Prior,
                state_tol: float = 0.05, error_rtol: float = 1e-3) -> list[list[int]]:
     """Indices of runs grouped by the fixed point they reached.
 
@@ -317,7 +317,7 @@ class EinfRun:
 
     seed: int
     state: State
-    error: ErrorResult
+    error: ErrorValue
     T: float
     converged: bool
     speeds: list[float]
@@ -386,7 +386,7 @@ class EinfRun:
 
     @classmethod
     def from_dict(cls, d: dict) -> "EinfRun":
-        err = ErrorResult(d["einf"], d.get("evaluation_abs_err", d["abs_err"]), d["method"])
+        err = ErrorValue(d["einf"], d.get("evaluation_abs_err", d["abs_err"]), d["method"])
         speeds = d["history"]["speed"]
         state = State(d["M"], d["Q"], d["a"], d["b"])
         fixed = (None if d.get("fixed_point") is None
@@ -600,7 +600,7 @@ def run_to_convergence(task: Task, act: Activation, ic: InitialCondition,
 
 def solve_checked(task: Task, act: Activation, start: State, settings: RunSettings,
                   engine: DriftEngine | None = None
-                  ) -> tuple[FixedPoint, ErrorResult, RunSettings]:
+                  ) -> tuple[FixedPoint, ErrorValue, RunSettings]:
     """The fixed point from ``start`` (:func:`solve_fixed_point`), E there by the precise
     engine, and the settings finally used.
 
@@ -740,7 +740,7 @@ def polish_from_sampled(start: State, sampled: FixedPoint) -> bool:
 
 
 def polish_pairwise(task: Task, act: Activation, start: State, sampled: FixedPoint,
-                    tol: float) -> tuple[FixedPoint, ErrorResult]:
+                    tol: float) -> tuple[FixedPoint, ErrorValue]:
     """The sampled solver's fixed point polished and certified on the deterministic E
     (:func:`fixedpoint.polish_gradient_flow` on :func:`deterministic_objective`: the pairwise
     decomposition, or the drift engine's E for a joint normaliser with H ≤ 3): from the
@@ -774,7 +774,7 @@ def polish_pairwise(task: Task, act: Activation, start: State, sampled: FixedPoi
                 "state": sampled.state.to_dict(), "key_bound": polish_key_bound(start),
                 "polished_from": "hand-over" if origin is start else "sampled solution"}
     fixed = dataclasses.replace(fixed, presolve=presolve)
-    return fixed, ErrorResult(fixed.sampled_error, float(fixed.error_abs_err),
+    return fixed, ErrorValue(fixed.sampled_error, float(fixed.error_abs_err),
                               "laplace pairs" if isinstance(obj, PairwiseError) else obj.n,
                               {"level": obj.level})
 
@@ -938,7 +938,7 @@ def _stored_run(out: str | Path, params: dict) -> EinfRun | None:
 
 # ----------------------------------------------------------------------------- Bayes floor
 def bayes_floor(task: Task, method: str = "auto", mc_samples: int = 400_000,
-                seed: int = 12345) -> ErrorResult:
+                seed: int = 12345) -> ErrorValue:
     """E_Bayes of the task (``error.bayes_error``); with ``mc``, ``mc_samples`` draws;
     ``deterministic`` is ``auto`` (quadrature) here."""
     if method == "mc":
@@ -947,7 +947,7 @@ def bayes_floor(task: Task, method: str = "auto", mc_samples: int = 400_000,
 
 
 def bayes_excess(task: Task, act: Activation, state: State, n: int = 400_000,
-                 seed: int = 4242, chunk: int = 20_000) -> ErrorResult:
+                 seed: int = 4242, chunk: int = 20_000) -> ErrorValue:
     """E(state) − E_Bayes by Monte Carlo on paired samples, with its standard error.
 
     The Bayes posterior p_l = P(ε = l | X) ∝ g(Uᵀx_l) is the conditional mean of the one-hot
@@ -978,7 +978,7 @@ def bayes_excess(task: Task, act: Activation, state: State, n: int = 400_000,
         means.append(m * float(mean))
         errs.append(m * float(se))
         done += m
-    return ErrorResult(float(sum(means) / n), float(np.sqrt(np.sum(np.square(errs))) / n),
+    return ErrorValue(float(sum(means) / n), float(np.sqrt(np.sum(np.square(errs))) / n),
                        "mc paired with the Bayes posterior", {"n_samples": n, "seed": seed})
 
 
@@ -989,7 +989,7 @@ class EinfResult:
 
     runs: list[EinfRun]
     groups: list[list[int]]
-    bayes: ErrorResult | None
+    bayes: ErrorValue | None
     minimum: MinimumResult | None
     params: dict
 

@@ -183,18 +183,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = [a for a in argv if a != "--yes"]
     argv, max_memory = _take_option(argv, "--max-memory")
     command = argv[0] if argv and not argv[0].startswith("-") else "error"
-    from ..io import limits as resources
     with warnings.catch_warnings():
         warnings.showwarning = _one_line_warning
         try:
-            resources.set_memory_limit(max_memory)
-            resources.set_yes(yes)
-            return _main(argv, command, debug)
+            from ..io.limits import Limits
+            limits = Limits(max_memory=max_memory, allow_long=yes)
         except Exception as exc:  # noqa: BLE001 — a bad --max-memory
             return _report(exc, command, None, debug)
-        finally:
-            resources.set_memory_limit(None)
-            resources.set_yes(False)
+        return _main(argv, command, debug, limits)
 
 
 def _take_option(argv: list[str], name: str) -> tuple[list[str], str | None]:
@@ -220,10 +216,11 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
     print(f"theory-kit: warning: {' '.join(str(message).split())}", file=sys.stderr)
 
 
-def _main(argv: list[str], command: str, debug: bool) -> int:
+def _main(argv: list[str], command: str, debug: bool, limits: object) -> int:
     try:
         parser = build_parser(argv[0] if argv and not argv[0].startswith("-") else None)
         args = parser.parse_args(argv)
+        args.limits = limits   # the global --max-memory and --yes, for the verb's Run
         command = args.command
         return _run(args, debug)
     except KeyboardInterrupt:

@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import argparse
 
-from ..userdata.comparison import THRESHOLD, CompareSettings, compare_log, write_report
-from ..model.validation import ValidationError, check_int
-from ..io.limits import check_compare
-from ..userdata.logs import TIME_UNITS, load_training_log
-from .common import add_activation_args, add_executor_args, add_out_arg, add_progress_arg, add_task_args, beside, build_activation, build_task, out_json, request_of, strata_of, stored_output, sweep_executor
+from .. import api
+from ..io.stored import beside, out_json
+from ..userdata.comparison import THRESHOLD
+from ..userdata.logs import TIME_UNITS
+from .common import (add_activation_args, add_executor_args, add_out_arg, add_progress_arg,
+                     add_task_args, build_activation, done_word, parse_float_list, run_options)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -44,40 +45,20 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    task = build_task(args)
-    act = build_activation(args)
-    log = load_training_log(args.data, D=args.D, time_unit=args.time_unit)
-    gamma = args.gamma if args.gamma is not None else log.gamma
-    if gamma is None:
-        raise ValidationError("gamma: the step size is required: pass --gamma or store gamma "
-                              "(or lr) in the file")
-    D = log.D
-    if D is None:
-        raise ValidationError("D: the dimension of the run is required for the finite-D spread: "
-                              "pass --D or store D in the file")
-    settings = CompareSettings(gamma=gamma, D=D, runs=args.runs, samples=args.samples,
-                               ode_seeds=args.ode_seeds, dt=args.dt, seed=args.seed,
-                               threshold=args.threshold)
-    out, request = out_json(args.out, "compare.json"), request_of(args, files=("data",))
-    report = stored_output(out, request) if beside(out, ".png").is_file() else None
-    if report is None:
-        s = settings
-        check_compare(s.ode_seeds, s.samples, log.H, task.L, strata_of(task),
-                      float(log.t[-1] - log.t[0]), s.dt, D, s.runs, s.error_samples,
-                      check_int(args.jobs, "jobs", 1))
-    done = "kept (already computed by the same command)" if report is not None else "wrote"
-    if report is not None:
-        js, png = out, beside(out, ".png")
-    else:
-        with sweep_executor(args) as executor:
-            report = compare_log(log, task, act, settings, workdir=beside(out, ".work"),
-                                 progress=args.progress, executor=executor, jobs=args.jobs)
-        js, png = write_report({**report, "request": request}, out)
-    worst = report["worst"]
-    print(f"{report['verdict']}: largest deviation {worst['quantity']} = "
+    out = out_json(args.out, "compare.json")
+    report = api.compare(args.data, build_activation(args), L=args.L,
+                         nu=parse_float_list(args.nu, "nu"), prior=args.prior, delta=args.delta,
+                         gamma=args.gamma, D=args.D, time_unit=args.time_unit, runs=args.runs,
+                         samples=args.samples, ode_seeds=args.ode_seeds, dt=args.dt,
+                         seed=args.seed, threshold=args.threshold, run=run_options(args),
+                         out=out)
+    data = report.record
+    worst = data["worst"]
+    print(f"{report.verdict}: largest deviation {worst['quantity']} = "
           f"{worst['deviation_at_max_z']:+.4g} at t = {worst['t_max_z']:.4g}, "
-          f"{report['max_abs_z']:.2f} x the expected spread (threshold {settings.threshold:g})")
-    for note in report["notes"]:
+          f"{data['max_abs_z']:.2f} x the expected spread (threshold {args.threshold:g})")
+    for note in data["notes"]:
         print(f"note: {note}")
-    print(f"{done} {js}\n{done} {png}")
+    done = done_word(report)
+    print(f"{done} {out}\n{done} {beside(out, '.png')}")
     return 0

@@ -3,12 +3,9 @@ from __future__ import annotations
 
 import argparse
 
-from ..kernels import codegen
-from ..symbolic import derive
-from ..model.validation import fail
+from .. import api
+from ..api.evaluate import FORMATS
 from .common import add_activation_args, build_activation
-
-FORMATS = ("markdown", "latex", "python")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -20,11 +17,5 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_derive(args: argparse.Namespace) -> int:
-    if args.format not in FORMATS:
-        fail("format", f"must be one of {', '.join(FORMATS)}", args.format)
-    act = build_activation(args)
-    if args.format == "python":
-        print(codegen.module_source(act))
-    else:
-        print(derive.render(act, args.format))
+    print(api.derive(build_activation(args), format=args.format).text, end="")
     return 0

@@ -3,7 +3,7 @@
 The check users run on a fixed point (a state where every drift vanishes), and a stable place
 for other tools to read the drift from: dM/dt, dQ/dt (with the γ² term unless
 ``--gradient-flow``), da/dt, db/dt (0 when not trained) and E at the state, each with the
-engine's error estimate, exactly as ``ode.OdeSystem.rhs`` computes them.
+engine's error estimate, exactly as ``ode.OdeSystem.rhs`` computes them (``tk.drift``).
 """
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import argparse
 
 import numpy as np
 
-from ..io.results import stamps
-from ..model.state import check_state_for_task
-from ..dynamics.ode import OdeSystem, build_system
-from .cmd_ode import add_engine_args, add_rate_args, engine_from_args
-from .common import add_activation_args, add_progress_arg, add_state_args, add_task_args, build_activation, build_state, build_task, print_json, refuse_non_finite
+from .. import api
+from .cmd_ode import add_engine_args, add_rate_args, engine_of, rates_of
+from .common import (add_activation_args, add_progress_arg, add_state_args, add_task_args,
+                     build_activation, parse_float_list, parse_json_array, print_json,
+                     run_options)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -34,41 +34,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_drift)
 
 
-def drift_at_state(system: OdeSystem, y: np.ndarray) -> dict:
-    """dy/dt at y split into dM, dQ, da, db, with E, the per-field error estimates
-    (``errors``) and the largest of them all (``abs_err``)."""
-    d = system.means(0.0, y)
-    dM, dQ, da, db = system.split(system.rhs_of(d) + 0.0)  # + 0.0: no -0 from a zero rate
-    errors: dict = dict(system.rhs_errors(d))
-    errors["error"] = float(d.stderr.get("error", 0.0))
-    worst = max(float(np.max(v)) for v in errors.values())
-    return {"dM": dM, "dQ": dQ, "da": da, "db": db, "error": d.error, "errors": errors,
-            "abs_err": worst if np.isfinite(worst) else None}
-
-
 def run_drift(args: argparse.Namespace) -> int:
-    task = build_task(args)
-    act = build_activation(args)
-    state = build_state(args, act, task)
-    check_state_for_task(state, task)
-    # the rates are validated before the engine is built (auto's probe is not free)
-    system, rates = build_system(task, act, state.H, None, args.gamma, args.train_a,
-                                 args.train_b, args.gamma_a, args.gamma_b, args.gradient_flow,
-                                 rescale_time=False)
-    engine = system.engine = engine_from_args(args, task, act, state)
-    with np.errstate(over="ignore", invalid="ignore"):  # a non-finite drift is refused below
-        out = drift_at_state(system, system.join(state.M, state.Q, state.a, state.b))
-    refuse_non_finite(act, "the drift", out["dM"], out["dQ"], out["da"], out["db"], out["error"])
-    out["engine"] = engine.params()
-    if getattr(engine, "probe", None) is not None:
-        out["engine_probe"] = engine.probe
-    out["params"] = {"activation": act.params(), "task": task.params(),
-                     "state": state.to_dict(), **rates}
-    out.update(stamps())
+    result = api.drift(build_activation(args), L=args.L, nu=parse_float_list(args.nu, "nu"),
+                       M=parse_json_array(args.M, "M", 2), Q=parse_json_array(args.Q, "Q", 2),
+                       a=parse_json_array(args.a, "a", 1), b=parse_json_array(args.b, "b", 1),
+                       prior=args.prior, delta=args.delta, gamma=args.gamma,
+                       gradient_flow=args.gradient_flow, rates=rates_of(args),
+                       engine=engine_of(args), run=run_options(args))
     if args.json:
-        print_json(out)
+        print_json(result.data)
     else:
-        print(_table(out))
+        print(_table(result.data))
     return 0
 
 

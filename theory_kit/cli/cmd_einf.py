@@ -2,13 +2,11 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
-
+from .. import api
 from ..asymptotic import runs as einf
-from ..expect.drift import ENGINES
-from ..model.validation import OutputError, ValidationError, check_int, fail
-from ..io.limits import check_einf
-from .common import add_activation_args, add_executor_args, add_progress_arg, add_task_args, build_activation, build_task, print_json, strata_of, sweep_executor
+from ..options import Engine, Evaluation, Solver, Stop
+from .common import (add_activation_args, add_executor_args, add_progress_arg, add_task_args,
+                     build_activation, parse_float_list, print_json, run_options)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -74,52 +72,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_einf)
 
 
-def settings_from_args(args: argparse.Namespace) -> einf.RunSettings:
-    """RunSettings (γ, stop rule, integrator, drift samples) from the command line."""
-    if args.engine not in ENGINES:  # RunSettings would name its field 'drift', not the option
-        fail("engine", f"must be one of {', '.join(ENGINES)}", args.engine)
-    rule = einf.StopRule(args.tol, args.chunk, check_int(args.window, "window", 1), args.T_min,
-                         args.T_max)
-    return einf.RunSettings(gamma=args.gamma, gradient_flow=args.gradient_flow, rule=rule,
-                            method=args.method, n_samples=check_int(args.samples, "samples", 2),
-                            mc_seed=args.mc_seed, error_method=args.error_method,
-                            error_samples=check_int(args.error_samples, "error-samples", 2),
-                            drift=args.engine, solve=not args.no_solve,
-                            solver_points=check_int(args.solver_points, "solver-points", 16),
-                            drift_tol=args.drift_tol, shift_check=not args.no_shift_check,
-                            polish=args.polish)
-
-
 def run_einf(args: argparse.Namespace) -> int:
-    task = build_task(args)
-    act = build_activation(args)
-    settings = settings_from_args(args)
-    if args.workdir is not None:    # else found only when the first run is saved, minutes later
-        if not args.workdir.strip():    # Path("") is the current folder: never what was meant
-            raise OutputError("workdir: must be a folder name (got an empty or blank path)")
-        if Path(args.workdir).exists() and not Path(args.workdir).is_dir():
-            raise OutputError(f"workdir: {args.workdir} exists and is not a folder")
-        if not einf.writable_folder(Path(args.workdir)):
-            raise OutputError(f"workdir: cannot create or write to the folder {args.workdir}")
-    check_int(args.min_starts, "min-starts", 1)
-    H, runs = check_int(args.H, "H", 1), check_int(args.runs, "runs", 1)
-    if settings.polish != "none":   # the library skips it where it does not apply; asked for
-        from ..expect.pairwise import applicability   # on the command line, that is bad input
-        if not einf.polish_applies(task, act, H, settings.polish):
-            why = applicability(task, act, H)[1]
-            joint = (" (and the drift engine covers joint normalisers with H <= 3 only)"
-                     if settings.polish == "pairwise" else "")
-            raise ValidationError(f"polish: '{settings.polish}' {why}{joint}; use --polish none")
-    D = check_int(args.D, "D", task.F + args.H)
-    check_einf(runs, check_int(args.jobs, "jobs", 1), settings.n_samples, H, task.L,
-               strata_of(task), args.T_min, args.T_max, settings.solver_points, settings.solve,
-               settings.shift_check, 0 if args.no_global_min else args.min_starts)
-    with sweep_executor(args) as executor:
-        result = einf.asymptotic_error(task, act, H, settings, runs=runs, D=D, eta=args.eta,
-                                       seed=args.seed, workdir=args.workdir, jobs=args.jobs,
-                                       with_minimum=not args.no_global_min,
-                                       minimum_starts=args.min_starts, executor=executor,
-                                       progress=args.progress)
+    result = api.einf(
+        build_activation(args), H=args.H, L=args.L, nu=parse_float_list(args.nu, "nu"),
+        prior=args.prior, delta=args.delta, runs=args.runs, gamma=args.gamma,
+        gradient_flow=args.gradient_flow, eta=args.eta, D=args.D, seed=args.seed,
+        engine=Engine(args.engine, samples=args.samples, seed=args.mc_seed),
+        method=args.method,
+        stop=Stop(args.tol, args.chunk, args.window, args.T_min, args.T_max),
+        solver=Solver(solve=not args.no_solve, points=args.solver_points,
+                      drift_tol=args.drift_tol, polish=args.polish,
+                      shift_check=not args.no_shift_check),
+        evaluation=Evaluation(args.error_method, args.error_samples),
+        global_min=not args.no_global_min, min_starts=args.min_starts, workdir=args.workdir,
+        run=run_options(args))
     data = without_false_error_bars(result.to_dict())
     if args.json:
         print_json(data)

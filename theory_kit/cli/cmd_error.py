@@ -3,11 +3,10 @@ from __future__ import annotations
 
 import argparse
 
-import numpy as np
-
-from ..expect import error as err
-from ..model.state import check_state_for_task
-from .common import add_activation_args, add_state_args, add_task_args, build_activation, build_state, build_task, print_json, refuse_non_finite
+from .. import api
+from ..expect.error import ErrorValue
+from .common import (add_activation_args, add_state_args, add_task_args, build_activation,
+                     parse_float_list, parse_json_array, print_json, run_options)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -26,28 +25,26 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.set_defaults(func=run_bayes)
 
 
-def _report(result: err.ErrorResult, label: str, as_json: bool, extra: dict) -> None:
+def _report(result: ErrorValue, label: str, as_json: bool) -> None:
     if as_json:
-        print_json({**result.to_dict(), **extra})
+        print_json(result.data)
     else:
         print(f"{label} = {result.value:.12g} +/- {result.abs_err:.2g} (method: {result.method})")
 
 
 def run_error(args: argparse.Namespace) -> int:
-    task = build_task(args)
     act = build_activation(args)
-    state = build_state(args, act, task)
-    check_state_for_task(state, task)
-    with np.errstate(over="ignore", invalid="ignore"):  # a non-finite E is refused below
-        result = err.population_error(task, act, state, method=args.method)
-    refuse_non_finite(act, "the population error", result.value)
-    _report(result, f"E[{act.name}]", args.json,
-            {"params": {"activation": act.params(), "task": task.params(), "state": state.to_dict()}})
+    result = api.error(act, L=args.L, nu=parse_float_list(args.nu, "nu"),
+                       M=parse_json_array(args.M, "M", 2), Q=parse_json_array(args.Q, "Q", 2),
+                       a=parse_json_array(args.a, "a", 1), b=parse_json_array(args.b, "b", 1),
+                       prior=args.prior, delta=args.delta, method=args.method,
+                       run=run_options(args))
+    _report(result, f"E[{act.name}]", args.json)
     return 0
 
 
 def run_bayes(args: argparse.Namespace) -> int:
-    task = build_task(args)
-    result = err.bayes_error(task, method=args.method)
-    _report(result, "E_Bayes", args.json, {"params": {"task": task.params()}})
+    result = api.bayes_error(L=args.L, nu=parse_float_list(args.nu, "nu"), prior=args.prior,
+                             delta=args.delta, method=args.method, run=run_options(args))
+    _report(result, "E_Bayes", args.json)
     return 0

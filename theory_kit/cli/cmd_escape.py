@@ -4,18 +4,14 @@ from __future__ import annotations
 
 import argparse
 
-import numpy as np
+from .. import api
+from ..api.dynamics import DEFAULT_ESCAPE_D
+from ..model.validation import fail
+from .cmd_ode import add_rate_args, rates_of
+from .common import (add_activation_args, add_out_arg, add_progress_arg, build_activation,
+                     parse_float_list, parse_json_array, print_json, run_options)
 
-from ..dynamics.escape import escape_law
-from ..model.task import Task
-from ..model.validation import ValidationError, fail
-from ..model.priors import make_prior
-from ..dynamics.ode import initial_condition
-from ..io.results import write_json
-from .cmd_ode import add_rate_args
-from .common import add_activation_args, add_out_arg, add_progress_arg, build_activation, out_json, parse_float_list, parse_json_array, print_json, request_of, stored_output
-
-DEFAULT_D = "250,500,1000,2000,4000"
+DEFAULT_D = ",".join(str(d) for d in DEFAULT_ESCAPE_D)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -61,56 +57,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_escape)
 
 
-def _dimensions(text: str) -> list[int]:
-    values = parse_float_list(text, "D")
-    if values.size == 0 or np.any(values != np.round(values)) or np.any(values < 1):
-        raise ValidationError(f"D: must be comma-separated integers >= 1 (got {text!r})")
-    return [int(v) for v in values]
-
-
 def run_escape(args: argparse.Namespace) -> int:
     if args.gradient_flow:
         fail("gradient_flow", "escape needs the SGD noise (finite gamma); drop --gradient-flow",
              True)
-    if not np.isfinite(args.label_noise) or args.label_noise < 0:
-        fail("label_noise", "label noise Delta must be a finite number >= 0", args.label_noise)
-    task = Task(args.L, make_prior(args.prior if args.prior in ("flipping", "gaussian") else
-                                   _bad_prior(args.prior), nu=parse_float_list(args.nu, "nu")),
-                args.label_noise)
-    act = build_activation(args)
-    initial, H = None, args.H
-    if args.M0 is not None or args.Q0 is not None:
-        ic = initial_condition(act, task, H=args.H, M0=parse_json_array(args.M0, "M0", 2),
-                               Q0=parse_json_array(args.Q0, "Q0", 2))
-        initial, H = ic.state, ic.state.H
-    if H is None:
-        raise ValidationError("H: give --H (or --M0/--Q0)")
-    out, request = out_json(args.out, "escape.json"), request_of(args)
-    result = stored_output(out, request)
-    if result is None:
-        result = _compute(args, task, act, H, initial)
-        if out is not None:
-            write_json(out, {**result, "request": request})
+    result = api.escape(build_activation(args), L=args.L, nu=parse_float_list(args.nu, "nu"),
+                        gamma=args.gamma, H=args.H, prior=args.prior,
+                        label_noise=args.label_noise, eta=args.eta,
+                        D=parse_float_list(args.D, "D"), M0=parse_json_array(args.M0, "M0", 2),
+                        Q0=parse_json_array(args.Q0, "Q0", 2), delta=args.delta,
+                        direction=args.direction, T=args.T, runs=args.runs, points=args.points,
+                        dt=args.dt, nonlinear=args.nonlinear, seed=args.seed,
+                        rates=rates_of(args), run=run_options(args), out=args.out)
     if args.json:
-        print_json(result)
+        print_json(result.data)
     else:
-        print_table(result)
+        print_table(result.data)
     return 0
-
-
-def _compute(args: argparse.Namespace, task: Task, act, H: int, initial) -> dict:
-    """The escape law of the command line (``theory_kit.dynamics.escape.escape_law``)."""
-    return escape_law(task, act, H, args.gamma, _dimensions(args.D), eta=args.eta,
-                      initial=initial, T=args.T, delta=args.delta, direction=args.direction,
-                      runs=args.runs, n_points=args.points, dt=args.dt,
-                      continuation=args.nonlinear, seed=args.seed, train_a=args.train_a,
-                      train_b=args.train_b, gamma_a=args.gamma_a, gamma_b=args.gamma_b,
-                      progress=args.progress)
-
-
-def _bad_prior(name: str) -> str:
-    raise ValidationError(f"prior: must be one of flipping, gaussian on the command line "
-                          f"(got {name!r})")
 
 
 def print_table(result: dict) -> None:

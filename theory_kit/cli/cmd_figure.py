@@ -2,17 +2,11 @@
 from __future__ import annotations
 
 import argparse
-import os
-from pathlib import Path
+from .. import api
+from ..api.userdata import default_jobs
+from .common import add_executor_args, add_out_arg, add_progress_arg, done_word, run_options
 
-from ..figures import runner
-from ..model.validation import check_int, fail
-from ..io.limits import check_figure
-from .common import add_executor_args, add_out_arg, add_progress_arg, out_json, request_of, stamp_output, stored_output, sweep_executor
-
-# the budget of a full figure (15 min) assumes both cores of a 2-core machine are used
-DEFAULT_JOBS = max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                          else (os.cpu_count() or 1)))
+DEFAULT_JOBS = default_jobs()
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -39,33 +33,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    number = runner.check_number(args.number)
-    folder = output_folder(args.out, number)
-    if args.redraw:
-        print(f"wrote {runner.redraw(number, folder)}")
-        return 0
-    png, js = runner.output_paths(folder, number)
-    request = request_of(args, files=("data",))
-    if png.is_file() and stored_output(js, request) is not None:
-        print(f"kept (already computed by the same command) {png}\n"
-              f"kept (already computed by the same command) {js}")
-        return 0
-    jobs = check_int(args.jobs, "jobs", 1)
-    check_figure(float(runner.figure_module(number).estimate_seconds(args.quick)), number,
-                 args.quick, jobs)
-    with sweep_executor(args) as executor:
-        written = runner.run_figure(number, quick=args.quick, out=folder, jobs=args.jobs,
-                                     data=args.data, executor=executor)
-    stamp_output(js, request)
-    for path in written:
-        print(f"wrote {path}")
+    result = api.figure(args.number, quick=args.quick, out=args.out, data=args.data,
+                        redraw=args.redraw, run=run_options(args))
+    done = "wrote" if args.redraw else done_word(result)
+    for path in result.files:
+        print(f"{done} {path}")
     return 0
-
-
-def output_folder(out: str, number: int) -> Path:
-    """The folder of figN.json/figN.png that ``--out`` names (a folder, or .../figN.json)."""
-    js = out_json(out, f"fig{number}.json")
-    if js.name != f"fig{number}.json":
-        fail("out", f"figure {number} writes fig{number}.json and fig{number}.png: give a folder "
-             f"or a path ending in fig{number}.json", out)
-    return js.parent

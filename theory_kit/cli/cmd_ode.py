@@ -6,14 +6,15 @@ from pathlib import Path
 
 import numpy as np
 
-from ..model.activations import Activation
-from ..expect.engines import ENGINE_NAMES, DriftEngine, build_engine
-from ..model.state import State
-from ..model.task import Task
-from ..model.validation import check_int, fail
-from ..dynamics.ode import METHODS, BlowUpError, Trajectory, build_system, check_positive, initial_condition, integrate_ode, output_times, rk4_stages
-from ..io.limits import check_ode
-from .common import add_activation_args, add_out_arg, add_progress_arg, add_task_args, build_activation, build_task, out_json, parse_float_list, parse_json_array, request_of, stamp_output, strata_of, stored_output
+from .. import api
+from ..dynamics.ode import METHODS
+from ..dynamics.trajectory import Trajectory
+from ..expect.engines import ENGINE_NAMES
+from ..io.stored import out_json
+from ..options import Engine, Integrator, Rates
+from .common import (add_activation_args, add_out_arg, add_progress_arg, add_task_args,
+                     build_activation, done_word, parse_float_list, parse_json_array,
+                     run_options)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -84,85 +85,33 @@ def add_engine_args(p: argparse.ArgumentParser, default: str = "mc") -> None:
                         "is then exactly symmetric, so sampling error cannot split the heads")
 
 
-def engine_from_args(args: argparse.Namespace, task: Task, act: Activation,
-                     state: State) -> DriftEngine:
-    """The engine of --engine (``auto`` probes at ``state``)."""
-    return build_engine(args.engine, task, act, state.H, samples=args.samples,
-                        seed=check_int(args.mc_seed, "mc-seed", 0), fresh=args.fresh, head_symmetric=args.symmetric_heads,
-                        state=state)
+def engine_of(args: argparse.Namespace) -> Engine:
+    """The API's Engine options of --engine, --samples, --mc-seed, --fresh,
+    --symmetric-heads."""
+    return Engine(args.engine, samples=args.samples, seed=args.mc_seed, fresh=args.fresh,
+                  symmetric_heads=args.symmetric_heads)
+
+
+def rates_of(args: argparse.Namespace) -> Rates:
+    """The API's Rates options of --train-a/--train-b and --gamma-a/--gamma-b."""
+    return Rates(train_a=args.train_a, train_b=args.train_b, gamma_a=args.gamma_a,
+                 gamma_b=args.gamma_b)
 
 
 def run_ode(args: argparse.Namespace) -> int:
-    task = build_task(args)
-    act = build_activation(args)
-    if args.H is not None:
-        check_int(args.H, "H", 1)
-    ic = initial_condition(act, task, H=args.H, M0=parse_json_array(args.M0, "M0", 2),
-                           Q0=parse_json_array(args.Q0, "Q0", 2),
-                           a0=parse_json_array(args.a0, "a0", 1),
-                           b0=parse_json_array(args.b0, "b0", 1), D=args.D, eta=args.eta,
-                           seed=args.seed)
-    check_positive(args.T, "T")  # before the engine (building it may compile kernels)
-    times = None if args.times is None else parse_float_list(args.times, "times")
-    output_times(args.T, times)  # bad --times fail here, not after compiling the engine
     out = out_json(args.out, "ode.json")
-    request = request_of(args)
-    if stored_output(out, request) is not None:
-        _summary("kept (already computed by the same command)", out, Trajectory.load(out))
-        return 0
-    if np.isfinite(args.T) and args.T > 0 and np.isfinite(args.dt) and args.dt > 0:
-        check_ode(args.samples, ic.state.H, task.L, strata_of(task), args.T, args.dt)
-    engine = engine_from_args(args, task, act, ic.state)
-    if args.method == "rk4":
-        check_positive(args.dt, "dt")  # before the step check, which would print 'a step of nan'
-        check_step_resolved(task, act, ic, engine, args)
-    traj = integrate_ode(task, act, ic, args.gamma, args.T, times=times, method=args.method,
-                         dt=args.dt, rtol=args.rtol, atol=args.atol,
-                         engine=engine, train_a=args.train_a,
-                         train_b=args.train_b, gamma_a=args.gamma_a, gamma_b=args.gamma_b,
-                         gradient_flow=args.gradient_flow, out=out, progress=args.progress)
-    stamp_output(out, request)
-    _summary("wrote", out, traj)
+    traj = api.ode(build_activation(args), L=args.L, nu=parse_float_list(args.nu, "nu"),
+                   gamma=args.gamma, T=args.T, H=args.H, D=args.D, eta=args.eta,
+                   seed=args.seed, M0=parse_json_array(args.M0, "M0", 2),
+                   Q0=parse_json_array(args.Q0, "Q0", 2), a0=parse_json_array(args.a0, "a0", 1),
+                   b0=parse_json_array(args.b0, "b0", 1), prior=args.prior, delta=args.delta,
+                   times=None if args.times is None else parse_float_list(args.times, "times"),
+                   gradient_flow=args.gradient_flow, rates=rates_of(args),
+                   engine=engine_of(args),
+                   integrator=Integrator(args.method, args.dt, args.rtol, args.atol),
+                   run=run_options(args), out=out)
+    _summary(done_word(traj), out, traj)
     return 0
-
-
-MAX_START_ERROR = 1e-2  # step-doubling difference allowed at t = 0, relative to max(1, |y|)
-
-
-def check_step_resolved(task: Task, act: Activation, ic, engine: DriftEngine,
-                        args: argparse.Namespace) -> None:
-    """Refuse a fixed RK4 step that cannot resolve the start.  Step doubling at t = 0: one
-    step of dt against two of dt/2; their difference (≈ 15/16 of the single step's local
-    error) over max(1, max|y|) may not exceed :data:`MAX_START_ERROR`.  ``--gamma 1e3`` with
-    dt = 0.2 fails it (RK4 then held E at 1.22 where rk45 gives 0.94).  The size of the
-    first change is no criterion: at gamma = 10 a step of 1 changes the small initial state
-    4.5-fold, nearly all of it the gamma² term, which RK4 follows (E within 1e-4 of rk45); the
-    earlier check on dt·max|dy/dt| refused it.  Costs three extra steps."""
-    system, _ = build_system(task, act, ic.state.H, engine, args.gamma, args.train_a,
-                             args.train_b, args.gamma_a, args.gamma_b, args.gradient_flow,
-                             rescale_time=False)
-    s = ic.state
-    y = system.join(s.M, s.Q, s.a, s.b)
-    h = args.dt
-    try:
-        with np.errstate(over="ignore", invalid="ignore"):
-            one, _ = rk4_stages(system, 0.0, y, h)
-            half, _ = rk4_stages(system, 0.0, y, h / 2)
-            two, _ = rk4_stages(system, h / 2, half, h / 2)
-            scale = max(1.0, float(np.max(np.abs(y))), float(np.max(np.abs(two))))
-            err = float(np.max(np.abs(one - two))) / scale
-    except BlowUpError:     # a trial stage left the admissible set: the step is the culprit
-        err = float("inf")
-    if not err <= MAX_START_ERROR:
-        if np.isfinite(err):    # the local error of RK4 scales like dt^5
-            found = (f"one step and two half steps differ by {err:.3g} of the state's size "
-                     f"(allowed {MAX_START_ERROR:g})")
-            advice = f"--dt <= {h * (MAX_START_ERROR / err) ** 0.2:.3g}"
-        else:
-            found, advice = "the trial steps diverge", "a much smaller --dt"
-        fail("dt", f"an RK4 step of {h:g} does not resolve the dynamics at t = 0: {found} "
-             f"(gamma = {args.gamma:g}); use {advice}, --method rk45 (adaptive), or a smaller "
-             "--gamma", h)
 
 
 def _summary(done: str, out: Path, traj: Trajectory) -> None:

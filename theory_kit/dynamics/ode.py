@@ -45,11 +45,12 @@ whatever time that happens.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Any, ClassVar, Sequence
 
 import numpy as np
 from scipy.integrate import DOP853, RK45
@@ -63,6 +64,7 @@ from ..model.task import Task
 from ..model.validation import ValidationError, as_finite_array, check_int, check_psd, fail
 from ..io.progress import progress_bar
 from ..io.results import Checkpoint, read_json, write_json
+from .trajectory import ROW_KEYS, Trajectory
 
 METHODS = ("rk4", "rk45", "dop853", "solve_ivp")
 ADAPTIVE = {"rk45": RK45, "dop853": DOP853, "solve_ivp": RK45}
@@ -82,53 +84,6 @@ class BoundaryError(BlowUpError):
 
     The exact flow cannot cross it (Q is a Gram matrix), so an accepted state there is either
     a step too large (RK4) or an artefact of the drift estimate near the boundary."""
-
-
-ROW_KEYS = ("t", "M", "Q", "a", "b", "error", "error_stderr", "drift_err")
-
-
-@dataclass
-class Trajectory:
-    """Order parameters at the requested times: t (n,), M (n,H,F), Q (n,H,H), a, b (n,H),
-    the population error (n,) and its standard error, the largest error estimate of the
-    right-hand side at each time ``drift_err`` (n,), every input in ``params`` and the
-    integrator's counts in ``stats`` (``rhs_evaluations``: engine evaluations in all,
-    ``record_evaluations``: those made only to record E at requested times off the step
-    grid, ``error_evaluations``: E-only evaluations made there instead, ``steps``)."""
-
-    t: np.ndarray
-    M: np.ndarray
-    Q: np.ndarray
-    a: np.ndarray
-    b: np.ndarray
-    error: np.ndarray
-    error_stderr: np.ndarray
-    params: dict = field(default_factory=dict)
-    drift_err: np.ndarray | None = None
-    stats: dict = field(default_factory=dict)
-
-    def to_dict(self) -> dict:
-        out = {"t": self.t, "M": self.M, "Q": self.Q, "a": self.a, "b": self.b,
-               "error": self.error, "error_stderr": self.error_stderr, "params": self.params}
-        if self.drift_err is not None:
-            out["drift_err"] = self.drift_err
-        if self.stats:
-            out["stats"] = self.stats
-        return out
-
-    def state(self, i: int) -> State:
-        """The order parameters at the i-th recorded time."""
-        return State(self.M[i], self.Q[i], self.a[i], self.b[i])
-
-    def save(self, path: str | Path) -> Path:
-        """Write as JSON, atomically, with the toolkit version."""
-        return write_json(path, self.to_dict())
-
-    @classmethod
-    def load(cls, path: str | Path) -> "Trajectory":
-        data = read_json(path)
-        arrays = {k: np.asarray(data[k], dtype=float) for k in ROW_KEYS if k in data}
-        return cls(**arrays, params=data.get("params", {}), stats=data.get("stats", {}))
 
 
 # ----------------------------------------------------------------------------- the system
@@ -730,3 +685,51 @@ def initial_condition(act: Activation, task: Task, H: int | None = None,
     state = type(s)(s.M, s.Q, s.a if a0 is None else np.asarray(a0, float),
                     s.b if b0 is None else np.asarray(b0, float))
     return InitialCondition(state, ic.origin, ic.D, ic.eta, ic.seed)
+
+
+MAX_START_ERROR = 1e-2  # step-doubling difference allowed at t = 0, relative to max(1, |y|)
+
+
+def check_step_resolved(system: OdeSystem, state: State, dt: float, gamma: float) -> None:
+    """Refuse a fixed RK4 step that cannot resolve the start.
+
+    Step doubling at t = 0: one step of dt against two of dt/2; their difference (≈ 15/16 of
+    the single step's local error) over max(1, max|y|) may not exceed
+    :data:`MAX_START_ERROR`.  γ = 1e3 with dt = 0.2 fails it (RK4 then held E at 1.22 where
+    rk45 gives 0.94).  The size of the first change is no criterion: at γ = 10 a step of 1
+    changes the small initial state 4.5-fold, nearly all of it the γ² term, which RK4 follows
+    (E within 1e-4 of rk45).  Costs three extra steps.  ``system`` must not rescale time.
+    """
+    y = system.join(state.M, state.Q, state.a, state.b)
+    h = dt
+    try:
+        with np.errstate(over="ignore", invalid="ignore"):
+            one, _ = rk4_stages(system, 0.0, y, h)
+            half, _ = rk4_stages(system, 0.0, y, h / 2)
+            two, _ = rk4_stages(system, h / 2, half, h / 2)
+            scale = max(1.0, float(np.max(np.abs(y))), float(np.max(np.abs(two))))
+            err = float(np.max(np.abs(one - two))) / scale
+    except BlowUpError:     # a trial stage left the admissible set: the step is the culprit
+        err = float("inf")
+    if not err <= MAX_START_ERROR:
+        if np.isfinite(err):    # the local error of RK4 scales like dt^5
+            found = (f"one step and two half steps differ by {err:.3g} of the state's size "
+                     f"(allowed {MAX_START_ERROR:g})")
+            advice = f"--dt <= {h * (MAX_START_ERROR / err) ** 0.2:.3g}"
+        else:
+            found, advice = "the trial steps diverge", "a much smaller --dt"
+        fail("dt", f"an RK4 step of {h:g} does not resolve the dynamics at t = 0: {found} "
+             f"(gamma = {gamma:g}); use {advice}, --method rk45 (adaptive), or a smaller "
+             "--gamma", h)
+
+
+def drift_at_state(system: OdeSystem, y: np.ndarray) -> dict:
+    """dy/dt at the packed state y, split into dM (H, F), dQ (H, H), da, db (H,), with E, the
+    per-field error estimates (``errors``) and the largest of them all (``abs_err``)."""
+    d = system.means(0.0, y)
+    dM, dQ, da, db = system.split(system.rhs_of(d) + 0.0)  # + 0.0: no -0 from a zero rate
+    errors: dict = dict(system.rhs_errors(d))
+    errors["error"] = float(d.stderr.get("error", 0.0))
+    worst = max(float(np.max(v)) for v in errors.values())
+    return {"dM": dM, "dQ": dQ, "da": da, "db": db, "error": d.error, "errors": errors,
+            "abs_err": worst if np.isfinite(worst) else None}

@@ -52,11 +52,12 @@ seen since the previous recorded time (``error_running``, NaN at a time with no 
 """
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar, Sequence
 
 import numpy as np
 
@@ -68,7 +69,9 @@ from ..model.task import Task
 from ..model.validation import ValidationError, as_finite_array, check_int, fail
 from ..model.state import check_state_for_task
 from ..io.progress import progress_bar
-from ..io.results import Checkpoint, is_current, read_json, set_aside, to_jsonable, write_json
+from ..io.result import OverlapPlots, Result, provenance_of, xarray_module
+from ..io.results import (Checkpoint, is_current, read_json, restore_non_finite, set_aside, stamps,
+                          to_jsonable, write_json)
 from .sgd_step import FAULT_NONE, FAULT_NONFINITE, FAULT_NORMALISER, VJP_SIG, WEIGHTS_SIG, coefficients_stack, psd_factor, reduced_block, tokens_stack
 
 METHODS = ("reduced", "brute")
@@ -443,32 +446,75 @@ class SimConfig:
                 "initial": None if self.initial is None else self.initial.params()}
 
 
-@dataclass
-class SimResult:
-    """Recorded trajectories; arrays are runs first, then times."""
+SIM_KEYS = ("t", "M", "Q", "a", "b", "error", "error_running")
+
+
+@dataclass(repr=False)
+class Simulation(OverlapPlots, Result):
+    """Finite-D online SGD runs, recorded at the same times; arrays are runs first.
+
+    Attributes
+    ----------
+    t : ndarray, shape (times,)
+    M : ndarray, shape (runs, times, H, F)
+    Q : ndarray, shape (runs, times, H, H)
+    a, b : ndarray, shape (runs, times, H)
+    error : ndarray, shape (runs, times)
+        The population error at the recorded order parameters (Monte Carlo).
+    error_running : ndarray, shape (runs, times)
+        The mean of Δ + |e|² over the SGD steps since the previous record.
+    params : dict
+        Every input (the :class:`SimConfig`).
+    provenance : dict
+        The version and code digest that computed it.
+    """
+
+    kind: ClassVar[str] = "simulate"
+    runs_axis: ClassVar[bool] = True
 
     t: np.ndarray
-    M: np.ndarray              # (runs, times, H, F)
-    Q: np.ndarray              # (runs, times, H, H)
-    a: np.ndarray              # (runs, times, H)
-    b: np.ndarray              # (runs, times, H)
-    error: np.ndarray          # (runs, times) population error, MC from the order parameters
-    error_running: np.ndarray  # (runs, times) mean of Δ + |e|² over the steps since last record
+    M: np.ndarray
+    Q: np.ndarray
+    a: np.ndarray
+    b: np.ndarray
+    error: np.ndarray
+    error_running: np.ndarray
     params: dict
+    provenance: dict = field(default_factory=stamps)
 
     def to_dict(self) -> dict:
-        return {k: getattr(self, k) for k in ("t", "M", "Q", "a", "b", "error", "error_running",
-                                              "params")}
+        return {k: getattr(self, k) for k in (*SIM_KEYS, "params")}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "SimResult":
-        return cls(**{k: (data[k] if k == "params" else np.array(data[k], dtype=float))
-                      for k in ("t", "M", "Q", "a", "b", "error", "error_running", "params")})
+    def from_dict(cls, data: dict) -> Simulation:
+        return cls(**{k: np.array(data[k], dtype=float) for k in SIM_KEYS},
+                   params=data["params"], provenance=provenance_of(data))
+
+    def summary(self) -> str:
+        p = self.params
+        final = self.error[:, -1]
+        return (f"Simulation({p.get('method')} SGD, D={p.get('D')}, {self.M.shape[0]} runs, "
+                f"H={self.M.shape[2]}, gamma={p.get('gamma')}; {len(self.t)} times up to "
+                f"t={self.t[-1]:g}; E(T)={final.mean():.4g} +/- {final.std():.2g} over runs)")
+
+    def draw_series(self, axis: Any, values: np.ndarray, color: Any, label: bool) -> None:
+        spread = values.std(axis=0, ddof=1) if values.shape[0] > 1 else None
+        axis.errorbar(self.t, values.mean(axis=0), yerr=spread, fmt="o", ms=3, color=color,
+                      capsize=2, label="SGD" if label else None)
+
+    def to_xarray(self) -> Any:
+        """The arrays labelled by ``run``, ``t``, ``head``, ``head2`` and ``feature``."""
+        xr = xarray_module()
+        dims = ("run", "t", "head")
+        return xr.Dataset({"M": (dims + ("feature",), self.M), "Q": (dims + ("head2",), self.Q),
+                           "a": (dims, self.a), "b": (dims, self.b),
+                           "error": (("run", "t"), self.error)},
+                          coords={"t": self.t}, attrs={"params": json.dumps(self.params)})
 
 
-def load_result(path: str) -> SimResult:
+def load_result(path: str) -> Simulation:
     """Reload a ``theory-kit simulate`` output file."""
-    return SimResult.from_dict(read_json(path))
+    return Simulation.from_dict(restore_non_finite(read_json(path)))
 
 
 # ----------------------------------------------------------------------------- running
@@ -629,11 +675,11 @@ class _Run:
         raise ValidationError(f"gamma: the simulation diverged at {t} (non-finite keys, a or b);"
                               " use a smaller step size")
 
-    def result(self) -> SimResult:
+    def result(self) -> Simulation:
         rec = {k: np.array([r[k] for r in self.records], dtype=float) for k in self.records[0]}
         # records are (times, runs, ...): put runs first
         arrs = {k: np.swapaxes(v, 0, 1) for k, v in rec.items()}
-        return SimResult(np.array(self.cfg.times), arrs["M"], arrs["Q"], arrs["a"], arrs["b"],
+        return Simulation(np.array(self.cfg.times), arrs["M"], arrs["Q"], arrs["a"], arrs["b"],
                          arrs["error"], arrs["error_running"], self.cfg.params())
 
 
@@ -668,7 +714,7 @@ def _resumed_run(cfg: SimConfig, kernels: Any, checkpoint: Checkpoint | None) ->
     return run
 
 
-def simulate(cfg: SimConfig, checkpoint: Checkpoint | None = None) -> SimResult:
+def simulate(cfg: SimConfig, checkpoint: Checkpoint | None = None) -> Simulation:
     """Run ``cfg.runs`` independent SGD runs (vectorised) and record the requested times.
 
     With a :class:`results.Checkpoint`, progress (state of all runs, RNG state, step count,
@@ -703,7 +749,7 @@ def simulate(cfg: SimConfig, checkpoint: Checkpoint | None = None) -> SimResult:
     return run.result()
 
 
-def stored_result(cfg: SimConfig, out: str | os.PathLike) -> SimResult | None:
+def stored_result(cfg: SimConfig, out: str | os.PathLike) -> Simulation | None:
     """The result already in ``out`` when it was written by this configuration and this
     toolkit code (``results.is_current``; so rerunning a finished command does not
     recompute), else None."""
@@ -714,13 +760,13 @@ def stored_result(cfg: SimConfig, out: str | os.PathLike) -> SimResult | None:
         data = read_json(path)
         if not is_current(data) or data.get("params") != to_jsonable(cfg.params()):
             return None
-        return SimResult.from_dict(data)
+        return Simulation.from_dict(data)
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError, UnicodeDecodeError,
             OSError):
         return None  # not ours or unreadable: recompute and overwrite
 
 
-def simulate_to_file(cfg: SimConfig, out: str | os.PathLike) -> SimResult:
+def simulate_to_file(cfg: SimConfig, out: str | os.PathLike) -> Simulation:
     """:func:`simulate` with a resumable checkpoint next to ``out``; writes ``out`` atomically.
     Returns the stored result without computing when ``out`` already holds this run."""
     if (done := stored_result(cfg, out)) is not None:
@@ -730,3 +776,21 @@ def simulate_to_file(cfg: SimConfig, out: str | os.PathLike) -> SimResult:
     write_json(out, result.to_dict())
     ckpt.clear()
     return result
+
+
+DEFAULT_RECORDS = 31
+
+
+def recorded_times(T: float | None, times: Sequence[float] | np.ndarray | None) -> np.ndarray:
+    """The recorded times: ``times`` (checked against T), or equally spaced in [0, T]."""
+    if times is None:
+        if T is None:
+            raise ValidationError("T: give --T (final time > 0) or --times")
+        if not np.isfinite(T) or T <= 0:
+            raise ValidationError(f"T: must be a finite time > 0 (got {T})")
+        return np.linspace(0.0, T, DEFAULT_RECORDS)
+    grid = as_finite_array(times, "times", ndim=1)
+    if T is not None and (grid.size == 0 or grid[-1] > T + 1e-12):
+        shown = ",".join(f"{x:g}" for x in grid)
+        raise ValidationError(f"times: must not exceed T = {T} (got {shown!r})")
+    return grid

@@ -13,7 +13,8 @@ cases), ``auto`` (the most accurate one that is fast for the case at hand).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import ClassVar
 
 import numpy as np
 from scipy import special
@@ -28,6 +29,8 @@ from ..model.validation import ResourceError, check_int, fail
 from ..model.state import State, check_state_for_task
 from ..model.task import Task
 from ..io.limits import check_memory, check_monte_carlo
+from ..io.result import PROVENANCE, Result, provenance_of
+from ..io.results import stamps
 
 METHODS = ("auto", "quad", "mc", "mpmath")
 AUTO_QUAD_TOL = 1e-8
@@ -35,18 +38,59 @@ MPMATH_ABS_ERR = 1e-15
 MIN_SAMPLES, MAX_SAMPLES = 2, 10 ** 10
 
 
-@dataclass(frozen=True)
-class ErrorResult:
-    """A number with an honest estimate of its numerical error and how it was computed."""
+@dataclass(frozen=True, repr=False)
+class ErrorValue(Result):
+    """E or E_Bayes with an honest estimate of its numerical error and how it was computed.
+
+    Attributes
+    ----------
+    value : float
+        The error.
+    abs_err : float
+        Its numerical error (quadrature: the difference of two refinement levels; Monte
+        Carlo: the standard error).
+    method : str
+        ``quad``, ``mc`` or ``mpmath``.
+    details : dict
+        The method's own figures (rule, level, samples, seed).
+    params : dict
+        The inputs (activation, task, state), when the API computed it.
+
+    Examples
+    --------
+    >>> ErrorValue(0.5, 1e-9, "quad")
+    ErrorValue(0.5 +/- 1e-09, method=quad)
+    """
+
+    kind: ClassVar[str] = "error"
 
     value: float
     abs_err: float
     method: str
     details: dict = field(default_factory=dict)
+    params: dict = field(default_factory=dict)
+    provenance: dict = field(default_factory=stamps)
 
     def to_dict(self) -> dict:
-        return {"error": self.value, "abs_err": self.abs_err, "method": self.method,
-                **self.details}
+        out = {"error": self.value, "abs_err": self.abs_err, "method": self.method,
+               **self.details}
+        if self.params:
+            out["params"] = self.params
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ErrorValue:
+        rest = {k: v for k, v in data.items()
+                if k not in ("error", "abs_err", "method", "params", *PROVENANCE)}
+        return cls(float(data["error"]), float(data["abs_err"]), str(data["method"]), rest,
+                   data.get("params", {}), provenance_of(data))
+
+    def with_params(self, params: dict) -> ErrorValue:
+        """The same value with the inputs that produced it recorded."""
+        return replace(self, params=params)
+
+    def summary(self) -> str:
+        return f"ErrorValue({self.value:.12g} +/- {self.abs_err:.2g}, method={self.method})"
 
 
 def _check_method(method: str) -> None:
@@ -76,7 +120,7 @@ def check_seed(seed: object) -> int:
 
 
 def population_error_mc(task: Task, act: Activation, state: State, n: int = 200_000,
-                        seed: int = 0) -> ErrorResult:
+                        seed: int = 0) -> ErrorValue:
     """Monte Carlo estimate of E with its standard error (θ stratified, see ``expect.montecarlo``);
     the token weights come from the generated kernels (``codegen.sample_kernels``).
 
@@ -101,29 +145,29 @@ def population_error_mc(task: Task, act: Activation, state: State, n: int = 200_
         done += m
     total = sum(k * v for k, v in means) / n
     sq = np.sqrt(sum((k * e) ** 2 for k, e in errs)) / n
-    return ErrorResult(task.delta + total, float(sq), "mc", {"n_samples": n, "seed": seed})
+    return ErrorValue(task.delta + total, float(sq), "mc", {"n_samples": n, "seed": seed})
 
 
 def population_error_quad(task: Task, act: Activation, state: State,
-                          resolution: float = 1.0) -> ErrorResult:
+                          resolution: float = 1.0) -> ErrorValue:
     """E by deterministic quadrature (``expect.quadrature``); abs_err from two resolutions
     (or the RQMC spread when the joint column is too high-dimensional for tensor grids)."""
     resolution = quad.check_resolution(resolution)
     check_state_for_task(state, task)
     r = quad.quad_moments(task, act, state, resolution)
-    return ErrorResult(r.value, r.abs_err, "quad", {"rule": r.rule, "resolution": resolution,
+    return ErrorValue(r.value, r.abs_err, "quad", {"rule": r.rule, "resolution": resolution,
                                                     "level": r.level})
 
 
 def population_error_mpmath(task: Task, act: Activation, state: State,
-                            dps: int = precise.DEFAULT_DPS) -> ErrorResult:
+                            dps: int = precise.DEFAULT_DPS) -> ErrorValue:
     """E at ``dps`` digits (small cases only, see ``expect.precise``); abs_err ≈ 1e−15 is the
     accuracy of its fixed Gauss–Legendre rules, far below the float64 rounding of the value."""
     value = precise.population_error_mp(task, act, state, dps)
-    return ErrorResult(float(value), MPMATH_ABS_ERR, "mpmath", {"dps": dps, "digits": str(value)})
+    return ErrorValue(float(value), MPMATH_ABS_ERR, "mpmath", {"dps": dps, "digits": str(value)})
 
 
-def _auto(quad_fn, mc_fn, sampled_quad: bool = False) -> ErrorResult:
+def _auto(quad_fn, mc_fn, sampled_quad: bool = False) -> ErrorValue:
     """auto: quadrature first; if its error estimate exceeds ``AUTO_QUAD_TOL`` (1e−8), also run
     Monte Carlo and return whichever reports the smaller abs_err.  Monte Carlo alone where the
     quadrature would be RQMC (``sampled_quad``, ``quadrature.needs_rqmc``): RQMC is a sampling
@@ -134,22 +178,22 @@ def _auto(quad_fn, mc_fn, sampled_quad: bool = False) -> ErrorResult:
     of each Fig. 4 B-softmax run called it twice, ~90 % of the run)."""
     if sampled_quad:
         m = mc_fn()
-        return ErrorResult(m.value, m.abs_err, m.method,
+        return ErrorValue(m.value, m.abs_err, m.method,
                            {**m.details, "auto": True, "quad": "skipped (would be RQMC)"})
     try:
         q = quad_fn()
     except ResourceError:  # too large a grid for quadrature: Monte Carlo alone
         m = mc_fn()
-        return ErrorResult(m.value, m.abs_err, m.method, {**m.details, "auto": True})
+        return ErrorValue(m.value, m.abs_err, m.method, {**m.details, "auto": True})
     if q.abs_err <= AUTO_QUAD_TOL:
-        return ErrorResult(q.value, q.abs_err, "quad", {**q.details, "auto": True})
+        return ErrorValue(q.value, q.abs_err, "quad", {**q.details, "auto": True})
     m = mc_fn()
     best = q if q.abs_err <= m.abs_err else m
-    return ErrorResult(best.value, best.abs_err, best.method, {**best.details, "auto": True})
+    return ErrorValue(best.value, best.abs_err, best.method, {**best.details, "auto": True})
 
 
 def population_error(task: Task, act: Activation, state: State, method: str = "auto",
-                     **kwargs: object) -> ErrorResult:
+                     **kwargs: object) -> ErrorValue:
     """E(M, Q, a, b) for activation ``act`` on ``task`` by the chosen method.
 
     ``mc``: n, seed; ``quad``: resolution; ``mpmath``: dps; ``auto``: quad, then MC if
@@ -182,7 +226,7 @@ def log_bayes_factor(prior: Prior, P: np.ndarray) -> np.ndarray:
     return special.logsumexp(logit, axis=-2)
 
 
-def bayes_error_mc(task: Task, n: int = 200_000, seed: int = 0) -> ErrorResult:
+def bayes_error_mc(task: Task, n: int = 200_000, seed: int = 0) -> ErrorValue:
     """Monte Carlo E_Bayes = Δ + 1 − E[Σ_l p_l²]: projections p = Uᵀx are scores with M = I,
     Q = I, so the shared samplers (θ stratified) apply."""
     n, seed = check_samples(n), check_seed(seed)
@@ -196,25 +240,25 @@ def bayes_error_mc(task: Task, n: int = 200_000, seed: int = 0) -> ErrorResult:
     logg = log_bayes_factor(task.prior, P)
     p = np.exp(logg - special.logsumexp(logg, axis=-1, keepdims=True))
     mean, se = mc.weighted_mean(smp, np.sum(p * p, axis=-1))
-    return ErrorResult(task.delta + 1 - float(mean), float(se), "mc", {"n_samples": n, "seed": seed})
+    return ErrorValue(task.delta + 1 - float(mean), float(se), "mc", {"n_samples": n, "seed": seed})
 
 
-def bayes_error_quad(task: Task, resolution: float = 1.0) -> ErrorResult:
+def bayes_error_quad(task: Task, resolution: float = 1.0) -> ErrorValue:
     """E_Bayes by quadrature; abs_err includes the tower-property gap |E[p_ε] − E[Σ p²]|."""
     resolution = quad.check_resolution(resolution)
     r = quad.quad_bayes(task, resolution)
-    return ErrorResult(r.value, r.abs_err, "quad",
+    return ErrorValue(r.value, r.abs_err, "quad",
                        {"rule": r.rule, "tower_gap": abs(r.w0 - r.w2), "resolution": resolution})
 
 
-def bayes_error_mpmath(task: Task, dps: int = precise.DEFAULT_DPS) -> ErrorResult:
+def bayes_error_mpmath(task: Task, dps: int = precise.DEFAULT_DPS) -> ErrorValue:
     """E_Bayes at ``dps`` digits (discrete priors of rank ≤ 1, Gaussian prior with F = 1)."""
     from_sq, from_p0 = precise.bayes_error_mp(task, dps)
-    return ErrorResult(float(from_sq), max(MPMATH_ABS_ERR, float(abs(from_sq - from_p0))),
+    return ErrorValue(float(from_sq), max(MPMATH_ABS_ERR, float(abs(from_sq - from_p0))),
                        "mpmath", {"dps": dps, "digits": str(from_sq)})
 
 
-def bayes_error(task: Task, method: str = "auto", **kwargs: object) -> ErrorResult:
+def bayes_error(task: Task, method: str = "auto", **kwargs: object) -> ErrorValue:
     """E_Bayes = Δ + 1 − E[Σ_l p_l²] for the task's prior (discrete or Gaussian)."""
     _check_method(method)
     if method == "mc":

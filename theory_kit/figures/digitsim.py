@@ -22,7 +22,7 @@ from . import digits
 from ..model.activations import get_activation
 from ..model.validation import fail
 from ..io.results import Checkpoint, to_jsonable
-from ..dynamics.simulate import SimConfig, SimResult, simulate
+from ..dynamics.simulate import SimConfig, Simulation, simulate
 
 # rough brute-force CPU cost on one idle core (seconds; a loaded machine is 2-4× slower):
 # one SGD step of all runs together is ~STEP + PER_RUN·runs (B-softmax ~1.5×: norm terms)
@@ -90,7 +90,7 @@ class DigitSimPiece:
                          method="brute", error_samples=self.error_samples)
 
     def simulate(self, path: Path, dtask: digits.DigitTask | None = None
-                 ) -> tuple[digits.DigitTask, SimConfig, SimResult]:
+                 ) -> tuple[digits.DigitTask, SimConfig, Simulation]:
         """Run the simulation (checkpointed next to ``path`` if asked) on ``dtask``, the
         sweep's shared task (sent to each worker once), or else the task loaded here."""
         dtask = self.setup.load() if dtask is None else dtask

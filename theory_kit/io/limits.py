@@ -1,8 +1,11 @@
 """Resource bounds: refuse a request whose estimated memory (or time) exceeds the limit,
 before anything is allocated.
 
-The memory limit is ``--max-memory`` on the command line (``8G``, ``512M``, ``50%``), the
-environment variable ``THEORY_KIT_MAX_MEMORY`` or, by default, 50 % of the physical RAM.
+The bounds of a call are a :class:`Limits` object: the API verbs take it in their
+``run=Run(limits=...)`` option and hold it for the duration of the call (:func:`applied`); the
+command line builds it from ``--max-memory`` (``8G``, ``512M``, ``50%``) and ``--yes``.  Without
+one, the memory limit is the environment variable ``THEORY_KIT_MAX_MEMORY`` or 50 % of the
+physical RAM.
 Estimates are from the sizes alone (bytes of the largest arrays a step holds at once);
 each check raises :class:`~theory_kit.model.validation.ResourceError` (CLI exit 4) with one line
 naming the request, the estimate, the limit and what to change.
@@ -11,13 +14,52 @@ from __future__ import annotations
 
 import os
 import re
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Iterator
 
 from ..model.validation import ResourceError, ValidationError
 
 DEFAULT_FRACTION = 0.5
-MAX_SECONDS = 3600.0  # runs estimated beyond an hour need THEORY_KIT_YES=1 / --yes
-_limit: int | None = None
-_yes = False
+MAX_SECONDS = 3600.0  # runs estimated beyond an hour need allow_long (--yes, THEORY_KIT_YES=1)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The resource bounds of one call.
+
+    Parameters
+    ----------
+    max_memory : str or int, optional
+        Refuse requests estimated to need more memory: bytes, or a size such as ``"8G"``,
+        ``"512M"`` or ``"30%"`` (of RAM).  None: ``$THEORY_KIT_MAX_MEMORY`` or 50 % of RAM.
+    allow_long : bool
+        Run requests estimated to take over an hour (``--yes`` on the command line).
+
+    Examples
+    --------
+    >>> Limits(max_memory="1G").memory_bytes()
+    1073741824
+    """
+
+    max_memory: str | int | None = None
+    allow_long: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_memory is not None:     # a bad size is refused when the limits are made
+            self.memory_bytes()
+
+    def memory_bytes(self) -> int:
+        """The memory limit in bytes."""
+        if self.max_memory is None:
+            env = os.environ.get("THEORY_KIT_MAX_MEMORY")
+            return parse_size(env) if env else int(DEFAULT_FRACTION * physical_memory())
+        if isinstance(self.max_memory, int) and not isinstance(self.max_memory, bool):
+            if self.max_memory <= 0:
+                raise ValidationError(f"max-memory: must be > 0 (got {self.max_memory})")
+            return self.max_memory
+        return parse_size(str(self.max_memory))
 
 
 def physical_memory() -> int:
@@ -44,24 +86,24 @@ def parse_size(text: str) -> int:
     return int(size)
 
 
-def set_memory_limit(text: str | None) -> None:
-    """Set the limit for this process (None: back to the default)."""
-    global _limit
-    _limit = None if text is None else parse_size(text)
+# the limits of the call in progress (a context variable, so that threads and nested calls
+# each see their own, and nothing outlives the call)
+_ACTIVE: ContextVar[Limits] = ContextVar("theory_kit_limits", default=Limits())
 
 
-def set_yes(yes: bool) -> None:
-    """``--yes``: run requests estimated beyond :data:`MAX_SECONDS` anyway."""
-    global _yes
-    _yes = bool(yes)
+@contextmanager
+def applied(limits: Limits) -> Iterator[Limits]:
+    """Hold ``limits`` for the checks made inside the ``with`` block."""
+    token = _ACTIVE.set(limits)
+    try:
+        yield limits
+    finally:
+        _ACTIVE.reset(token)
 
 
 def memory_limit() -> int:
-    """The memory limit in bytes (see the module docstring)."""
-    if _limit is not None:
-        return _limit
-    env = os.environ.get("THEORY_KIT_MAX_MEMORY")
-    return parse_size(env) if env else int(DEFAULT_FRACTION * physical_memory())
+    """The memory limit in bytes of the call in progress (see :class:`Limits`)."""
+    return _ACTIVE.get().memory_bytes()
 
 
 def human(nbytes: float) -> str:
@@ -80,8 +122,9 @@ def check_memory(nbytes: float, what: str, hint: str) -> None:
 
 
 def check_time(seconds: float, what: str, hint: str) -> None:
-    """Refuse ``what`` when estimated beyond :data:`MAX_SECONDS` unless THEORY_KIT_YES=1."""
-    if _yes or os.environ.get("THEORY_KIT_YES") == "1":
+    """Refuse ``what`` when estimated beyond :data:`MAX_SECONDS` unless the call's limits
+    allow long runs (or THEORY_KIT_YES=1)."""
+    if _ACTIVE.get().allow_long or os.environ.get("THEORY_KIT_YES") == "1":
         return
     if not seconds <= MAX_SECONDS:
         hours = seconds / 3600

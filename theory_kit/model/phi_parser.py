@@ -26,12 +26,12 @@ or a fractional power / ``log`` of something negative.
 from __future__ import annotations
 
 import ast
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import sympy as sp
 
-from .validation import fail
+from .validation import ValidationError, fail
 
 MAX_CHARS = 2000      # of the φ text
 MAX_NODES = 600       # AST nodes
@@ -409,3 +409,22 @@ def overflow_scores(expr: sp.Expr, lambdify: Callable) -> tuple[float | None, fl
             bad |= ~np.isfinite(values)
     lo, hi = grid[bad & (grid < 0)], grid[bad & (grid >= 0)]
     return (float(lo.max()) if lo.size else None, float(hi.min()) if hi.size else None)
+
+
+def refuse_non_finite(act: Any, what: str, *values: object) -> None:
+    """A ``phi`` error when a result of ``act`` is NaN or ±inf: the population error and
+    drifts of a φ that overflows name the scores where it does, never return null."""
+    from .activations import lambdify_numpy
+    with np.errstate(all="ignore"):
+        finite = all(np.all(np.isfinite(np.asarray(v, dtype=float))) for v in values)
+    if finite:
+        return
+    lo, hi = overflow_scores(act.phi, lambdify_numpy)
+    where = " and ".join(x for x in (f"s <= {lo:.4g}" if lo is not None else "",
+                                     f"s >= {hi:.4g}" if hi is not None else "") if x)
+    why = (f"phi or its derivatives overflow float64 at scores {where}, which Gaussian scores "
+           "reach" if where else "the expectations overflow float64 at this state")
+    raise ValidationError(f"phi: {what} of phi = {act.phi} is not finite: {why}; use a phi "
+                          "that grows at most exponentially (or, for softmax-like phi = "
+                          "exp(psi), the per-head or joint normalisation)")
+

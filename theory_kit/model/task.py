@@ -28,3 +28,9 @@ class Task:
 
     def params(self) -> dict:
         return {"L": self.L, "delta": self.delta, **self.prior.params()}
+
+
+def strata_of(task: Task) -> int:
+    """θ strata of a drift evaluation: the atoms of a discrete prior, 1 for a Gaussian one."""
+    return len(task.prior.atoms()[1]) if task.prior.is_discrete else 1
+

@@ -1,0 +1,28 @@
+"""The Python API: one typed function per ``theory-kit`` verb, returning result objects.
+
+The functions compute in this process (the command line is a thin shell over them), with the
+command line's parameter names (dashes as underscores) and defaults; the model's parameters
+are plain keywords, and the knobs of *how* a verb computes are small option objects
+(:mod:`theory_kit.options`: ``Engine``, ``Integrator``, ``Rates``, ``Run``, ``Stop``,
+``Solver``, ``Evaluation``).  Bad input raises :class:`~theory_kit.model.validation.ValidationError`
+(a ``ValueError``) naming the parameter and the allowed range.  Each verb returns its result
+type (:mod:`theory_kit.io.result`): printed it summarises itself, ``.params`` holds every input,
+``.save(path)`` writes the command line's file, and :func:`load` reads any result file back.
+The equations are in ``docs/theory.md``.
+
+>>> import theory_kit as tk
+>>> r = tk.error("softmax", L=4, nu=[2, 2], M=[[1.0, 0.8], [0.9, -0.7]],
+...              Q=[[2.0, 0.3], [0.3, 1.8]], method="quad")
+>>> round(r.value, 8), r.abs_err < 1e-8
+(0.49225658, True)
+"""
+from __future__ import annotations
+
+from ..io.result import load
+from .asymptotic import einf
+from .dynamics import escape, ode, simulate
+from .evaluate import activation, bayes_error, derive, drift, error, task
+from .userdata import compare, figure
+
+__all__ = ["activation", "task", "error", "bayes_error", "derive", "drift", "ode", "simulate",
+           "einf", "escape", "compare", "figure", "load"]

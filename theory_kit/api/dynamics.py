@@ -1,0 +1,284 @@
+"""The verbs of the dynamics: the ODE, finite-D SGD, and the escape from the plateau."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ..dynamics import simulate as sgd
+from ..dynamics.escape import escape_law
+from ..dynamics.ode import (build_system, check_positive, check_step_resolved,
+                            initial_condition, integrate_ode, output_times)
+from ..dynamics.simulate import Simulation
+from ..dynamics.trajectory import Trajectory
+from ..expect.engines import build_engine
+from ..io.limits import check_ode, check_simulation
+from ..io.result import Escape
+from ..io.results import write_json
+from ..io.stored import out_json, request_of, reused, stamp_output, stored_output
+from ..model.task import Task, strata_of
+from ..model.validation import ValidationError, as_finite_array, check_int, fail
+from ..options import Engine, Integrator, Rates, Run
+from .inputs import (ActivationLike, ArrayLike, EngineLike, as_activation, as_engine, as_task,
+                     call_options, check_scales, optional_array, running)
+
+DEFAULT_ESCAPE_D = (250, 500, 1000, 2000, 4000)
+
+
+def ode(activation: ActivationLike, *, L: int, nu: ArrayLike, gamma: float, T: float,
+        H: int | None = None, D: int | None = None, eta: float = 1.0, seed: int = 0,
+        M0: ArrayLike | None = None, Q0: ArrayLike | None = None, a0: ArrayLike | None = None,
+        b0: ArrayLike | None = None, prior: str = "flipping", delta: float = 0.0,
+        times: ArrayLike | None = None, gradient_flow: bool = False, rates: Rates = Rates(),
+        engine: EngineLike = "mc", integrator: Integrator = Integrator(), run: Run = Run(),
+        out: str | Path | None = None) -> Trajectory:
+    """Integrate the order-parameter ODEs of online SGD (docs/theory.md §5).
+
+    The integration starts at t = 0 from given overlaps (``M0``, ``Q0``) or from keys drawn
+    at dimension ``D`` (k_h ~ N(0, η²/D I), seed ``seed``), and records at ``times``.
+
+    Parameters
+    ----------
+    activation, L, nu, prior, delta
+        The activation and the task (see :func:`theory_kit.api.task`).
+    gamma : float
+        Learning rate γ > 0 of the keys.
+    T : float
+        Final time (t = steps / D).
+    H : int, optional
+        Number of heads (taken from ``M0`` when omitted).
+    D, eta, seed
+        Draw the initial overlaps at dimension D with scale η and this seed.
+    M0, Q0 : array_like, shape (H, F) and (H, H), optional
+        Given initial overlaps instead.
+    a0, b0 : array_like, shape (H,), optional
+        Initial head scalars (default: the activation's presets).
+    times : array_like, shape (n,), optional
+        Record at these times (default 101 points on [0, T]).
+    gradient_flow : bool
+        Drop the γ² noise term.
+    rates : Rates
+        Training switches and rates of a, b.
+    engine : str or Engine
+        The expectation engine (default Monte Carlo, 20 000 draws).
+    integrator : Integrator
+        rk4 (fixed steps, checked to resolve the start) or adaptive rk45/dop853.
+    run : Run
+        Progress bars and resource limits.
+    out : str or Path, optional
+        Keep the result file there (a ``.json`` name, or a folder that receives
+        ``ode.json``); an interrupted run resumes from it, and a finished one with the same
+        inputs is returned without recomputing.
+
+    Returns
+    -------
+    Trajectory
+        t (n,), M (n, H, F), Q (n, H, H), a, b (n, H), error and error_stderr (n,).
+
+    Examples
+    --------
+    >>> tr = ode("softmax", H=2, L=3, nu=[2, 2], gamma=1, T=1, D=1000, times=[0, 1],
+    ...          engine=Engine("mc", samples=500), run=Run(progress=False))
+    >>> tr.M.shape
+    (2, 2, 2)
+    """
+    options = call_options(locals())
+    check_scales(gamma=gamma, gamma_a=rates.gamma_a, gamma_b=rates.gamma_b, eta=eta)
+    with running(run):
+        the_task = as_task(L, prior, nu, delta)
+        act = as_activation(activation)
+        eng = as_engine(engine)
+        if H is not None:
+            check_int(H, "H", 1)
+        ic = initial_condition(act, the_task, H=H, M0=optional_array(M0, "M0", 2),
+                               Q0=optional_array(Q0, "Q0", 2), a0=optional_array(a0, "a0", 1),
+                               b0=optional_array(b0, "b0", 1), D=D, eta=eta, seed=seed)
+        check_positive(T, "T")  # before the engine (building it may compile kernels)
+        grid = optional_array(times, "times", 1)
+        output_times(T, grid)   # bad times fail here, not after compiling the engine
+        path = out_json(out, "ode.json")
+        request = request_of("ode", options)
+        if stored_output(path, request) is not None:
+            return reused(Trajectory.load(path))
+        dt = integrator.dt
+        if np.isfinite(T) and T > 0 and np.isfinite(dt) and dt > 0:
+            check_ode(eng.samples, ic.state.H, the_task.L, strata_of(the_task), T, dt)
+        built = build_engine(eng.name, the_task, act, ic.state.H, samples=eng.samples,
+                             seed=check_int(eng.seed, "mc-seed", 0), fresh=eng.fresh,
+                             head_symmetric=eng.symmetric_heads, state=ic.state)
+        if integrator.method == "rk4":
+            check_positive(dt, "dt")  # before the step check, which would say 'a step of nan'
+            system, _ = build_system(the_task, act, ic.state.H, built, gamma, rates.train_a,
+                                     rates.train_b, rates.gamma_a, rates.gamma_b,
+                                     gradient_flow, rescale_time=False)
+            check_step_resolved(system, ic.state, dt, gamma)
+        traj = integrate_ode(the_task, act, ic, gamma, T, times=grid, method=integrator.method,
+                             dt=dt, rtol=integrator.rtol, atol=integrator.atol, engine=built,
+                             train_a=rates.train_a, train_b=rates.train_b,
+                             gamma_a=rates.gamma_a, gamma_b=rates.gamma_b,
+                             gradient_flow=gradient_flow, out=path, progress=run.progress)
+        stamp_output(path, request)
+    return traj
+
+
+def simulate(activation: ActivationLike, *, L: int, nu: ArrayLike, H: int, D: int,
+             prior: str = "flipping", delta: float = 0.0, method: str = "reduced",
+             runs: int = 1, seed: int = 0, gamma: float = 1.0, eta: float = 1.0,
+             M0: ArrayLike | None = None, Q0: ArrayLike | None = None, T: float | None = None,
+             times: ArrayLike | None = None, error_samples: int = 512, rates: Rates = Rates(),
+             run: Run = Run(), out: str | Path | None = None) -> Simulation:
+    """Finite-D online SGD, exact reduced or brute force, many runs at once (§7).
+
+    Parameters
+    ----------
+    activation, L, nu, prior, delta
+        The activation and the task.
+    H, D : int
+        Heads and input dimension.
+    method : str
+        ``reduced`` (the exact law of the Gram matrix of {u_f, k_h}: cost per step
+        independent of D) or ``brute`` (explicit D-dimensional keys).
+    runs, seed : int
+        Independent runs (advanced together) and the random seed.
+    gamma, eta : float
+        Key step size (step γ/D) and initialisation scale (k_h(0) ~ N(0, η²/D I)).
+    M0, Q0 : array_like, optional
+        Start every run from these overlaps instead.
+    T : float, optional
+        Final time t = steps/D (default: the last of ``times``).
+    times : array_like, optional
+        Recorded times (default: 31 equally spaced in [0, T]).
+    error_samples : int
+        Monte Carlo draws per run for the recorded population error.
+    rates : Rates
+        Training switches and step sizes of a, b.
+    run : Run
+        Progress bars and resource limits.
+    out : str or Path, optional
+        Keep the result there (``.json`` or a folder receiving ``simulate.json``); a killed
+        run resumes from ``<file>.partial.json``.
+
+    Returns
+    -------
+    Simulation
+        t (times,), M (runs, times, H, F), Q (runs, times, H, H), a, b (runs, times, H),
+        error and error_running (runs, times).
+
+    Examples
+    --------
+    >>> sim = simulate("softmax", H=2, L=3, nu=[2, 2], D=200, runs=2, T=0.5,
+    ...                times=[0, 0.5], run=Run(progress=False))
+    >>> sim.M.shape
+    (2, 2, 2, 2)
+    """
+    check_scales(gamma=gamma, gamma_a=rates.gamma_a, gamma_b=rates.gamma_b, eta=eta)
+    with running(run):
+        the_task = as_task(L, prior, nu, delta)
+        act = as_activation(activation)
+        initial = None
+        if M0 is not None or Q0 is not None:
+            initial = initial_condition(act, the_task, H=H, M0=optional_array(M0, "M0", 2),
+                                        Q0=optional_array(Q0, "Q0", 2))
+        cfg = sgd.SimConfig(the_task, act, H=H, D=D, times=tuple(sgd.recorded_times(T, times)),
+                            runs=runs, gamma=gamma, eta=eta, seed=seed, method=method,
+                            initial=initial, train_a=rates.train_a, train_b=rates.train_b,
+                            gamma_a=rates.gamma_a, gamma_b=rates.gamma_b,
+                            error_samples=error_samples)
+        check_simulation(cfg.D, cfg.H, the_task.L, cfg.runs, float(cfg.times[-1]), cfg.method,
+                         cfg.error_samples)
+        path = out_json(out, "simulate.json")
+        if path is None:
+            return sgd.simulate(cfg)
+        stored = sgd.stored_result(cfg, path)
+        return reused(stored) if stored is not None else sgd.simulate_to_file(cfg, path)
+
+
+def escape(activation: ActivationLike, *, L: int, nu: ArrayLike, gamma: float,
+           H: int | None = None, prior: str = "flipping", label_noise: float = 0.0,
+           eta: float = 1.0, D: ArrayLike = DEFAULT_ESCAPE_D, M0: ArrayLike | None = None,
+           Q0: ArrayLike | None = None, delta: float = 0.2, direction: int = 2,
+           T: float = 400.0, runs: int = 2000, points: int = 4096, dt: float = 2.0,
+           nonlinear: bool = False, seed: int = 0, rates: Rates = Rates(), run: Run = Run(),
+           out: str | Path | None = None) -> Escape:
+    """The predicted law of the specialisation time τ_f at finite D (docs/theory.md §8).
+
+    Linearise the ODE along the head-symmetric trajectory, add the finite-D fluctuations
+    (initial overlaps and SGD noise) and sample the linear process: per D the mean, std and
+    quantiles of τ_f (first t with spread of m_{:,f} > δ), the growth rate λ and the closed
+    forms ln D/(2λ) + const, π²/(8λ²).
+
+    Parameters
+    ----------
+    activation, L, nu, prior
+        The activation and the task; ``label_noise`` is its Δ (``delta`` here is the
+        specialisation threshold δ).
+    gamma : float
+        Learning rate γ > 0 (the SGD noise is what makes the heads escape).
+    H : int, optional
+        Number of heads, >= 2 (taken from ``M0`` when omitted).
+    eta : float
+        Initialisation scale of the keys drawn at each D.
+    D : array_like of int
+        The dimensions.
+    M0, Q0 : array_like, optional
+        Given initial overlaps (only the SGD noise is then random).
+    delta, direction : float, int
+        The threshold δ and the feature f (1-based) of τ_f.
+    T, runs, points, dt : float, int, int, float
+        Horizon, samples of the linear process per D, scrambled Sobol points of the drift
+        and the time step.
+    nonlinear : bool
+        Also continue the escape through the nonlinear ODE and report the shift of ⟨τ⟩.
+    seed : int
+        Seed of the samples.
+    rates : Rates
+        Training switches and rates of a, b.
+    run : Run
+        Progress bars and resource limits.
+    out : str or Path, optional
+        Keep the result there (a ``.json`` name, or a folder receiving ``escape.json``).
+
+    Returns
+    -------
+    Escape
+        ``per_D``: the predicted law of τ at each D; the ``linearisation`` behind it.
+    """
+    options = call_options(locals())
+    if not np.isfinite(label_noise) or label_noise < 0:
+        fail("label_noise", "label noise Delta must be a finite number >= 0", label_noise)
+    check_scales(gamma=gamma, gamma_a=rates.gamma_a, gamma_b=rates.gamma_b, eta=eta)
+    with running(run):
+        the_task = as_task(L, prior, nu, label_noise)
+        act = as_activation(activation)
+        initial = None
+        if M0 is not None or Q0 is not None:
+            ic = initial_condition(act, the_task, H=H, M0=optional_array(M0, "M0", 2),
+                                   Q0=optional_array(Q0, "Q0", 2))
+            initial, H = ic.state, ic.state.H
+        if H is None:
+            raise ValidationError("H: give --H (or --M0/--Q0)")
+        dims = dimensions(D)
+        path, request = out_json(out, "escape.json"), request_of("escape", options)
+        stored = stored_output(path, request)
+        if stored is not None:
+            return reused(Escape(stored))
+        result = escape_law(the_task, act, H, gamma, dims, eta=eta, initial=initial, T=T,
+                            delta=delta, direction=direction, runs=runs, n_points=points,
+                            dt=dt, continuation=nonlinear, seed=seed, train_a=rates.train_a,
+                            train_b=rates.train_b, gamma_a=rates.gamma_a,
+                            gamma_b=rates.gamma_b, progress=run.progress)
+        if path is not None:
+            write_json(path, {**result, "request": request})
+    return Escape(result)
+
+
+def dimensions(D: ArrayLike) -> list[int]:
+    """The list of dimensions D: integers >= 1."""
+    values = np.atleast_1d(as_finite_array(D, "D"))
+    if values.ndim != 1 or values.size == 0 or np.any(values != np.round(values)) \
+            or np.any(values < 1):
+        shown = ",".join(f"{x:g}" for x in values.ravel())
+        raise ValidationError(f"D: must be comma-separated integers >= 1 (got {shown!r})")
+    return [int(v) for v in values]
+
+

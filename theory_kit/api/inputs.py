@@ -1,0 +1,101 @@
+"""The inputs of the API verbs, checked and turned into the model's objects.
+
+Every verb accepts plain Python or NumPy values (lists or arrays for ν, M, Q, ...), an
+activation as a preset name or an :class:`~theory_kit.model.activations.Activation`, and its
+option objects (:mod:`theory_kit.options`).  Bad input raises
+:class:`~theory_kit.model.validation.ValidationError` naming the parameter and the allowed
+range, with the command line's message.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Iterator, Union
+
+import numpy as np
+import numpy.typing as npt
+
+from ..io import limits, progress
+from ..model.activations import PRESETS, Activation, get_activation
+from ..model.priors import make_prior
+from ..model.state import State
+from ..model.task import Task
+from ..model.validation import ValidationError, as_finite_array
+from ..options import Engine, Run
+
+ActivationLike = Union[str, Activation]
+ArrayLike = npt.ArrayLike
+EngineLike = Union[str, Engine]
+# rates and scales beyond this overflow float64 when squared (γ², η²) deep inside a run
+MAX_SCALE = 1e100
+
+
+def as_activation(value: object) -> Activation:
+    """A preset name or an Activation (from :func:`theory_kit.api.activation`)."""
+    if isinstance(value, Activation):
+        return value
+    if isinstance(value, str):
+        return get_activation(value)
+    raise ValidationError(f"activation: must be a preset name ({', '.join(PRESETS)}) or an "
+                          f"Activation from tk.activation (got {type(value).__name__})")
+
+
+def as_task(L: int, prior: str, nu: ArrayLike, delta: float) -> Task:
+    """The task of docs/theory.md §1 with a flipping or Gaussian prior of strengths ν."""
+    if prior not in ("flipping", "gaussian"):
+        raise ValidationError(f"prior: must be one of flipping, gaussian (got {prior!r}); "
+                              "other priors through tk.task / theory_kit.model.priors")
+    return Task(L, make_prior(prior, nu=as_finite_array(nu, "nu", ndim=1)), delta)
+
+
+def optional_array(value: ArrayLike | None, param: str, ndim: int) -> np.ndarray | None:
+    """None, or a finite float array of rank ``ndim``."""
+    return None if value is None else as_finite_array(value, param, ndim=ndim)
+
+
+def as_state(act: Activation, task: Task, M: ArrayLike, Q: ArrayLike, a: ArrayLike | None,
+             b: ArrayLike | None) -> State:
+    """The state (M, Q, a, b); a and b default to the activation's presets."""
+    M_arr = as_finite_array(M, "M", ndim=2)
+    Q_arr = as_finite_array(Q, "Q", ndim=2)
+    H = M_arr.shape[0]
+    if H < 1:
+        raise ValidationError("H: must be an integer >= 1 (M has no rows)")
+    a_arr = optional_array(a, "a", 1)
+    b_arr = optional_array(b, "b", 1)
+    return State(M_arr, Q_arr, act.a_default(H, task.L) if a_arr is None else a_arr,
+                 act.b_default(H, task.L) if b_arr is None else b_arr)
+
+
+def as_engine(engine: EngineLike) -> Engine:
+    """An engine name, or the Engine options themselves."""
+    if isinstance(engine, Engine):
+        return engine
+    if isinstance(engine, str):
+        return Engine(engine)
+    raise ValidationError(f"engine: must be an engine name or a theory_kit.options.Engine "
+                          f"(got {type(engine).__name__})")
+
+
+def check_scales(**values: float | None) -> None:
+    """Rates and scales (γ, γ_a, γ_b, η): at most :data:`MAX_SCALE` in size; the verbs check
+    their own sign and finiteness."""
+    for name, value in values.items():
+        if isinstance(value, (int, float)) and abs(value) > MAX_SCALE:
+            raise ValidationError(f"{name}: must be at most {MAX_SCALE:g} in size (its square "
+                                  f"overflows float64 otherwise; got {value:g})")
+
+
+def call_options(frame_locals: dict, *, drop: tuple[str, ...] = ("run", "out")) -> dict:
+    """The arguments of a verb's call (its ``locals()`` on entry), without those that only
+    change how it runs: the request of a stored result."""
+    return {k: v for k, v in frame_locals.items() if k not in drop and not k.startswith("_")}
+
+
+@contextmanager
+def running(run: Run) -> Iterator[Run]:
+    """Hold the call's limits and progress setting while the verb runs."""
+    if not isinstance(run, Run):
+        raise ValidationError(f"run: must be a theory_kit.options.Run (got {type(run).__name__})")
+    with limits.applied(run.limits), progress.hidden(not run.progress):
+        yield run
+

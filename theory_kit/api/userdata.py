@@ -1,0 +1,166 @@
+"""The verbs that meet data: a user's training log against the theory, and the paper's figures."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ..figures import runner
+from ..io.executor import open_executor
+from ..io.limits import check_compare, check_figure
+from ..io.result import Comparison, FigureResult
+from ..io.results import read_json, restore_non_finite
+from ..io.stored import beside, out_json, request_of, reused, stamp_output, stored_output
+from ..model.task import strata_of
+from ..model.validation import ValidationError, check_int, fail
+from ..options import Run
+from ..userdata.comparison import THRESHOLD, CompareSettings, compare_log, write_report
+from ..userdata.logs import load_training_log
+from .inputs import ActivationLike, ArrayLike, as_activation, as_task, call_options, running
+
+
+def default_jobs() -> int:
+    """The cores this process may use, capped at 4 (a full figure's budget assumes both
+    cores of a 2-core machine)."""
+    cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+             else (os.cpu_count() or 1))
+    return max(1, min(4, cores))
+
+
+FIGURE_RUN = Run(jobs=default_jobs())
+
+
+def compare(data: str | Path, activation: ActivationLike, *, L: int, nu: ArrayLike,
+            prior: str = "flipping", delta: float = 0.0, gamma: float | None = None,
+            D: int | None = None, time_unit: str | None = None, runs: int = 32,
+            samples: int = 20_000, ode_seeds: int = 2, dt: float = 0.1, seed: int = 0,
+            threshold: float = THRESHOLD, run: Run = Run(),
+            out: str | Path | None = None) -> Comparison:
+    """Your training log against the ODE from its first state and the finite-D spread.
+
+    Parameters
+    ----------
+    data : str or Path
+        The log: overlaps t, M, Q[, a, b, loss] or raw keys K with the directions U, as NPZ,
+        JSON or long-format CSV (see :mod:`theory_kit.userdata.logs`).
+    activation, L, nu, prior, delta
+        The activation and the task the run trained on.
+    gamma : float, optional
+        Step size γ (k −= (γ/D) ∇); default: the file's gamma, or lr·D.
+    D : int, optional
+        The run's dimension (needed unless the file gives it or K).
+    time_unit : str, optional
+        ``t`` or ``steps``: the unit of the file's times.
+    runs, samples, ode_seeds, dt, seed
+        Reduced-simulation runs for the spread, ODE Monte Carlo samples per seed, the
+        independent ODE sample sets, the RK4 step and the seed.
+    threshold : float
+        The largest |deviation| / spread still called consistent.
+    run : Run
+        Progress bars, parallel pieces and resource limits.
+    out : str or Path, optional
+        Write ``compare.json`` and ``compare.png`` there (finished pieces are kept in
+        ``<file>.work/`` for a resume; an identical call is returned stored).
+
+    Returns
+    -------
+    Comparison
+        The ``verdict``, the largest deviation in units of the spread and the series.
+    """
+    options = call_options(locals())
+    with running(run):
+        the_task = as_task(L, prior, nu, delta)
+        act = as_activation(activation)
+        log = load_training_log(data, D=D, time_unit=time_unit)
+        step = gamma if gamma is not None else log.gamma
+        if step is None:
+            raise ValidationError("gamma: the step size is required: pass --gamma or store "
+                                  "gamma (or lr) in the file")
+        if log.D is None:
+            raise ValidationError("D: the dimension of the run is required for the finite-D "
+                                  "spread: pass --D or store D in the file")
+        settings = CompareSettings(gamma=step, D=log.D, runs=runs, samples=samples,
+                                   ode_seeds=ode_seeds, dt=dt, seed=seed, threshold=threshold)
+        jobs = check_int(run.jobs, "jobs", 1)
+        path = out_json(out, "compare.json")
+        request = request_of("compare", options, files=("data",))
+        if path is not None and beside(path, ".png").is_file():
+            stored = stored_output(path, request)
+            if stored is not None:
+                return reused(Comparison(stored))
+        check_compare(settings.ode_seeds, settings.samples, log.H, the_task.L,
+                      strata_of(the_task), float(log.t[-1] - log.t[0]), settings.dt, log.D,
+                      settings.runs, settings.error_samples, jobs)
+        with open_executor(run.scheduler, jobs) as executor:
+            report = compare_log(log, the_task, act, settings,
+                                 workdir=None if path is None else beside(path, ".work"),
+                                 progress=run.progress, executor=executor, jobs=jobs)
+        if path is not None:
+            write_report({**report, "request": request}, path)
+    return Comparison(report)
+
+
+def figure(number: int, *, quick: bool = False, out: str | Path = "figures",
+           data: str | Path | None = None, redraw: bool = False,
+           run: Run = FIGURE_RUN) -> FigureResult:
+    """Reproduce figure ``number`` of the paper: ``figN.png`` and ``figN.json`` in ``out``.
+
+    Parameters
+    ----------
+    number : int
+        The figure, 1 to 14.
+    quick : bool
+        Fewer runs and samples and a smaller D: the same layout in about a minute.
+    out : str or Path
+        The folder (or a path ending in ``figN.json``).
+    data : str or Path, optional
+        Figures 5 and 7: your own images (an .npz with ``images``, optional ``labels``).
+    redraw : bool
+        Only redraw the PNG from an existing ``figN.json``.
+    run : Run
+        Parallel pieces (default: the cores, at most 4), progress bars and limits; a figure
+        estimated beyond an hour needs ``Limits(allow_long=True)``.
+
+    Returns
+    -------
+    FigureResult
+        The plotted data (the ``figN.json`` content) and the ``files`` written.
+    """
+    options = call_options(locals(), drop=("run", "out", "redraw"))
+    with running(run):
+        number = runner.check_number(number)
+        folder = output_folder(out, number)
+        if redraw:
+            png = runner.redraw(number, folder)
+            _, js = runner.output_paths(folder, number)
+            return figure_result(js, [png])
+        module = runner.figure_module(number)
+        jobs = check_int(run.jobs, "jobs", 1)
+        runner.data_option(module, None if data is None else str(data))
+        png, js = runner.output_paths(folder, number)
+        request = request_of("figure", options, files=("data",))
+        if png.is_file() and stored_output(js, request) is not None:
+            return reused(figure_result(js, [png, js]))
+        check_figure(float(module.estimate_seconds(quick)), number, quick, jobs)
+        with open_executor(run.scheduler, jobs) as executor:
+            written = runner.run_figure(number, quick=quick, out=folder, jobs=jobs,
+                                        data=None if data is None else str(data),
+                                        executor=executor)
+        stamp_output(js, request)
+    return figure_result(js, written)
+
+
+def output_folder(out: str | Path, number: int) -> Path:
+    """The folder of figN.json/figN.png that ``out`` names (a folder, or .../figN.json)."""
+    js = out_json(out, f"fig{number}.json")
+    assert js is not None
+    if js.name != f"fig{number}.json":
+        fail("out", f"figure {number} writes fig{number}.json and fig{number}.png: give a "
+             f"folder or a path ending in fig{number}.json", out)
+    return js.parent
+
+
+def figure_result(js: Path, files: list[Path]) -> FigureResult:
+    """The figure's data file with the files written."""
+    data = restore_non_finite(read_json(js))
+    data.pop("request", None)
+    return FigureResult({**data, "files": [str(f) for f in files]})

@@ -1,0 +1,323 @@
+"""The one base of every verb's result: provenance, saving, reloading, a summary, plots.
+
+Each verb of :mod:`theory_kit.api` returns the domain object its solver computes (a
+:class:`~theory_kit.dynamics.ode.Trajectory`, a :class:`~theory_kit.dynamics.simulate.Simulation`,
+an :class:`~theory_kit.asymptotic.runs.EinfResult`, ...), and each of them is a :class:`Result`:
+
+* it prints as a short summary (the setting, the engine, the key numbers and their errors);
+* ``.params`` holds every input, ``.version`` and ``.code_digest`` the code that computed it;
+* ``.save(path)`` writes the strict JSON file the command line writes, and :func:`load` reads
+  any result file (from the API or the command line) back into its type;
+* ``.plot()`` draws its standard panels and ``.to_xarray()`` gives labelled arrays, where the
+  result has them.
+
+The results of verbs whose solver returns a plain record (drift, escape, compare, derive,
+figure) are :class:`Record` subclasses that keep that record as their data.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ..model.validation import ValidationError
+from .results import read_json, restore_non_finite, stamps, strict_payload, write_json
+
+PROVENANCE = ("version", "code_digest")
+
+
+class Result:
+    """Base of every result: provenance, saving and a summary.
+
+    Subclasses define :meth:`to_dict` (the file's content without provenance), the class
+    method :meth:`from_dict` and ``params``; a result computed in this process carries this
+    code's stamps, a reloaded one those of the file.
+    """
+
+    kind: ClassVar[str] = "result"
+    params: dict
+    provenance: dict
+    #: True when the verb found this result stored by an identical earlier call
+    reused: ClassVar[bool] = False
+
+    def to_dict(self) -> dict:
+        raise NotImplementedError
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Result:
+        raise NotImplementedError
+
+    @property
+    def version(self) -> str | None:
+        """The toolkit version that computed the result."""
+        return self.provenance.get("version")
+
+    @property
+    def code_digest(self) -> str | None:
+        """SHA-256 of the toolkit's sources that computed the result (the version number
+        alone does not change with every code change)."""
+        return self.provenance.get("code_digest")
+
+    @property
+    def data(self) -> dict:
+        """The content of the result file, as strict JSON values (NaN and ±inf as null)."""
+        return strict_payload({**self.provenance, **self.to_dict()})
+
+    def save(self, path: str | Path) -> Path:
+        """Write the result as the command line writes it (strict JSON, atomically).
+
+        Returns the path written."""
+        return write_json(path, {**self.provenance, **self.to_dict()})
+
+    def summary(self) -> str:
+        return f"{type(self).__name__}()"
+
+    def __repr__(self) -> str:
+        return self.summary()
+
+    def plot(self, other: Result | None = None, ax: Any = None) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} has no standard plot")
+
+    def to_xarray(self) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} has no labelled arrays")
+
+
+def provenance_of(data: dict) -> dict:
+    """The stamps of a file's content, or this code's for a new result."""
+    found = {k: data[k] for k in PROVENANCE if k in data}
+    return found or stamps()
+
+
+class Record(Result):
+    """A result whose solver returns a plain record (a dict of the file's fields)."""
+
+    def __init__(self, record: dict) -> None:
+        self.provenance = provenance_of(record)
+        self.record = {k: v for k, v in record.items() if k not in PROVENANCE}
+
+    @property
+    def params(self) -> dict:  # type: ignore[override]
+        """Every input of the computation."""
+        return self.record.get("params", {})
+
+    def to_dict(self) -> dict:
+        return dict(self.record)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Record:
+        return cls(data)
+
+    def summary(self) -> str:
+        return f"{type(self).__name__}({', '.join(sorted(self.record))})"
+
+
+def xarray_module() -> Any:
+    """xarray, an optional dependency, with an install hint when it is missing."""
+    try:
+        import xarray
+    except ImportError:
+        raise ValidationError("to_xarray: needs xarray (pip install xarray)") from None
+    return xarray
+
+
+def engine_text(params: dict) -> str:
+    engine = params.get("engine")
+    if isinstance(engine, dict):
+        return str(engine.get("engine", "?"))
+    return str(engine) if engine is not None else "?"
+
+
+def setting_text(params: dict) -> str:
+    act = params.get("activation", {})
+    name = act.get("name", act) if isinstance(act, dict) else act
+    task = params.get("task", {})
+    return f"{name}, L={task.get('L')}, {task.get('prior', '?')} nu={task.get('nu')}"
+
+
+class OverlapPlots:
+    """The Fig. 1 panels of a result holding t, M, Q, error over time (ODE or simulation)."""
+
+    runs_axis: ClassVar[bool] = False
+
+    def plot(self, other: Result | None = None, ax: Any = None) -> Any:
+        """The four panels of the paper's Fig. 1 (E, m along f = 1, f = 2, orthogonal part).
+
+        ``other``: a second result drawn on the same axes (an ODE as lines, a simulation as
+        mean ± std dots): ``ode.plot(sim)``. ``ax``: 3–4 axes to draw on (default: a new
+        figure)."""
+        from ..figures.compare import PANEL_LABELS, PANELS, panel_series
+        from ..figures.style import label_axes, new_figure, series_colors
+        series = panel_series(self.to_dict(), self.runs_axis)  # type: ignore[attr-defined]
+        names = [p for p in PANELS if p in series]
+        if ax is None:
+            fig, axes = new_figure(1, len(names))
+        else:
+            axes = list(np.atleast_1d(ax))
+            fig = axes[0].figure
+        for axis, name in zip(axes, names):
+            values = series[name]
+            colors = series_colors(values.shape[-1])
+            for j in range(values.shape[-1]):
+                self.draw_series(axis, values[..., j], colors[j], name == "error" or j == 0)
+            label_axes(axis, "t", PANEL_LABELS[name])
+        if other is not None:
+            other.plot(ax=axes)
+        return fig
+
+    def draw_series(self, axis: Any, values: np.ndarray, color: Any, label: bool) -> None:
+        raise NotImplementedError
+
+
+class Derivation(Record):
+    """The text of the derivation (Markdown, LaTeX) or of the generated source."""
+
+    kind = "derivation"
+
+    @property
+    def text(self) -> str:
+        return str(self.record["text"])
+
+    def summary(self) -> str:
+        return (f"Derivation({self.record.get('format')}, "
+                f"{len(self.text.splitlines())} lines)")
+
+    def _repr_markdown_(self) -> str | None:
+        return self.text if self.record.get("format") == "markdown" else None
+
+
+class Drift(Record):
+    """The ODE right-hand side at one state: dM (H, F), dQ (H, H), da, db (H,), the error E
+    at the state, each with its error estimate (``errors``) and the largest (``abs_err``)."""
+
+    kind = "drift"
+
+    @property
+    def dM(self) -> np.ndarray:
+        return np.asarray(self.record["dM"], dtype=float)
+
+    @property
+    def dQ(self) -> np.ndarray:
+        return np.asarray(self.record["dQ"], dtype=float)
+
+    @property
+    def da(self) -> np.ndarray:
+        return np.asarray(self.record["da"], dtype=float)
+
+    @property
+    def db(self) -> np.ndarray:
+        return np.asarray(self.record["db"], dtype=float)
+
+    @property
+    def abs_err(self) -> float:
+        err = self.record.get("abs_err")
+        return float("inf") if err is None else float(err)
+
+    def summary(self) -> str:
+        d = self.record
+        return (f"Drift(engine={engine_text(d)}, |dM|={np.abs(self.dM).max():.3g}, "
+                f"|dQ|={np.abs(self.dQ).max():.3g}, E={d.get('error')}, "
+                f"abs_err={d.get('abs_err')})")
+
+
+class Escape(Record):
+    """The predicted law of the specialisation time τ_f at finite D (docs/theory.md §8):
+    ``prediction`` (per D: mean, std, quantiles of τ and the closed forms) and the
+    ``linearisation`` it rests on."""
+
+    kind = "escape"
+
+    @property
+    def per_D(self) -> list[dict]:
+        return list(self.record["prediction"]["per_D"])
+
+    def summary(self) -> str:
+        rows = ", ".join(f"D={r['D']}: <tau>={r['tau']['mean']:.4g}" for r in self.per_D)
+        return f"Escape(tau_{self.record['prediction']['direction']}; {rows})"
+
+
+class Comparison(Record):
+    """A user's training log against the ODE and the finite-D spread: the ``verdict``, the
+    largest deviation in units of the spread (``max_abs_z``) and the series behind them."""
+
+    kind = "compare"
+
+    @property
+    def verdict(self) -> str:
+        return str(self.record["verdict"])
+
+    def summary(self) -> str:
+        d = self.record
+        return f"Comparison(verdict={d.get('verdict')!r}, max|z|={d.get('max_abs_z')})"
+
+
+class FigureResult(Record):
+    """A reproduced figure: its plotted data (the figN.json content) and the files written."""
+
+    kind = "figure"
+
+    @property
+    def files(self) -> list[str]:
+        return [str(f) for f in self.record.get("files", [])]
+
+    def summary(self) -> str:
+        return f"FigureResult(figure {self.record.get('figure')}, files={self.files})"
+
+
+def kind_of(data: dict) -> type[Result]:
+    """The result type of a file's content, from the fields it holds.
+
+    >>> kind_of({"t": [0, 1], "M": [[[0.0]], [[1.0]]]}).__name__
+    'Trajectory'
+    >>> kind_of({"t": [0], "M": [[[[0.0]]]]}).__name__
+    'Simulation'
+    """
+    from ..asymptotic.runs import EinfResult
+    from ..dynamics.ode import Trajectory
+    from ..dynamics.simulate import Simulation
+    from ..expect.error import ErrorValue
+    if "dM" in data and "dQ" in data:
+        return Drift
+    if "einf" in data and "runs" in data:
+        return EinfResult
+    if "verdict" in data:
+        return Comparison
+    if "t" in data and "M" in data:
+        return Simulation if np.ndim(data["M"]) == 4 else Trajectory
+    if "error" in data and "abs_err" in data and "method" in data:
+        return ErrorValue
+    if "text" in data and "format" in data:
+        return Derivation
+    if "prediction" in data and "linearisation" in data:
+        return Escape
+    if "figure" in data:
+        return FigureResult
+    raise ValidationError("path: the file is not a result of this toolkit (none of its "
+                          f"fields identify one: {', '.join(sorted(data))[:200]})")
+
+
+def load(path: str | Path) -> Result:
+    """Read any result file of the toolkit (API or CLI) back into its result type.
+
+    Parameters
+    ----------
+    path : str or Path
+        A JSON file written by ``Result.save`` or by a ``theory-kit`` verb.
+
+    Returns
+    -------
+    Result
+        The verb's result type (``Trajectory``, ``Simulation``, ``EinfResult``, ...).
+
+    Examples
+    --------
+    >>> import tempfile, pathlib
+    >>> from theory_kit.io.result import Drift, load
+    >>> path = pathlib.Path(tempfile.mkdtemp()) / "d.json"
+    >>> _ = Drift({"dM": [[0.0]], "dQ": [[0.0]], "da": [0.0], "db": [0.0]}).save(path)
+    >>> type(load(path)).__name__
+    'Drift'
+    """
+    data = restore_non_finite(read_json(path, "path"))
+    data.pop("request", None)
+    return kind_of(data).from_dict(data)
