@@ -155,8 +155,11 @@ class _HandKernels:
 
 @pytest.mark.parametrize("name", ["softmax", "bsoftmax", "sigmoid"])
 def test_increments_from_generated_kernels_equal_the_hand_kernel(name, monkeypatch):
-    """escape.increments on the generated sample kernels gives the numbers of the hand VJP
-    kernel (same draws) to 1e-12, Bayes offsets (∂ŷ/∂Q_hh) and trained a, b included."""
+    """escape.fluctuations.increments on the generated sample kernels gives the numbers of the
+    hand VJP kernel (same draws) to 1e-12, Bayes offsets (∂ŷ/∂Q_hh) and trained a, b included.
+    ``fluctuations.increments`` looks ``codegen.sample_kernels`` up at call time, so the patch
+    on ``codegen`` reaches it."""
+    from theory_kit.dynamics.escape import fluctuations
     from theory_kit.kernels import codegen
     act = get_activation(name)
     M = np.array([[0.8, 0.3], [0.5, -0.2]])
@@ -164,9 +167,9 @@ def test_increments_from_generated_kernels_equal_the_hand_kernel(name, monkeypat
                   act.b_default(2, 5) + 0.2)
     coords = escape.Coordinates(2, 2)
     args = (task(), act, coords, state, (1.0, 0.5, 0.3))
-    got = escape.increments(*args, np.random.default_rng(5), 400)
+    got = fluctuations.increments(*args, np.random.default_rng(5), 400)
     monkeypatch.setattr(codegen, "sample_kernels", lambda a, backend=None: _HandKernels(a))
-    want = escape.increments(*args, np.random.default_rng(5), 400)
+    want = fluctuations.increments(*args, np.random.default_rng(5), 400)
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
     assert np.abs(want).max() > 0.1
 
