@@ -222,7 +222,7 @@ def test_compiled_gather_packs_the_same_lanes_as_numpy_indexing(shape, n):
 def test_one_head_compiles_no_read_only_twin():
     """At H = 1, np.diag(Q) and broadcast a, b are read-only contiguous views; passed as they
     are, numba compiles a second version of every kernel (≈ 14 CPU s per activation)."""
-    from theory_kit import api
+    import theory_kit.api as api
     from theory_kit.kernels import codegen
     for H, M, Q in ((2, [[0.6, 0.15], [0.5, -0.1]], [[1.3, 0.2], [0.2, 1.1]]),
                     (1, [[0.6, 0.15]], [[1.3]])):

@@ -613,11 +613,11 @@ def test_unresolved_rk4_steps_at_huge_gamma_exit_2(tmp_path, capsys):
 def test_bad_times_exit_2_before_the_engine_is_built(tmp_path, capsys, monkeypatch):
     """--times -1,0.5 was refused only by the integrator, after the engine had compiled its
     kernels (17 CPU s on a cold cache)."""
-    from theory_kit.cli import cmd_ode
+    from theory_kit.api import dynamics as dynamics_api
 
     def built(*_args, **_kw):
         raise AssertionError("the engine was built before --times was checked")
-    monkeypatch.setattr(cmd_ode, "engine_from_args", built)
+    monkeypatch.setattr(dynamics_api, "build_engine", built)
     argv = [*ODE, "--times=-1,0.5", "--out", str(tmp_path / "o.json")]
     status, _, err = run_cli(argv, capsys)
     assert_one_line(err, "ode", status, 2, "times: must be non-decreasing values in [0, T")

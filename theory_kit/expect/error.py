@@ -71,6 +71,10 @@ class ErrorValue(Result):
     params: dict = field(default_factory=dict)
     provenance: dict = field(default_factory=stamps)
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "value", float(self.value))    # not a NumPy scalar
+        object.__setattr__(self, "abs_err", float(self.abs_err))
+
     def to_dict(self) -> dict:
         out = {"error": self.value, "abs_err": self.abs_err, "method": self.method,
                **self.details}
