@@ -1,4 +1,4 @@
-"""Deterministic drift (expect/laplace.py) against Monte Carlo, timed in one run.
+"""Deterministic drift (expect/laplace/) against Monte Carlo, timed in one run.
 
 For each case: the Laplace engine's CPU time for one ``evaluate`` (fine + coarse run) and its
 largest abs_err; one Monte Carlo evaluation (default compiled integrand, 20 000 draws),

@@ -26,7 +26,7 @@ Parts (``--parts``, all by default), every ratio against a baseline timed in the
 * ``heap``: the deterministic curve (as in ``curve``, no tightened run) in fresh processes,
   alternately with ``THEORY_KIT_RETAIN_HEAP=0`` (glibc returns freed memory to the kernel, the
   default before 2026-12-02) and with the engine's default (freed memory kept,
-  ``laplace.retain_freed_memory``); the setting is process-wide, so the A/B needs separate
+  ``laplace.tuning.retain_freed_memory``); the setting is process-wide, so the A/B needs separate
   processes; ``--rounds`` pairs, CPU seconds of each child (user + system), and their ratio.
 
 All times are CPU seconds of this process (the machine is shared).

@@ -69,13 +69,13 @@ def warm_activation(name: str) -> None:
 
 def warm_shared() -> None:
     """The activation-independent kernels: the reduced simulation's step (``sgd_step``) and
-    the deterministic drift's compiled pass (``laplace``)."""
+    the deterministic drift's compiled pass (``laplace.tables``)."""
     import numpy as np
     import theory_kit as tk
-    from theory_kit.expect import laplace
+    from theory_kit.expect.laplace import tables
     tk.simulate(activation="softmax", H=2, L=3, nu=[2, 2], D=50, runs=2, T=0.1,
                 times=[0, 0.1], seed=0, method="reduced", progress=False)
-    laplace._minus_exp_product(np.ones(2), np.ones((2, 3)))
+    tables._minus_exp_product(np.ones(2), np.ones((2, 3)))
 
 
 def _cpu() -> float:

@@ -1,4 +1,4 @@
-"""The deterministic Laplace drift engine (expect/laplace.py) against independent methods:
+"""The deterministic Laplace drift engine (expect/laplace/) against independent methods:
 Monte Carlo, a tensor Gauss–Hermite evaluation over all scores written here, finite
 differences of the deterministic population error (gradient-flow identity), its own
 convergence under refinement, and the exact θ_f → −θ_f symmetry."""
@@ -301,7 +301,7 @@ def test_cut_and_stretched_u_grid_change_nothing(monkeypatch):
     stretched lower tail are accuracy-neutral: a Fig. 1 plateau-like state (L = 10, correlated
     heads) gives the same fields as the plain grid to 1e−13 (slow: the plain grid
     costs ~20 s under load)."""
-    from theory_kit.expect import laplace as lp
+    from theory_kit.expect.laplace import engine
     act = get_activation("softmax")
     task = Task(10, make_prior("flipping", nu=[2.0, 2.0]))
     M = np.array([[1.32, -0.005], [1.33, 0.005]])
@@ -309,10 +309,10 @@ def test_cut_and_stretched_u_grid_change_nothing(monkeypatch):
     a, b = act.a_default(2, 10), act.b_default(2, 10)
     fast = _fields(LaplaceDrift().evaluate(task, act, M, Q, a, b))
     pats = LaplaceDrift()._patterns(task, act, a)
-    short = lp._Engine(task, act, M, Q, a, b, 1.0, 10 - 1 - max(len(p.noise) for p in pats))
-    monkeypatch.setattr(lp, "LOG_PATTERN_BOUND", 1e9)
-    monkeypatch.setattr(lp, "STRETCH_GAP", 1e9)
-    full = lp._Engine(task, act, M, Q, a, b, 1.0, 6)
+    short = engine._Engine(task, act, M, Q, a, b, 1.0, 10 - 1 - max(len(p.noise) for p in pats))
+    monkeypatch.setattr(engine, "LOG_PATTERN_BOUND", 1e9)
+    monkeypatch.setattr(engine, "STRETCH_GAP", 1e9)
+    full = engine._Engine(task, act, M, Q, a, b, 1.0, 6)
     assert all(len(x.u) < len(y.u) for x, y in zip(short.ugs, full.ugs))   # the test has power
     plain = _fields(LaplaceDrift().evaluate(task, act, M, Q, a, b))
     for f, x in fast.items():
@@ -356,15 +356,15 @@ def test_compiled_minus_exp_kernel_against_numpy():
     """The inner kernel's own e^{−x} (range reduction + polynomial, no libm call) against
     NumPy's exp on x = eu ⊗ ep spanning the Taylor range (x < 1e−6), O(1), the flush edge
     (x ≈ 644, below it a normal number, above it exactly 0) and beyond."""
-    from theory_kit.expect import laplace as lp
+    from theory_kit.expect.laplace import tables
     eu = np.exp(np.linspace(-30.0, 8.0, 97))
     ep = np.exp(np.linspace(-8.0, 3.0, 61)).reshape(1, -1) * np.array([[1.0], [0.37], [2.9]])
-    got = lp._minus_exp_product(eu, ep)
+    got = tables._minus_exp_product(eu, ep)
     x = eu[None, :, None] * ep[:, None, :]
-    want = np.where(x < lp.LOG_TINY, np.exp(-x), 0.0)
-    assert (x < 1e-6).any() and ((x > 600) & (x < lp.LOG_TINY)).any() and (x > 1e3).any()
+    want = np.where(x < tables.LOG_TINY, np.exp(-x), 0.0)
+    assert (x < 1e-6).any() and ((x > 600) & (x < tables.LOG_TINY)).any() and (x > 1e3).any()
     assert np.all(np.abs(got - want) <= 4e-16 * want)          # relative, and exact zeros
-    assert np.all(got[x >= lp.LOG_TINY] == 0.0) and np.all(got[x < lp.LOG_TINY] > 0)
+    assert np.all(got[x >= tables.LOG_TINY] == 0.0) and np.all(got[x < tables.LOG_TINY] > 0)
 
 
 def test_freed_memory_retention_is_accepted_and_can_be_turned_off(monkeypatch):
@@ -373,7 +373,7 @@ def test_freed_memory_retention_is_accepted_and_can_be_turned_off(monkeypatch):
     uncached function is called (setting the same values again is harmless)."""
     import platform
 
-    from theory_kit.expect.laplace import retain_freed_memory
+    from theory_kit.expect.laplace.tuning import retain_freed_memory
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         pytest.skip("mallopt is glibc's")
     LaplaceDrift()
@@ -479,11 +479,11 @@ _LAP = LaplaceDrift()    # one pattern cache for the tests below (the expansion 
 
 
 def _engine(task, act, M, Q, a, b, level):
-    from theory_kit.expect import laplace as lp
+    from theory_kit.expect.laplace.engine import _Engine
     pats = _LAP._patterns(task, act, np.asarray(a, float))
     rest_min = task.L - 1 - max(len(p.noise) for p in pats)
-    return lp._Engine(task, act, M, Q, np.asarray(a, float), np.asarray(b, float), level,
-                      rest_min), pats
+    return _Engine(task, act, M, Q, np.asarray(a, float), np.asarray(b, float), level,
+                   rest_min), pats
 
 
 @pytest.mark.parametrize("prior,M", [
@@ -496,8 +496,8 @@ def test_windowed_evaluation_equals_the_whole_grid(monkeypatch, prior, M):
     """Under a budget that forces ≥ 3 windows of the u grid, the fields and the mass defect
     equal the one-window evaluation's up to the order of the float additions (a window
     counted twice, or a pattern summed in every window, would be off by O(1))."""
+    from theory_kit.expect.laplace.engine import _Engine
     from theory_kit.io import limits as resources
-    from theory_kit.expect import laplace as lp
     act = get_activation("softmax")
     task = Task(3, make_prior(prior, nu=[2.0, 1.5]))
     Q = Q3[:2, :2] * 2.25
@@ -509,8 +509,8 @@ def test_windowed_evaluation_equals_the_whole_grid(monkeypatch, prior, M):
     n = len(eng.ugs[axis].u)
     whole, defect = eng.bounded(pats)
     windows = []
-    orig = lp._Engine._window
-    monkeypatch.setattr(lp._Engine, "_window", lambda self, *args: windows.append(args)
+    orig = _Engine._window
+    monkeypatch.setattr(_Engine, "_window", lambda self, *args: windows.append(args)
                         or orig(self, *args))
     monkeypatch.setattr(resources, "ENGINE_MEMORY", int(fixed + per_row * n / 3.5))
     eng, pats = _engine(task, act, M, Q, a, b, 0.4)
@@ -523,17 +523,18 @@ def test_windowed_evaluation_equals_the_whole_grid(monkeypatch, prior, M):
 def test_split_kernel_segments_agree_with_one_split(monkeypatch):
     """The inner kernel on u segments with their own c (what wide score ranges need, beyond
     |k| ~ 8.5) against the one-c split, forced here by a smaller SPLIT_MAX."""
-    from theory_kit.expect import laplace as lp
+    from theory_kit.expect.laplace import tables
+    from theory_kit.expect.laplace.engine import _Engine
     act = get_activation("softmax")
     task = Task(3, make_prior("flipping", nu=[2.0, 1.5]))
     M, Q, a, b = _state(act, 2, 3, scale=2.0)
     one = _LAP.raw(task, act, M, Q, a, b, 0.5)
     calls = []
-    orig = lp._Engine._inner_weights
-    monkeypatch.setattr(lp._Engine, "_inner_weights",
+    orig = _Engine._inner_weights
+    monkeypatch.setattr(_Engine, "_inner_weights",
                         lambda self, col, g, keys, c, *rest: calls.append(c)
                         or orig(self, col, g, keys, c, *rest))
-    monkeypatch.setattr(lp, "SPLIT_MAX", 120.0)
+    monkeypatch.setattr(tables, "SPLIT_MAX", 120.0)
     segmented = _LAP.raw(task, act, M, Q, a, b, 0.5)
     assert len(set(calls)) > 2                               # several segments, several c
     assert np.max(np.abs(segmented - one)) <= 1e-14 * max(1.0, np.max(np.abs(one)))

@@ -54,6 +54,7 @@ from ..model.task import Task
 from ..model.validation import ValidationError
 from ..model.priors import make_prior
 from . import laplace as lp
+from .laplace.algebra import CompiledPattern, Slots, compile_patterns, drift_polynomial
 
 # Fixed resolutions tried by ``evaluate``, coarsest first.  Measured at softmax F = 4, ν = 10,
 # L = 5, H = 8, |k| ≈ 3 (one E + gradient against level 1; load 7): level 0.75 11.0 CPU s,
@@ -141,15 +142,15 @@ class PairwiseLaplace:
         key = (task.prior.F, tuple(float(x) for x in a))
         if key not in self._pats:
             n = len(a)
-            slots = lp.Slots(n, task.prior.F)
+            slots = Slots(n, task.prior.F)
             keep = np.ones(slots.size, bool)
             keep[slots.dQ_noise(0, 0):slots.dQ_noise(0, 0) + n * n] = False
-            poly = lp.drift_polynomial(self.act.norm, a, task.prior.F, task.delta)
+            poly = drift_polynomial(self.act.norm, a, task.prior.F, task.delta)
             out = []
-            for p in lp.compile_patterns(poly, task.L, n, self.act.is_plain_exp):
+            for p in compile_patterns(poly, task.L, n, self.act.is_plain_exp):
                 coef = np.where(keep, p.coef, 0.0)
                 if np.any(coef):
-                    out.append(lp.CompiledPattern(p.signal, p.noise, coef, p.k))
+                    out.append(CompiledPattern(p.signal, p.noise, coef, p.k))
             self._pats[key] = out
         return self._pats[key]
 
