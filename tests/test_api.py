@@ -11,6 +11,8 @@ import pytest
 
 import theory_kit as tk
 import theory_kit.api as api
+import theory_kit.api.dynamics
+import theory_kit.api.evaluate
 from theory_kit import options
 from theory_kit.cli import main
 from theory_kit.io import result as result_module

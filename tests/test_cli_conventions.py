@@ -125,7 +125,7 @@ def compare_argv(tmp_path, out: str) -> list[str]:
 
 
 def test_rerun_of_ode_returns_the_stored_result(tmp_path, capsys, monkeypatch):
-    import theory_kit.cli.cmd_ode as cmd
+    import theory_kit.api.dynamics as cmd
     calls = counted(monkeypatch, cmd, "integrate_ode")
     argv = ODE + ["--no-progress", "--out", str(tmp_path / "o.json")]
     assert main(argv) == 0 and len(calls) == 1
@@ -140,7 +140,7 @@ def test_rerun_of_ode_returns_the_stored_result(tmp_path, capsys, monkeypatch):
 
 
 def test_rerun_of_escape_returns_the_stored_result(tmp_path, capsys, monkeypatch):
-    import theory_kit.cli.cmd_escape as cmd
+    import theory_kit.api.dynamics as cmd
     calls = counted(monkeypatch, cmd, "escape_law")
     argv = ESCAPE + ["--out", str(tmp_path / "e"), "--json"]
     assert main(argv) == 0 and len(calls) == 1
@@ -152,7 +152,7 @@ def test_rerun_of_escape_returns_the_stored_result(tmp_path, capsys, monkeypatch
 
 
 def test_rerun_of_compare_returns_the_stored_result(tmp_path, capsys, monkeypatch):
-    import theory_kit.cli.cmd_compare as cmd
+    import theory_kit.api.userdata as cmd
     calls = counted(monkeypatch, cmd, "compare_log")
     argv = compare_argv(tmp_path, str(tmp_path / "cmp.json"))
     assert main(argv) == 0 and len(calls) == 1

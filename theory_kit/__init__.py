@@ -30,7 +30,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     **{name: "theory_kit.api" for name in (
         "activation", "task", "error", "bayes_error", "derive", "drift", "ode", "simulate",
-        "einf", "escape", "compare", "figure", "load")},
+        "einf", "escape", "compare", "figure", "load")},   # (theory_kit.api.VERBS)
     **{name: "theory_kit.options" for name in (
         "Engine", "Integrator", "Rates", "Run", "Limits", "Stop", "Solver", "Evaluation")},
     "Task": "theory_kit.model.task",

@@ -18,11 +18,37 @@ The equations are in ``docs/theory.md``.
 """
 from __future__ import annotations
 
-from ..io.result import load
-from .asymptotic import einf
-from .dynamics import escape, ode, simulate
-from .evaluate import activation, bayes_error, derive, drift, error, task
-from .userdata import compare, figure
+import importlib
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["activation", "task", "error", "bayes_error", "derive", "drift", "ode", "simulate",
-           "einf", "escape", "compare", "figure", "load"]
+# public name -> the module that defines it; imported on first use, so that a verb loads only
+# what it runs (the command line's ``derive --help`` loads neither matplotlib nor the figures)
+VERBS = {
+    **{name: "theory_kit.api.evaluate" for name in ("activation", "task", "error",
+                                                    "bayes_error", "derive", "drift")},
+    **{name: "theory_kit.api.dynamics" for name in ("ode", "simulate", "escape")},
+    "einf": "theory_kit.api.asymptotic",
+    **{name: "theory_kit.api.userdata" for name in ("compare", "figure")},
+    "load": "theory_kit.io.result",
+}
+__all__ = list(VERBS)
+
+if TYPE_CHECKING:
+    from ..io.result import load
+    from .asymptotic import einf
+    from .dynamics import escape, ode, simulate
+    from .evaluate import activation, bayes_error, derive, drift, error, task
+    from .userdata import compare, figure
+
+
+def __getattr__(name: str) -> Any:
+    """A verb, imported on first use."""
+    if name not in VERBS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(VERBS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

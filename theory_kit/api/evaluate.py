@@ -140,6 +140,11 @@ def bayes_error(*, L: int, nu: ArrayLike, prior: str = "flipping", delta: float 
     run : Run
         Resource limits.
 
+    Returns
+    -------
+    ErrorValue
+        E_Bayes ± its numerical error and the method.
+
     Examples
     --------
     >>> round(bayes_error(L=4, nu=[2, 2], method="quad").value, 9)
@@ -160,6 +165,11 @@ def derive(activation: ActivationLike, *, format: str = "markdown") -> Derivatio
     format : str
         ``markdown`` or ``latex`` (φ, its derivatives, the weights, J·e, J·J, the Stein
         term and the drifts), or ``python`` (the generated NumPy module).
+
+    Returns
+    -------
+    Derivation
+        Its ``text``; rendered as Markdown in a notebook.
 
     Examples
     --------
