@@ -4,7 +4,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..asymptotic import runs as einf
+from ..asymptotic.convergence import RunSettings, StopRule
+from ..asymptotic.runs import asymptotic_error, summary, writable_folder
+from ..asymptotic.solve import polish_applies
 from ..expect.drift import ENGINES
 from ..model.validation import OutputError, ValidationError, check_int, fail
 from ..io.limits import check_einf
@@ -74,20 +76,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_einf)
 
 
-def settings_from_args(args: argparse.Namespace) -> einf.RunSettings:
+def settings_from_args(args: argparse.Namespace) -> RunSettings:
     """RunSettings (γ, stop rule, integrator, drift samples) from the command line."""
     if args.engine not in ENGINES:  # RunSettings would name its field 'drift', not the option
         fail("engine", f"must be one of {', '.join(ENGINES)}", args.engine)
-    rule = einf.StopRule(args.tol, args.chunk, check_int(args.window, "window", 1), args.T_min,
-                         args.T_max)
-    return einf.RunSettings(gamma=args.gamma, gradient_flow=args.gradient_flow, rule=rule,
-                            method=args.method, n_samples=check_int(args.samples, "samples", 2),
-                            mc_seed=args.mc_seed, error_method=args.error_method,
-                            error_samples=check_int(args.error_samples, "error-samples", 2),
-                            drift=args.engine, solve=not args.no_solve,
-                            solver_points=check_int(args.solver_points, "solver-points", 16),
-                            drift_tol=args.drift_tol, shift_check=not args.no_shift_check,
-                            polish=args.polish)
+    rule = StopRule(args.tol, args.chunk, check_int(args.window, "window", 1), args.T_min,
+                    args.T_max)
+    return RunSettings(gamma=args.gamma, gradient_flow=args.gradient_flow, rule=rule,
+                       method=args.method, n_samples=check_int(args.samples, "samples", 2),
+                       mc_seed=args.mc_seed, error_method=args.error_method,
+                       error_samples=check_int(args.error_samples, "error-samples", 2),
+                       drift=args.engine, solve=not args.no_solve,
+                       solver_points=check_int(args.solver_points, "solver-points", 16),
+                       drift_tol=args.drift_tol, shift_check=not args.no_shift_check,
+                       polish=args.polish)
 
 
 def run_einf(args: argparse.Namespace) -> int:
@@ -99,13 +101,13 @@ def run_einf(args: argparse.Namespace) -> int:
             raise OutputError("workdir: must be a folder name (got an empty or blank path)")
         if Path(args.workdir).exists() and not Path(args.workdir).is_dir():
             raise OutputError(f"workdir: {args.workdir} exists and is not a folder")
-        if not einf.writable_folder(Path(args.workdir)):
+        if not writable_folder(Path(args.workdir)):
             raise OutputError(f"workdir: cannot create or write to the folder {args.workdir}")
     check_int(args.min_starts, "min-starts", 1)
     H, runs = check_int(args.H, "H", 1), check_int(args.runs, "runs", 1)
     if settings.polish != "none":   # the library skips it where it does not apply; asked for
         from ..expect.pairwise import applicability   # on the command line, that is bad input
-        if not einf.polish_applies(task, act, H, settings.polish):
+        if not polish_applies(task, act, H, settings.polish):
             why = applicability(task, act, H)[1]
             joint = (" (and the drift engine covers joint normalisers with H <= 3 only)"
                      if settings.polish == "pairwise" else "")
@@ -115,16 +117,16 @@ def run_einf(args: argparse.Namespace) -> int:
                strata_of(task), args.T_min, args.T_max, settings.solver_points, settings.solve,
                settings.shift_check, 0 if args.no_global_min else args.min_starts)
     with sweep_executor(args) as executor:
-        result = einf.asymptotic_error(task, act, H, settings, runs=runs, D=D, eta=args.eta,
-                                       seed=args.seed, workdir=args.workdir, jobs=args.jobs,
-                                       with_minimum=not args.no_global_min,
-                                       minimum_starts=args.min_starts, executor=executor,
-                                       progress=args.progress)
+        result = asymptotic_error(task, act, H, settings, runs=runs, D=D, eta=args.eta,
+                                  seed=args.seed, workdir=args.workdir, jobs=args.jobs,
+                                  with_minimum=not args.no_global_min,
+                                  minimum_starts=args.min_starts, executor=executor,
+                                  progress=args.progress)
     data = without_false_error_bars(result.to_dict())
     if args.json:
         print_json(data)
         return 0
-    print(_honest_text(einf.summary(result), data))
+    print(_honest_text(summary(result), data))
     return 0
 
 
@@ -157,7 +159,7 @@ def _honest_text(text: str, data: dict) -> str:
     unknown = "+/- unknown (not converged)"
     for i, line in enumerate(lines):
         seed = re.match(r"\s*run seed (-?\d+):", line)
-        if "+/- unknown" in line:     # einf.summary already says so (einf.UNKNOWN_ERROR)
+        if "+/- unknown" in line:     # runs.summary already says so (runs.UNKNOWN_ERROR)
             continue
         if (i == 0 and data["abs_err"] is None) or (seed and int(seed.group(1)) in bad_seeds):
             lines[i] = re.sub(r"\+/- \S+", unknown, line, count=1)
