@@ -1,14 +1,14 @@
 """Benchmark of the global-minimum objective: exact sampled gradient against finite differences.
 
-``einf.SampledError`` returns E and ∂E/∂(K, a, b) from one pass over the fixed samples.  The
-baseline, measured in the same run, is the central finite-difference gradient of the same
+``objectives.SampledError`` returns E and ∂E/∂(K, a, b) from one pass over the fixed samples.
+The baseline, measured in the same run, is the central finite-difference gradient of the same
 function (2·dim evaluations of E), which is what a derivative-free optimiser pays per gradient.
 Printed: time per gradient of each, their ratio, and the largest difference of the two
 gradients (a correctness check of the benchmark itself).
 
     python benchmarks/bench_einf.py [--H 4] [--F 2] [--n 4000] [--repeat 3]
 
-``--pairwise``: the deterministic objective of the polish (``fixedpoint.PairwiseError``, the
+``--pairwise``: the deterministic objective of the polish (``deterministic.PairwiseError``, the
 pairwise Laplace decomposition) at Fig. 4's F = 4, ν = 10, L = 5 with ``--H`` heads, against
 the sampled objective on 2^15 Sobol points (Fig. 4's softmax solver) in the same run, in CPU
 seconds (``time.process_time``: the machine is shared): one E + gradient of each, their ratio,
@@ -22,7 +22,7 @@ differencing the whole gradient.
 
 ``--presolve``: the sampled solve of a Fig. 4 full-plan run with the polish (softmax, F = 4,
 ν = 10, ``--H`` heads, seed ``--seed``; the hand-over by the plan's own ODE) stopped at
-``einf.polish_key_bound`` against the same solve unbounded plus the held-out check of its
+``solve.polish_key_bound`` against the same solve unbounded plus the held-out check of its
 run-off (what the polish did before), in CPU seconds and evaluations, same run.
 
     python benchmarks/bench_einf.py --presolve [--H 8] [--seed 0]
@@ -34,8 +34,8 @@ import time
 
 import numpy as np
 
+from theory_kit.asymptotic import certificate, deterministic, objectives, solve
 from theory_kit.asymptotic import runs as einf
-from theory_kit.asymptotic import fixedpoint as fp
 from theory_kit.model.activations import get_activation
 from theory_kit.model.task import Task
 from theory_kit.model.priors import make_prior
@@ -56,7 +56,7 @@ def cpu_time(fn, repeat: int) -> float:
     return best_time(fn, repeat, time.process_time)
 
 
-def bench_levels(det: fp.PairwiseError, x: np.ndarray, repeat: int) -> None:
+def bench_levels(det: deterministic.PairwiseError, x: np.ndarray, repeat: int) -> None:
     """E + gradient at the polish's levels (descent, certificate) and at 0.75 (its level
     before 2026-12-02) against level 1 (the reference for the differences), same run."""
     from theory_kit.expect import pairwise
@@ -80,8 +80,8 @@ def bench_pairwise(H: int, scale: float, repeat: int) -> None:
     rng = np.random.default_rng(0)
     K = np.hstack([atoms[np.arange(H) % len(atoms)] / np.sqrt(10.0) * scale / 2.0,
                    0.1 * rng.standard_normal((H, H))])   # |k| ≈ scale, a small orthogonal part
-    det = fp.PairwiseError.for_activation(task, act, H)
-    smp = fp.SampledError.for_activation(task, act, H, n=2 ** 15)
+    det = deterministic.PairwiseError.for_activation(task, act, H)
+    smp = objectives.SampledError.for_activation(task, act, H, n=2 ** 15)
     x = det.pack(K, det.a0, det.b0)
     t_det = cpu_time(lambda: det.value_and_grad(x), repeat)
     t_smp = cpu_time(lambda: smp.value_and_grad(x), repeat)
@@ -118,19 +118,19 @@ def bench_presolve(H: int, seed: int) -> None:
     ic = InitialCondition.draw(act, H, task.F, task.L, p.D, p.eta, seed)
     start = einf.run_to_convergence(task, act, ic, dataclasses.replace(
         settings, solve=False, error_method="mc", error_samples=1000), progress=False).state
-    for bound in (einf.polish_key_bound(start), np.inf):
+    for bound in (solve.polish_key_bound(start), np.inf):
         t0 = time.process_time()
-        fixed = einf.solve_fixed_point(task, act, start, settings, key_bound=bound)
+        fixed = solve.solve_fixed_point(task, act, start, settings, key_bound=bound)
         t_solve, extra = time.process_time() - t0, ""
-        if not np.isfinite(bound) and fixed.certificate.kind == einf.RUNOFF:
+        if not np.isfinite(bound) and fixed.certificate.kind == certificate.RUNOFF:
             t0 = time.process_time()
-            check = einf.held_out_runoff_check(task, act, start, fixed.state, settings)
+            check = solve.held_out_runoff_check(task, act, start, fixed.state, settings)
             extra = (f" + held-out check {time.process_time() - t0:.1f} CPU s "
                      f"('{check.verdict}')")
         print(f"H = {H}, seed {seed}, key bound {bound:.3g}: {fixed.certificate.kind}, "
               f"{fixed.evaluations} evaluations, {t_solve:.1f} CPU s{extra}; max |k| "
-              f"{einf.largest_key_norm(fixed.state):.3g}, polish from the sampled solution: "
-              f"{einf.polish_from_sampled(start, fixed)}")
+              f"{solve.largest_key_norm(fixed.state):.3g}, polish from the sampled solution: "
+              f"{solve.polish_from_sampled(start, fixed)}")
 
 
 def main() -> None:
@@ -155,8 +155,8 @@ def main() -> None:
     task = Task(5, make_prior("flipping", nu=[2.0] * args.F))
     for name in ("softmax", "softmax1", "bsoftmax"):
         act = get_activation(name)
-        obj = einf.SampledError(task, act, args.H, act.a_default(args.H, 5),
-                                act.b_default(args.H, 5), act.train_a, act.train_b, n=args.n)
+        obj = objectives.SampledError(task, act, args.H, act.a_default(args.H, 5),
+                                      act.b_default(args.H, 5), act.train_a, act.train_b, n=args.n)
         x = np.random.default_rng(0).standard_normal(obj.dim) * 0.7
         eps = 1e-6
 

@@ -218,7 +218,7 @@ N_SAMPLE_ROWS = 100_000
 
 
 def run_sample_kernels(label: str, act, H: int, L: int, repeats: int) -> str:
-    """``kern.weights`` + ``kern.vjp`` on n = 10⁵ rows (fixedpoint / error use them): with b,
+    """``kern.weights`` + ``kern.vjp`` on n = 10⁵ rows (objectives / error use them): with b,
     qdiag, a shared by all rows (the lane kernels) against the same call with per-row copies
     (one sample at a time, the previous path), ms per call, wall."""
     kern = codegen.sample_kernels(act, "numba")

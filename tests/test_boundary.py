@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 
 from theory_kit.asymptotic import boundary as bd
-from theory_kit.asymptotic import fixedpoint as fp
-from theory_kit.asymptotic import saturation
+from theory_kit.asymptotic import certificate, deterministic, gradient_flow, saturation, solve
 from theory_kit.model.activations import get_activation
 from theory_kit.expect.error import population_error
 from theory_kit.model.state import State
@@ -24,8 +23,8 @@ LIVE = State(np.array([[1.2, 0.9], [1.1, -1.0]]), np.array([[2.6, 0.5], [0.5, 2.
              np.ones(2), np.array([-1.5, -1.2]))
 
 
-def reduced_objective() -> fp.PairwiseError:
-    return fp.PairwiseError.for_activation(TASK, SOFTMAX1, 2)
+def reduced_objective() -> deterministic.PairwiseError:
+    return deterministic.PairwiseError.for_activation(TASK, SOFTMAX1, 2)
 
 
 def slope() -> bd.RevivalSlope:
@@ -53,7 +52,8 @@ def with_silent_head(m: list[float], rho: float, b: float) -> State:
 
 def test_applies_only_where_a_head_can_leave_at_b_to_minus_infinity():
     assert bd.applies(reduced_objective())
-    assert not bd.applies(fp.PairwiseError.for_activation(TASK, get_activation("softmax"), 2))
+    softmax = deterministic.PairwiseError.for_activation(TASK, get_activation("softmax"), 2)
+    assert not bd.applies(softmax)
 
 
 def added_head_difference(s: bd.RevivalSlope, k: np.ndarray, b: float, level: float
@@ -174,11 +174,11 @@ def test_revival_verdict_counts_ends_crossings_probes_and_resolved_starts(case, 
 
 
 def test_revival_slope_beyond_the_key_cap_is_the_clipped_slope_plus_a_penalty(monkeypatch):
-    """A line search of the revival search may try a key far beyond ``fixedpoint.KEY_CAP``
+    """A line search of the revival search may try a key far beyond ``deterministic.KEY_CAP``
     (one tried |k| = 2.5e6, where the engine would need 274 GiB): there c is the slope at the
     key clipped onto the cap plus ½ (|k| − cap)², and its gradient is that value's
     (central differences); cap 3 here (cheap)."""
-    monkeypatch.setattr(fp, "KEY_CAP", 3.0)
+    monkeypatch.setattr(deterministic, "KEY_CAP", 3.0)
     s = slope()
     b = s.probe_bias()
     k = 5.0 * key(s) / np.linalg.norm(key(s))
@@ -196,7 +196,7 @@ def test_revival_slope_beyond_the_key_cap_is_the_clipped_slope_plus_a_penalty(mo
 def test_assembled_state_has_the_reduced_error_and_no_drift_along_the_silent_head():
     """The H-head state with the pruned head at b = −40: the full 3-head engine gives the
     2-head E (to the head's e^{b} share) and a gradient at most e^{b}-small on that head."""
-    full = fp.PairwiseError.for_activation(TASK, SOFTMAX1, 3)
+    full = deterministic.PairwiseError.for_activation(TASK, SOFTMAX1, 3)
     start = with_silent_head([0.3, -0.2], 0.5, -3.0)
     state = bd.assembled_state(start, [0, 1], LIVE, -40.0)
     assert np.allclose(state.Q[:2, :2], LIVE.Q) and np.allclose(state.M[:2], LIVE.M)
@@ -212,7 +212,7 @@ def test_assembled_state_has_the_reduced_error_and_no_drift_along_the_silent_hea
 def test_switching_off_prunes_the_silent_head_and_keeps_the_live_ones():
     """Live heads (removal raises E by O(0.1)) stay; a head at b = −12 with a small key, whose
     removal lowers E, is pruned (the removal gains are measured, not assumed)."""
-    full = fp.PairwiseError.for_activation(TASK, SOFTMAX1, 3)
+    full = deterministic.PairwiseError.for_activation(TASK, SOFTMAX1, 3)
     state = with_silent_head([0.2, 0.1], 0.2, -12.0)
     pruned, gains = bd.switching_off(full, state, 1e-8)
     assert 2 in pruned and 0 not in pruned and 1 not in pruned
@@ -225,7 +225,7 @@ def test_removal_gain_of_a_head_at_b_minus_50_is_zero_within_its_error(tol):
     the stated error, whatever resolution the evaluation settles on (at tol = 1e-13 the
     finest; comparing that E with the reduced model's at the objective's own level had made
     such a head look necessary by the two levels' truncation, and kept it from being pruned)."""
-    full = fp.PairwiseError.for_activation(TASK, SOFTMAX1, 3)
+    full = deterministic.PairwiseError.for_activation(TASK, SOFTMAX1, 3)
     state = with_silent_head([0.4, -0.3], 0.6, -50.0)
     f = full.engine.evaluate(*full.unpack(full.pack_state(state)), tol=tol)
     pruned, gains = bd.switching_off(full, state, tol)
@@ -240,22 +240,22 @@ def test_a_boundary_saddle_is_left_by_reviving_a_head(monkeypatch):
     beat one), so the revival search finds c < 0 beyond its error and calls it a saddle.
     The polish then revives that head (``boundary.revived_state``), whose E by whole-model
     quadrature lies below the saddle's, and ends below it, with the saddle in its record
-    (``einf.polish_pairwise``, its first stage made to end at the saddle).  That polish
+    (``solve.polish_pairwise``, its first stage made to end at the saddle).  That polish
     ends at a second boundary saddle: the live head, still at b = 30, is a saturated corner
     whose slope is negative (it would rather come back to finite b, where the gradient along
     b is ~e^{−30}); it is brought back along its bias (``saturation.unsaturated_state``) and
     the third stage certifies.  The
     revival search's own starts run off here; the feature probes find c(√3 u₂) < 0."""
-    from theory_kit.asymptotic import runs as einf
-    one = fp.PairwiseError.for_activation(TASK, SOFTMAX1, 1)
+    one = deterministic.PairwiseError.for_activation(TASK, SOFTMAX1, 1)
     lone = State(np.array([[1.7, 0.1]]), np.array([[2.9]]), np.ones(1), np.array([2.0]))
-    lone = bd.saturated_minimum(one, fp.polish_gradient_flow(one, one.pack_state(lone)), 1e-8)
+    lone = bd.saturated_minimum(one, gradient_flow.polish_gradient_flow(one, one.pack_state(lone)),
+                                1e-8)
     assert lone is not None and lone.certificate.certified
     K = np.array([[*lone.state.M[0], 0.0], [1.7, 0.0, 1.0]])
     state = State(K[:, :2], K @ K.T, np.ones(2), np.array([lone.state.b[0], -30.0]))
-    two = fp.PairwiseError.for_activation(TASK, SOFTMAX1, 2)
-    start = fp.FixedPoint(state, fp.Certificate(1.0, 5e-9, 0.0, 1e-7, "saddle", 0), "test",
-                          0.0, [], 0, 0.0)
+    two = deterministic.PairwiseError.for_activation(TASK, SOFTMAX1, 2)
+    saddle_cert = certificate.Certificate(1.0, 5e-9, 0.0, 1e-7, "saddle", 0)
+    start = certificate.FixedPoint(state, saddle_cert, "test", 0.0, [], 0, 0.0)
     saddle = bd.boundary_minimum(two, start, 1e-8)
     assert saddle.certificate.kind == "saddle" and saddle.boundary["pruned"] == [1]
     rv = saddle.boundary["revival"]
@@ -265,14 +265,14 @@ def test_a_boundary_saddle_is_left_by_reviving_a_head(monkeypatch):
     e_saddle = population_error(TASK, SOFTMAX1, bd.sub_state(state, [0]), method="quad")
     assert e_revived.value < e_saddle.value - 4 * (e_revived.abs_err + e_saddle.abs_err)
     # the polish's first stage ending at this saddle (from this start it escapes by itself)
-    real, calls = einf._polish_to_the_boundaries, []
+    real, calls = solve._polish_to_the_boundaries, []
 
     def first_the_saddle(obj, origin, tol):
         calls.append(origin)
         return saddle if len(calls) == 1 else real(obj, origin, tol)
 
-    monkeypatch.setattr(einf, "_polish_to_the_boundaries", first_the_saddle)
-    fixed, err = einf.polish_pairwise(TASK, SOFTMAX1, state, start, 1e-8)
+    monkeypatch.setattr(solve, "_polish_to_the_boundaries", first_the_saddle)
+    fixed, err = solve.polish_pairwise(TASK, SOFTMAX1, state, start, 1e-8)
     assert len(calls) == 3 and np.allclose(calls[1].Q, revived.Q)
     assert calls[2].b[0] < saturation.B_SAT - 20          # brought back from the corner
     assert "after a boundary saddle" in fixed.solver and fixed.certificate.certified
@@ -295,10 +295,10 @@ def test_softmax1_H5_boundary_minimum_is_the_limit_of_switching_the_fifth_head_o
     Q = M @ M.T
     Q[4, 4] += 0.04
     start = State(M, Q, np.ones(5), np.array([-11.26] * 4 + [-12.0]))
-    obj = fp.PairwiseError.for_activation(task, SOFTMAX1, 5)
-    uncertified = fp.FixedPoint(start, fp.Certificate(1.0, 5e-9, 0.0, 1e-7, "saddle", 0),
-                                "test start", obj.value_and_grad(obj.pack_state(start))[0],
-                                [], 0, 0.0)
+    obj = deterministic.PairwiseError.for_activation(task, SOFTMAX1, 5)
+    saddle = certificate.Certificate(1.0, 5e-9, 0.0, 1e-7, "saddle", 0)
+    uncertified = certificate.FixedPoint(start, saddle, "test start",
+                                         obj.value_and_grad(obj.pack_state(start))[0], [], 0, 0.0)
     res = bd.boundary_minimum(obj, uncertified, 1e-8)
     assert res is not None and res.certificate.kind == bd.BOUNDARY
     assert res.certificate.certified and res.boundary["pruned"] == [4]

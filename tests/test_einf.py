@@ -1,4 +1,5 @@
-"""E∞, the global minimum and the Bayes floor (theory_kit.asymptotic.runs).
+"""E∞, the global minimum and the Bayes floor (theory_kit.asymptotic: runs, convergence, solve,
+global_min, bayes).
 
 Independent references: the closed-form Bayes posterior of the flipping spike
 (g(p) ∝ e^{√ν₁ p₁} Π cosh(√ν_f p_f)), finite differences, Monte Carlo against quadrature,
@@ -12,7 +13,10 @@ import json
 import numpy as np
 import pytest
 
+from theory_kit.asymptotic import (certificate, convergence, deterministic, global_min,
+                                   gradient_flow, objectives, solve)
 from theory_kit.asymptotic import runs as einf
+from theory_kit.asymptotic.bayes import bayes_excess, bayes_floor, bayes_softmax_at_atoms
 from theory_kit.model.activations import get_activation
 from theory_kit.cli import main
 from theory_kit.expect.error import bayes_error, population_error
@@ -24,16 +28,17 @@ from theory_kit.model.priors import make_prior
 from theory_kit.io.results import CODE_DIGEST, read_json
 
 TASK = Task(5, make_prior("flipping", nu=[2.0, 2.0]))
-FAST = einf.RunSettings(gradient_flow=True, n_samples=1000,
-                        rule=einf.StopRule(tol=1e-2, chunk=20.0, window=2, T_max=300.0),
-                        rtol=1e-4, error_method="auto", error_samples=200_000,
-                        solver_points=2 ** 12, shift_check=False)
+FAST = convergence.RunSettings(gradient_flow=True, n_samples=1000,
+                               rule=convergence.StopRule(tol=1e-2, chunk=20.0, window=2,
+                                                         T_max=300.0),
+                               rtol=1e-4, error_method="auto", error_samples=200_000,
+                               solver_points=2 ** 12, shift_check=False)
 
 
 @functools.lru_cache(maxsize=None)
 def task_bayes():
     """E_Bayes of TASK (quadrature, a few seconds: computed once)."""
-    return einf.bayes_floor(TASK)
+    return bayes_floor(TASK)
 
 
 def flipping_posterior(p: np.ndarray, nu: np.ndarray) -> np.ndarray:
@@ -50,7 +55,7 @@ def flipping_posterior(p: np.ndarray, nu: np.ndarray) -> np.ndarray:
 def test_bsoftmax_at_atoms_weights_are_the_bayes_posterior(nu, H):
     """Pointwise on random tokens: Σ_h σ_hl = P(ε = l | X), duplicated heads included."""
     prior = make_prior("flipping", nu=nu)
-    act, state = einf.bayes_softmax_at_atoms(prior, H)
+    act, state = bayes_softmax_at_atoms(prior, H)
     rng = np.random.default_rng(3)
     n, L, F = 2000, 5, len(nu)
     atoms, pi = prior.atoms()
@@ -65,7 +70,7 @@ def test_bsoftmax_at_atoms_weights_are_the_bayes_posterior(nu, H):
 def test_bsoftmax_with_uniform_pi_and_uneven_copies_is_not_bayes():
     """With 3 heads on 2 atoms the log π split matters: uniform π is off the posterior."""
     prior = make_prior("flipping", nu=[2.0, 2.0])
-    act, state = einf.bayes_softmax_at_atoms(prior, 3)
+    act, state = bayes_softmax_at_atoms(prior, 3)
     plain = get_activation("bsoftmax")
     rng = np.random.default_rng(0)
     S = rng.standard_normal((100, 3, 5))
@@ -87,7 +92,7 @@ def quad_or_skip(fn, *args):
 @pytest.mark.parametrize("nu,H", [([2.0, 2.0], 2), ([1.0, 3.0], 3)])
 def test_bsoftmax_at_atoms_equals_bayes_to_quadrature_precision(nu, H):
     task = Task(5, make_prior("flipping", nu=nu))
-    act, state = einf.bayes_softmax_at_atoms(task.prior, H)
+    act, state = bayes_softmax_at_atoms(task.prior, H)
     at_atoms = quad_or_skip(population_error, task, act, state)
     bayes = quad_or_skip(bayes_error, task)
     assert abs(at_atoms.value - bayes.value) <= 1e-8
@@ -101,10 +106,10 @@ def test_bayes_excess_is_zero_at_the_atoms_and_matches_quadrature_off_them():
     """E − E_Bayes = E‖w − p‖² on paired samples: exactly 0 where B-softmax is the posterior;
     off the atoms equal to quadrature's E − E_Bayes within 5 of its (much smaller than E's
     own Monte Carlo) standard errors."""
-    act, state = einf.bayes_softmax_at_atoms(TASK.prior, 2)
-    assert einf.bayes_excess(TASK, act, state, n=5000).value < 1e-25
+    act, state = bayes_softmax_at_atoms(TASK.prior, 2)
+    assert bayes_excess(TASK, act, state, n=5000).value < 1e-25
     moved = State(1.1 * state.M, 1.21 * state.Q + 0.05 * np.eye(2), state.a, state.b)
-    excess = einf.bayes_excess(TASK, act, moved, n=100_000)
+    excess = bayes_excess(TASK, act, moved, n=100_000)
     quad = population_error(TASK, act, moved, method="quad").value - task_bayes().value
     assert 0 < excess.abs_err < 0.01 * quad
     assert abs(excess.value - quad) < 5 * excess.abs_err
@@ -114,17 +119,17 @@ def test_bayes_excess_is_zero_at_the_atoms_and_matches_quadrature_off_them():
 
 def test_bayes_softmax_at_atoms_refuses_too_few_heads_and_continuous_priors():
     with pytest.raises(ValidationError, match="H"):
-        einf.bayes_softmax_at_atoms(make_prior("flipping", nu=[1, 1, 1]), 3)
+        bayes_softmax_at_atoms(make_prior("flipping", nu=[1, 1, 1]), 3)
     with pytest.raises(ValidationError, match="prior"):
-        einf.bayes_softmax_at_atoms(make_prior("gaussian", nu=[1, 1]), 4)
+        bayes_softmax_at_atoms(make_prior("gaussian", nu=[1, 1]), 4)
 
 
 # ----------------------------------------------------------------------------- sampled E
 @pytest.mark.parametrize("name", ["softmax", "softmax1", "bsoftmax"])
 def test_sampled_error_gradient_matches_finite_differences(name):
     act = get_activation(name)
-    obj = einf.SampledError(TASK, act, 2, act.a_default(2, 5), act.b_default(2, 5),
-                            act.train_a, act.train_b, n=500, seed=1)
+    obj = objectives.SampledError(TASK, act, 2, act.a_default(2, 5), act.b_default(2, 5),
+                                  act.train_a, act.train_b, n=500, seed=1)
     x = np.random.default_rng(2).standard_normal(obj.dim) * 0.7
     value, grad = obj.value_and_grad(x)
     eps = 1e-6
@@ -136,8 +141,8 @@ def test_sampled_error_gradient_matches_finite_differences(name):
 
 def test_sampled_error_agrees_with_population_error():
     act = get_activation("softmax1")
-    obj = einf.SampledError(TASK, act, 2, act.a_default(2, 5), act.b_default(2, 5),
-                            act.train_a, act.train_b, n=20_000, seed=4)
+    obj = objectives.SampledError(TASK, act, 2, act.a_default(2, 5), act.b_default(2, 5),
+                                  act.train_a, act.train_b, n=20_000, seed=4)
     x = np.random.default_rng(5).standard_normal(obj.dim) * 0.8
     value, _ = obj.value_and_grad(x)
     ref = population_error(TASK, act, obj.state(x), method="mc", n=100_000, seed=9)
@@ -146,15 +151,17 @@ def test_sampled_error_agrees_with_population_error():
 
 def test_global_minimum_of_bsoftmax_is_the_bayes_error_and_others_lie_above():
     bayes = task_bayes()
-    bs = einf.global_minimum(TASK, get_activation("bsoftmax"), 2, n_starts=2, n=2000, seed=0)
-    sm = einf.global_minimum(TASK, get_activation("softmax"), 2, n_starts=2, n=2000, seed=0)
+    bs = global_min.global_minimum(TASK, get_activation("bsoftmax"), 2, n_starts=2, n=2000,
+                                   seed=0)
+    sm = global_min.global_minimum(TASK, get_activation("softmax"), 2, n_starts=2, n=2000,
+                                   seed=0)
     tol = 4 * np.hypot(bs.error.abs_err, bayes.abs_err) + 2e-3  # + the 2000-sample optimiser
     assert abs(bs.error.value - bayes.value) < tol
     assert sm.error.value > bs.error.value + 0.05
     # the minimiser of B-softmax puts its two heads at the two atoms (up to order)
     atoms = TASK.prior.atoms()[0]
     at_atoms = State(atoms, atoms @ atoms.T, np.ones(2), np.zeros(2))
-    assert einf.state_distance(bs.state, at_atoms) < 0.05
+    assert global_min.state_distance(bs.state, at_atoms) < 0.05
 
 
 # ----------------------------------------------------------------------------- grouping
@@ -165,12 +172,12 @@ def test_state_distance_respects_the_symmetries_of_E():
     s = State(M, K @ K.T, np.ones(3), np.array([0.1, -0.2, 0.3]))
     perm = [2, 0, 1]
     flipped = State(s.M[perm] * [1, -1], s.Q[np.ix_(perm, perm)], s.a[perm], s.b[perm])
-    signs = einf._sign_patterns(TASK.prior)
-    assert einf.state_distance(s, flipped, signs) < 1e-12
-    assert einf.state_distance(s, flipped) > 0.1  # without the sign symmetry they differ
+    signs = global_min._sign_patterns(TASK.prior)
+    assert global_min.state_distance(s, flipped, signs) < 1e-12
+    assert global_min.state_distance(s, flipped) > 0.1  # without the sign symmetry they differ
     other = State(s.M + 0.5, (K + np.hstack([np.full((3, 2), 0.5), np.zeros((3, 3))])) @
                   (K + np.hstack([np.full((3, 2), 0.5), np.zeros((3, 3))])).T, s.a, s.b)
-    assert einf.state_distance(s, other, signs) > 0.1
+    assert global_min.state_distance(s, other, signs) > 0.1
 
 
 def test_group_runs_separates_different_end_points():
@@ -179,9 +186,9 @@ def test_group_runs_separates_different_end_points():
     b = State(np.eye(2)[[1, 0]], np.eye(2), np.ones(2))       # a with heads swapped
     c = State(2 * np.eye(2), 4 * np.eye(2), np.ones(2))
     errs = [ErrorValue(0.5, 1e-6, "x"), ErrorValue(0.5, 1e-6, "x"), ErrorValue(0.4, 1e-6, "x")]
-    assert einf.group_runs([a, b, c], errs, TASK.prior) == [[2], [0, 1]]
+    assert global_min.group_runs([a, b, c], errs, TASK.prior) == [[2], [0, 1]]
     same_state_other_error = [ErrorValue(0.5, 1e-6, "x"), ErrorValue(0.6, 1e-6, "x")]
-    assert len(einf.group_runs([a, a], same_state_other_error, TASK.prior)) == 2
+    assert len(global_min.group_runs([a, a], same_state_other_error, TASK.prior)) == 2
 
 
 # ----------------------------------------------------------------------------- E∞ runs
@@ -226,7 +233,8 @@ def test_gradient_flow_end_point_is_a_stationary_point_of_E(fast_runs):
     """The ODE (helper integrands, conditional-mean form) stops where ∂E/∂K — computed
     independently by :class:`SampledError` — is small compared with where it started."""
     act = get_activation("bsoftmax")
-    obj = einf.SampledError(TASK, act, 2, np.ones(2), np.zeros(2), False, False, n=20_000, seed=7)
+    obj = objectives.SampledError(TASK, act, 2, np.ones(2), np.zeros(2), False, False, n=20_000,
+                                  seed=7)
     ic = InitialCondition.draw(act, 2, 2, 5, 10_000, 1.0, seed=0)
     start = np.linalg.norm(obj.value_and_grad(obj.pack_state(ic.state))[1])
     end = np.linalg.norm(obj.value_and_grad(obj.pack_state(fast_runs["bsoftmax"].state))[1])
@@ -244,9 +252,10 @@ def test_quadrature_error_at_the_end_points_agrees_with_monte_carlo(fast_runs):
 def test_einf_run_resumes_from_its_files(tmp_path):
     act = get_activation("softmax")
     ic = InitialCondition.draw(act, 2, 2, 5, 10_000, 1.0, seed=1)
-    short = einf.RunSettings(gradient_flow=True, n_samples=300, error_method="mc",
-                             rule=einf.StopRule(tol=1e-9, chunk=5.0, window=1, T_max=10.0),
-                             solver_points=2 ** 10, shift_check=False)
+    short = convergence.RunSettings(gradient_flow=True, n_samples=300, error_method="mc",
+                                    rule=convergence.StopRule(tol=1e-9, chunk=5.0, window=1,
+                                                              T_max=10.0),
+                                    solver_points=2 ** 10, shift_check=False)
     out = tmp_path / "run.json"
     first = einf.run_to_convergence(TASK, act, ic, short, out=str(out), progress=False)
     assert out.exists() and first.T == 10.0 and first.certificate is not None
@@ -265,14 +274,14 @@ def test_einf_run_resumes_from_its_files(tmp_path):
 
 def test_stop_rule_and_settings_validate():
     with pytest.raises(ValidationError, match="tol"):
-        einf.StopRule(tol=0)
+        convergence.StopRule(tol=0)
     with pytest.raises(ValidationError, match="T_min"):
-        einf.StopRule(T_min=10, T_max=5)
+        convergence.StopRule(T_min=10, T_max=5)
     with pytest.raises(ValidationError, match="gamma"):
-        einf.RunSettings(gamma=-1)
+        convergence.RunSettings(gamma=-1)
     with pytest.raises(ValidationError, match="method"):
-        einf.RunSettings(method="euler")
-    rule = einf.StopRule(tol=1e-2, chunk=10.0, window=2, T_min=50)
+        convergence.RunSettings(method="euler")
+    rule = convergence.StopRule(tol=1e-2, chunk=10.0, window=2, T_min=50)
     falling = [1e-3, 5e-4, 2.5e-4]            # ratio 0.5: tail 2.5e-4 * 10 * 1 = 2.5e-3
     assert rule.tail(falling) == pytest.approx(2.5e-3)
     assert rule.converged(60.0, falling) and not rule.converged(40.0, falling)
@@ -283,7 +292,7 @@ def test_stop_rule_and_settings_validate():
 
 @pytest.mark.parametrize("name", ["softmax1", "bsoftmax"])
 def test_sampled_flow_is_the_gradient_flow_ode(name):
-    """The hand-over flow on K = [M | P] (``einf.SampledFlow``: −½ ∂E_n/∂K from the sample
+    """The hand-over flow on K = [M | P] (``convergence.SampledFlow``: −½ ∂E_n/∂K from the sample
     kernels' vector-Jacobian products) against the ODE's own right-hand side (generated drift
     integrands, Monte Carlo engine, γ² term dropped, τ = γ t) at a generic state: dM/dτ,
     dQ/dτ = K̇ Kᵀ + K K̇ᵀ and db/dτ (softmax-1 trains b) agree within the two estimates'
@@ -295,13 +304,13 @@ def test_sampled_flow_is_the_gradient_flow_ode(name):
     Q = M @ M.T + np.array([[0.5, 0.1], [0.1, 0.4]])
     b = act.b_default(H, TASK.L) + np.array([0.3, -0.2])
     state = State(M, Q, act.a_default(H, TASK.L), b)
-    obj = einf.SampledError(TASK, act, H, state.a, b, act.train_a, act.train_b, n=2 ** 13,
-                            seed=3)                         # b0 = b where b is not trained
-    flow = einf.SampledFlow(obj, FAST)
+    obj = objectives.SampledError(TASK, act, H, state.a, b, act.train_a, act.train_b, n=2 ** 13,
+                                  seed=3)                         # b0 = b where b is not trained
+    flow = convergence.SampledFlow(obj, FAST)
     x = flow.obj.pack_state(state)
     xdot = flow.rate(0.0, x)
     K, Kdot = flow.obj.unpack(x)[0], flow.obj.unpack(xdot)[0]
-    engine = einf.RunSettings(n_samples=50_000, mc_seed=5).engine()
+    engine = convergence.RunSettings(n_samples=50_000, mc_seed=5).engine()
     system, _ = build_system(TASK, act, H, engine, 1.0, None, None, None, None, True, True)
     dM, dQ, _, db = system.split(system.rhs(0.0, system.join(M, Q, state.a, b)))
     assert np.allclose(Kdot[:, :2], dM, atol=3e-3, rtol=0.02)
@@ -319,7 +328,7 @@ def test_uncertified_einf_carries_no_error_bar():
     the API gives inf with a reason, strict JSON null; a certified run keeps its finite one."""
     act = get_activation("bsoftmax")
     ic = InitialCondition.draw(act, 2, 2, 5, 10_000, 1.0, seed=0)
-    short = einf.RunSettings(gradient_flow=True, n_samples=100, rule=einf.StopRule(
+    short = convergence.RunSettings(gradient_flow=True, n_samples=100, rule=convergence.StopRule(
         tol=1e-3, chunk=2.0, window=2, T_max=4.0), error_method="quad", solve=False)
     run = einf.run_to_convergence(TASK, act, ic, short, progress=False)
     assert not run.converged and run.error.abs_err < 1e-6        # E itself is precise there
@@ -333,17 +342,18 @@ def test_uncertified_einf_carries_no_error_bar():
     assert again.error.abs_err == run.error.abs_err and again.abs_err_total == np.inf
     # a solver that ends at a saddle: not certified either, whatever its drift norm
     saddle = fp_certificate("saddle")
-    fixed = einf.FixedPoint(run.state, saddle, "test", 0.1, [], 0, 0.0)
+    fixed = certificate.FixedPoint(run.state, saddle, "test", 0.1, [], 0, 0.0)
     bad = einf.EinfRun(0, run.state, run.error, 4.0, saddle.certified, [], {}, fixed=fixed)
     assert bad.abs_err_total == np.inf and "saddle" in bad.abs_err_reason
     good_cert = fp_certificate("minimum")
     good = einf.EinfRun(0, run.state, run.error, 4.0, good_cert.certified, [], {},
-                        fixed=einf.FixedPoint(run.state, good_cert, "test", 0.1, [], 0, 0.0))
+                        fixed=certificate.FixedPoint(run.state, good_cert, "test", 0.1, [], 0,
+                                                     0.0))
     assert good.abs_err_total == run.error.abs_err and good.abs_err_reason is None
 
 
-def fp_certificate(kind: str) -> "einf.Certificate":
-    return einf.Certificate(1e-12, 1e-8, -0.5 if kind == "saddle" else 0.5, 1e-7, kind, 0)
+def fp_certificate(kind: str) -> "certificate.Certificate":
+    return certificate.Certificate(1e-12, 1e-8, -0.5 if kind == "saddle" else 0.5, 1e-7, kind, 0)
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -402,14 +412,14 @@ def test_solve_checked_polishes_on_the_deterministic_E():
                                    error_method="deterministic")
     M = np.array([[0.9, 0.3], [0.8, -0.4]])
     start = State(M, M @ M.T + 0.1 * np.eye(2), act.a_default(2, 4), act.b_default(2, 4))
-    fixed, final, _ = einf.solve_checked(task, act, start, settings)
+    fixed, final, _ = solve.solve_checked(task, act, start, settings)
     assert fixed.certificate.certified and final.method == "laplace pairs"
     assert fixed.presolve["polished_from"] == "sampled solution"
     assert "deterministic E" in fixed.solver and fixed.presolve["solver"].startswith("L-BFGS")
     quad = population_error(task, act, fixed.state, method="quad")
     assert abs(final.value - quad.value) <= 4 * (final.abs_err + quad.abs_err) + 1e-12
-    bs_act, bs_state = einf.bayes_softmax_at_atoms(task.prior, 2)
-    assert einf.precise_error(task, bs_act, bs_state, "deterministic").method == "quad"
+    bs_act, bs_state = bayes_softmax_at_atoms(task.prior, 2)
+    assert solve.precise_error(task, bs_act, bs_state, "deterministic").method == "quad"
 
 
 def test_with_the_polish_the_sampled_descent_stops_at_the_key_bound(monkeypatch):
@@ -424,16 +434,16 @@ def test_with_the_polish_the_sampled_descent_stops_at_the_key_bound(monkeypatch)
                                    error_method="deterministic")
     M = np.array([[0.9, 0.3], [0.8, -0.4]])
     start = State(M, M @ M.T + 0.1 * np.eye(2), act.a_default(2, 4), act.b_default(2, 4))
-    monkeypatch.setattr(einf, "polish_key_bound", lambda _start: 0.5)
-    monkeypatch.setattr(einf, "runoff_check", lambda *a, **k: pytest.fail("held-out check"))
-    fixed, final, _ = einf.solve_checked(task, act, start, settings)
+    monkeypatch.setattr(solve, "polish_key_bound", lambda _start: 0.5)
+    monkeypatch.setattr(solve, "runoff_check", lambda *a, **k: pytest.fail("held-out check"))
+    fixed, final, _ = solve.solve_checked(task, act, start, settings)
     pre = fixed.presolve
-    assert pre["certificate"]["kind"] == einf.RUNOFF and pre["key_bound"] == 0.5
+    assert pre["certificate"]["kind"] == certificate.RUNOFF and pre["key_bound"] == 0.5
     assert "stopped where a key norm passed 0.5" in pre["solver"]
     assert pre["polished_from"] == "hand-over" and pre["runoff"] is None
     assert fixed.certificate.certified
     monkeypatch.undo()
-    again, _, _ = einf.solve_checked(task, act, start, settings)
+    again, _, _ = solve.solve_checked(task, act, start, settings)
     assert again.presolve["polished_from"] == "sampled solution"
     assert abs(again.sampled_error - final.value) <= 1e-10
 
@@ -443,8 +453,8 @@ def test_converged_einf_ordering_and_floors():
     """Full convergence (default stop rule) in the documented setting: every run converges,
     E∞(softmax) > E∞(softmax1) > E∞(bsoftmax) ≈ E_Bayes, and each E∞ is at or above the
     global minimum found for its activation."""
-    settings = einf.RunSettings(gradient_flow=True, n_samples=4000,
-                                rule=einf.StopRule(T_max=3000.0))
+    settings = convergence.RunSettings(gradient_flow=True, n_samples=4000,
+                                       rule=convergence.StopRule(T_max=3000.0))
     res = {name: einf.asymptotic_error(TASK, get_activation(name), 2, settings, runs=2,
                                        with_minimum=True, minimum_starts=4, progress=False)
            for name in ("softmax", "softmax1", "bsoftmax")}
@@ -456,7 +466,8 @@ def test_converged_einf_ordering_and_floors():
     atoms = TASK.prior.atoms()[0]
     at_atoms = State(atoms, atoms @ atoms.T, np.ones(2), np.zeros(2))
     for run in res["bsoftmax"].runs:
-        assert einf.state_distance(run.state, at_atoms, einf._sign_patterns(TASK.prior)) < 0.1
+        signs = global_min._sign_patterns(TASK.prior)
+        assert global_min.state_distance(run.state, at_atoms, signs) < 0.1
 
 
 # ----------------------------------------------------------------------------- Fig. 4
@@ -475,7 +486,8 @@ def test_fig4_compute_draw_and_resume(tmp_path, monkeypatch):
             margin = 4 * np.hypot(max(d["abs_err"]), row["bayes"]["abs_err"])
             assert min(d["einf_runs"]) >= row["bayes"]["error"] - margin
     # resume: every run is read back from its file, none is integrated again
-    monkeypatch.setattr(einf, "integrate_ode", lambda *a, **k: pytest.fail("re-integrated"))
+    monkeypatch.setattr(convergence, "integrate_ode",
+                        lambda *a, **k: pytest.fail("re-integrated"))
     assert fig4.compute(True, tmp_path, jobs=1)["rows"] == data["rows"]
     write_json(tmp_path / "fig4.json", {"data": data})
     fig = fig4.draw(read_json(tmp_path / "fig4.json")["data"])
@@ -489,21 +501,20 @@ def test_one_bsoftmax_head_is_polished_as_the_per_head_softmax_head():
     minimiser (key off by 0.1) reaches the softmax preset's certified minimum — the excess
     1e-4 of the sampled key that an evaluation-only abs_err hid."""
     bs, sm = get_activation("bsoftmax"), get_activation("softmax")
-    plain = einf.pairwise_activation(TASK, bs, 1)
+    plain = solve.pairwise_activation(TASK, bs, 1)
     assert plain is not None and plain.norm == "per-head" and plain.offset == "none"
-    assert einf.pairwise_activation(TASK, bs, 2) is None
+    assert solve.pairwise_activation(TASK, bs, 2) is None
     M = np.array([[1.3, 0.2]])
     state = State(M, M @ M.T + 0.04, np.ones(1), np.zeros(1))
-    det = einf.precise_error(TASK, bs, state, "deterministic")
+    det = solve.precise_error(TASK, bs, state, "deterministic")
     quad = population_error(TASK, bs, state, method="quad")
     assert det.method == "laplace pairs"
     assert abs(det.value - quad.value) <= 4 * (det.abs_err + quad.abs_err) + 1e-12
-    from theory_kit.asymptotic import fixedpoint as fp
-    start = fp.FixedPoint(state, fp.Certificate(1.0, 1e-8, 0.0, 0.0, "minimum", 0), "test",
-                          float("nan"), [], 0, 0.0)
-    polished, err = einf.polish_pairwise(TASK, bs, state, start, 1e-8)
-    ref_obj = fp.PairwiseError.for_activation(TASK, sm, 1)
-    ref = fp.polish_gradient_flow(ref_obj, ref_obj.pack_state(state), 1e-8)
+    cert = certificate.Certificate(1.0, 1e-8, 0.0, 0.0, "minimum", 0)
+    start = certificate.FixedPoint(state, cert, "test", float("nan"), [], 0, 0.0)
+    polished, err = solve.polish_pairwise(TASK, bs, state, start, 1e-8)
+    ref_obj = deterministic.PairwiseError.for_activation(TASK, sm, 1)
+    ref = gradient_flow.polish_gradient_flow(ref_obj, ref_obj.pack_state(state), 1e-8)
     assert polished.certificate.certified and ref.certificate.certified
     assert abs(err.value - ref.sampled_error) <= err.abs_err + ref.error_abs_err + 1e-12
     assert det.value - err.value > 1e-4
@@ -517,11 +528,11 @@ def test_polish_modes_differ_only_on_joint_normalisers_with_two_or_three_heads()
     from theory_kit.figures import fig4
     bs, sm = get_activation("bsoftmax"), get_activation("softmax")
     for H in (1, 2, 4):
-        assert einf.polish_applies(TASK, sm, H, "per-head") and einf.polish_applies(TASK, sm, H)
-    assert einf.polish_applies(TASK, bs, 1, "per-head")
-    assert einf.polish_applies(TASK, bs, 2, "pairwise")
-    assert not einf.polish_applies(TASK, bs, 2, "per-head")
-    assert not einf.polish_applies(TASK, bs, 4, "pairwise")
+        assert solve.polish_applies(TASK, sm, H, "per-head") and solve.polish_applies(TASK, sm, H)
+    assert solve.polish_applies(TASK, bs, 1, "per-head")
+    assert solve.polish_applies(TASK, bs, 2, "pairwise")
+    assert not solve.polish_applies(TASK, bs, 2, "per-head")
+    assert not solve.polish_applies(TASK, bs, 4, "pairwise")
     point = {"panel": "H", "x": 2.0, "F": 4, "nu": 10.0, "H": 2}
     assert fig4.FULL.polish == "per-head" and not fig4.polished(point, fig4.FULL, "bsoftmax")
     assert fig4.polished(point, dataclasses.replace(fig4.FULL, polish="pairwise"), "bsoftmax")

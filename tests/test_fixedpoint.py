@@ -1,4 +1,5 @@
-"""Fixed points solved and certified (theory_kit.asymptotic.fixedpoint, einf's solver stage).
+"""Fixed points solved and certified (theory_kit.asymptotic: objectives, certificate,
+gradient_flow, drift_root, and the solver stage of a run, solve).
 
 Independent references: long ODE integrations (another engine, another point set), the
 exact symmetries of the sampled objective (head exchange, sign flips), the Bayes error by
@@ -15,27 +16,30 @@ import numpy as np
 import pytest
 from scipy import optimize
 
-from theory_kit.asymptotic import runs as einf, fixedpoint as fp
+from theory_kit.asymptotic import (certificate, convergence, drift_root, global_min, gradient_flow,
+                                   objectives, solve)
+from theory_kit.asymptotic import runs as einf
+from theory_kit.asymptotic.bayes import bayes_excess, bayes_floor, bayes_softmax_at_atoms
 from theory_kit.model.activations import get_activation
-from theory_kit.expect.error import population_error
+from theory_kit.expect.error import ErrorValue, population_error
 from theory_kit.model.initial import InitialCondition
 from theory_kit.model.state import State
 from theory_kit.model.task import Task
 from theory_kit.model.priors import make_prior
 
 TASK = Task(5, make_prior("flipping", nu=[2.0, 2.0]))
-HANDOFF = einf.StopRule(tol=0.1, chunk=20.0, window=2, T_max=300.0)
+HANDOFF = convergence.StopRule(tol=0.1, chunk=20.0, window=2, T_max=300.0)
 
 
 @functools.lru_cache(maxsize=None)
 def bayes(task: Task = TASK):
-    return einf.bayes_floor(task)
+    return bayes_floor(task)
 
 
-def settings(**kw) -> einf.RunSettings:
+def settings(**kw) -> convergence.RunSettings:
     base = dict(gradient_flow=True, n_samples=1000, rule=HANDOFF, rtol=1e-4,
                 error_method="auto", solver_points=2 ** 14)
-    return einf.RunSettings(**{**base, **kw})
+    return convergence.RunSettings(**{**base, **kw})
 
 
 # ----------------------------------------------------------------------------- the quotient
@@ -43,9 +47,9 @@ def test_gauge_directions_are_zero_modes_of_the_population_error():
     """E depends on K only through K Kᵀ: moving along a gauge direction changes Q at second
     order only, so population E (by quadrature) is flat there, while a generic direction is not."""
     act = get_activation("softmax")
-    obj = fp.SampledError.for_activation(TASK, act, 2, n=64)
+    obj = objectives.SampledError.for_activation(TASK, act, 2, n=64)
     x = np.random.default_rng(0).standard_normal(obj.dim)
-    gauge = fp.gauge_directions(obj, x)
+    gauge = objectives.gauge_directions(obj, x)
     assert gauge.shape == (1, obj.dim)                      # O(2) has one generator
     np.testing.assert_allclose(gauge @ gauge.T, np.eye(1), atol=1e-12)
     h = 1e-4
@@ -55,7 +59,7 @@ def test_gauge_directions_are_zero_modes_of_the_population_error():
     other -= gauge[0] * (gauge[0] @ other)
     across = abs(E(x + h * other) - E(x - h * other)) / (2 * h)
     assert along < 1e-6 < 1e-3 < across
-    Z = fp.quotient_basis(gauge, obj.dim)
+    Z = objectives.quotient_basis(gauge, obj.dim)
     assert Z.shape == (obj.dim, obj.dim - 1)
     np.testing.assert_allclose(Z.T @ Z, np.eye(obj.dim - 1), atol=1e-12)
     np.testing.assert_allclose(gauge @ Z, 0.0, atol=1e-12)
@@ -64,7 +68,7 @@ def test_gauge_directions_are_zero_modes_of_the_population_error():
 def test_fd_hessian_matches_a_quadratic():
     A = np.array([[2.0, 0.5, 0.0], [0.5, 1.0, 0.3], [0.0, 0.3, -0.7]])
     Z = np.linalg.qr(np.random.default_rng(2).standard_normal((3, 2)))[0]
-    Hq = fp.fd_hessian(lambda y: A @ y + y ** 3 * 0, np.ones(3), Z)
+    Hq = objectives.fd_hessian(lambda y: A @ y + y ** 3 * 0, np.ones(3), Z)
     np.testing.assert_allclose(Hq, Z.T @ A @ Z, atol=1e-8)
 
 
@@ -76,18 +80,18 @@ def test_rare_event_objective_is_refused_and_the_tilted_one_is_not():
     certificate stands."""
     task = Task(5, make_prior("flipping", nu=[10.0] * 4))
     act = get_activation("bsoftmax")
-    _, at = einf.bayes_softmax_at_atoms(task.prior, 8)
+    _, at = bayes_softmax_at_atoms(task.prior, 8)
     K = np.zeros((8, 12))
     K[:, :4] = 3.0 * at.M
-    good = fp.Certificate(1e-10, 1e-8, 0.1, 1e-7, "minimum", 0)
+    good = certificate.Certificate(1e-10, 1e-8, 0.1, 1e-7, "minimum", 0)
     out = {}
     for tilt in (0.0, 0.3):
-        obj = fp.SampledError.for_activation(task, act, 8, n=512, seed=1, tilt=tilt,
-                                             control=False)
+        obj = objectives.SampledError.for_activation(task, act, 8, n=512, seed=1, tilt=tilt,
+                                                     control=False)
         x = obj.pack(K, obj.a0, obj.b0)
         if tilt == 0.0:
             precise = population_error(task, act, obj.state(x), method="mc", n=50_000, seed=3)
-        out[tilt] = (obj.value_and_grad(x)[0], fp.check_objective(
+        out[tilt] = (obj.value_and_grad(x)[0], certificate.check_objective(
             good, obj.value_and_grad(x)[0], obj.value_stderr(x), precise.value, precise.abs_err))
     assert out[0.0][0] < 1e-3 * precise.value
     assert out[0.0][1].kind == "objective unreliable" and not out[0.0][1].certified
@@ -96,11 +100,11 @@ def test_rare_event_objective_is_refused_and_the_tilted_one_is_not():
 
 OBJECTIVE_BITS = """
 import hashlib, numpy as np
-from theory_kit.asymptotic import fixedpoint as fp
+from theory_kit.asymptotic import objectives
 from theory_kit.model.activations import get_activation
 from theory_kit.model import Task, make_prior
 task = Task(5, make_prior("flipping", nu=[2.0, 2.0]))
-obj = fp.SampledError.for_activation(task, get_activation("bsoftmax"), 2, n=2 ** 13)
+obj = objectives.SampledError.for_activation(task, get_activation("bsoftmax"), 2, n=2 ** 13)
 rng = np.random.default_rng(0)
 out = [obj.value_and_grad(rng.standard_normal(obj.dim)) for _ in range(8)]
 print(" ".join(v.hex() for v, _ in out), hashlib.md5(np.array([g for _, g in out])).hexdigest())
@@ -126,7 +130,8 @@ def test_factored_scores_and_gradient_contraction_equal_the_per_row_products():
     by the strata, θ on token 0 only); against the plain products over every row's tokens,
     tilted points included (the tilt moves the noise, not θ)."""
     task = Task(5, make_prior("flipping", nu=[10.0] * 3))
-    obj = fp.SampledError.for_activation(task, get_activation("softmax1"), 3, n=64, tilt=0.3)
+    obj = objectives.SampledError.for_activation(task, get_activation("softmax1"), 3, n=64,
+                                                 tilt=0.3)
     rng = np.random.default_rng(3)
     K = rng.normal(size=(3, 6))
     A = rng.normal(size=(len(obj.tokens), 3, 5))
@@ -142,13 +147,13 @@ def test_a_coarse_first_descent_reaches_the_same_certified_minimum_with_fewer_fu
     (the same as without the coarse stage, to the solver's tolerance) and the full set is
     evaluated less often."""
     act = get_activation("softmax1")
-    fine = fp.SampledError.for_activation(TASK, act, 2, n=2 ** 12)
-    coarse = fp.SampledError.for_activation(TASK, act, 2, n=2 ** 10)
+    fine = objectives.SampledError.for_activation(TASK, act, 2, n=2 ** 12)
+    coarse = objectives.SampledError.for_activation(TASK, act, 2, n=2 ** 10)
     start = State(np.array([[0.5, 0.1], [0.4, -0.1]]), np.array([[0.6, 0.1], [0.1, 0.5]]),
                   fine.a0, fine.b0)
-    plain = fp.solve_gradient_flow(fine, start)
+    plain = gradient_flow.solve_gradient_flow(fine, start)
     fine.evaluations = 0
-    fast = fp.solve_gradient_flow(fine, start, coarse=coarse)
+    fast = gradient_flow.solve_gradient_flow(fine, start, coarse=coarse)
     assert plain.certificate.certified and fast.certificate.certified
     assert abs(fast.sampled_error - plain.sampled_error) < 1e-10
     assert fast.evaluations < plain.evaluations
@@ -160,12 +165,12 @@ def test_a_descent_whose_keys_run_off_is_stopped_and_never_certified(monkeypatch
     drift tolerance, relative to ‖x‖, says nothing) and the certificate says "keys diverge".
     Forced here with a factor just above 1 on a descent whose keys grow."""
     act = get_activation("softmax1")
-    obj = fp.SampledError.for_activation(TASK, act, 2, n=2 ** 10)
+    obj = objectives.SampledError.for_activation(TASK, act, 2, n=2 ** 10)
     start = State(np.array([[0.1, 0.0], [0.0, 0.1]]), np.eye(2) * 0.02, obj.a0, obj.b0)
-    monkeypatch.setattr(fp, "RUNOFF_FACTOR", 1.5)
-    sol = fp.solve_gradient_flow(obj, start)
+    monkeypatch.setattr(gradient_flow, "RUNOFF_FACTOR", 1.5)
+    sol = gradient_flow.solve_gradient_flow(obj, start)
     cert = sol.certificate
-    assert cert.kind == fp.RUNOFF and not cert.certified and np.isnan(cert.min_eigenvalue)
+    assert cert.kind == certificate.RUNOFF and not cert.certified and np.isnan(cert.min_eigenvalue)
     x = obj.pack_state(sol.state)
     assert np.linalg.norm(x) > 1.5 * max(1.0, np.linalg.norm(obj.pack_state(start)))
     assert sol.evaluations < 200                    # stopped, not ground down
@@ -177,18 +182,19 @@ def test_a_descent_is_stopped_where_a_key_norm_passes_key_bound():
     never certified) after fewer evaluations than the unbounded solve, which certifies its
     minimum with keys beyond 0.5 (so the bound is what stopped it)."""
     act = get_activation("softmax1")
-    obj = fp.SampledError.for_activation(TASK, act, 2, n=2 ** 10)
+    obj = objectives.SampledError.for_activation(TASK, act, 2, n=2 ** 10)
     start = State(np.array([[0.1, 0.0], [0.0, 0.1]]), np.eye(2) * 0.02, obj.a0, obj.b0)
-    free = fp.solve_gradient_flow(obj, start)
-    assert free.certificate.certified and fp.max_key_norm(obj, obj.pack_state(free.state)) > 1.0
-    stopped = fp.solve_gradient_flow(obj, start, key_bound=0.5)
-    assert stopped.certificate.kind == fp.RUNOFF and not stopped.certificate.certified
-    assert 0.5 < fp.max_key_norm(obj, obj.pack_state(stopped.state)) < 1.0
+    free = gradient_flow.solve_gradient_flow(obj, start)
+    assert free.certificate.certified
+    assert objectives.max_key_norm(obj, obj.pack_state(free.state)) > 1.0
+    stopped = gradient_flow.solve_gradient_flow(obj, start, key_bound=0.5)
+    assert stopped.certificate.kind == certificate.RUNOFF and not stopped.certificate.certified
+    assert 0.5 < objectives.max_key_norm(obj, obj.pack_state(stopped.state)) < 1.0
     assert stopped.evaluations < free.evaluations / 2
     assert "stopped where a key norm passed 0.5" in stopped.solver
 
 
-def symmetric_plateau(obj: fp.SampledError) -> np.ndarray:
+def symmetric_plateau(obj: objectives.SampledError) -> np.ndarray:
     """Both heads equal, no overlap with u2: K_h = (α, 0, β1, β2), E minimised over (α, β).
 
     The paper's unspecialised plateau.  For the population E head exchange and the sign flip
@@ -213,13 +219,13 @@ def symmetric_plateau(obj: fp.SampledError) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def plateau():
-    obj = fp.SampledError.for_activation(TASK, get_activation("softmax"), 2, n=2 ** 13)
+    obj = objectives.SampledError.for_activation(TASK, get_activation("softmax"), 2, n=2 ** 13)
     return obj, symmetric_plateau(obj)
 
 
 def test_certificate_detects_the_symmetric_plateau_as_a_saddle(plateau):
     obj, x = plateau
-    cert = fp.certify(obj, x)
+    cert = certificate.certify(obj, x)
     # stationary within sampling noise: the noise along u2 is not symmetrised (measured 0.36
     # of the as-if-independent stderr, which the Bayes control variate shrinks) ...
     assert cert.drift_norm < 0.5 * cert.drift_stderr
@@ -230,7 +236,7 @@ def test_certificate_detects_the_symmetric_plateau_as_a_saddle(plateau):
 def test_solver_started_at_the_saddle_leaves_along_the_unstable_direction(plateau):
     obj, x = plateau
     saddle_value = obj.value_and_grad(x)[0]
-    sol = fp.solve_gradient_flow(obj, obj.state(x))
+    sol = gradient_flow.solve_gradient_flow(obj, obj.state(x))
     assert len(sol.saddles) >= 1 and sol.saddles[0]["min_eigenvalue"] < 0
     assert sol.certificate.certified and sol.certificate.kind == "minimum"
     assert sol.sampled_error < saddle_value - 1e-3
@@ -249,9 +255,9 @@ def test_escape_step_is_capped_far_from_the_origin():
 
     x = np.full(4, 500.0)
     v = np.array([1.0, 0.0, 0.0, 0.0])
-    moved = fp.escape(Saddle(), x, v)
+    moved = gradient_flow.escape(Saddle(), x, v)
     step = np.linalg.norm(moved - x)
-    assert 0 < step <= fp.PROBE_STEPS[0] * fp.MAX_STEP_SCALE + 1e-12
+    assert 0 < step <= certificate.PROBE_STEPS[0] * certificate.MAX_STEP_SCALE + 1e-12
     assert Saddle().value_and_grad(moved)[0] < 0
 
 
@@ -289,9 +295,9 @@ def test_solver_equals_a_much_longer_integration(bsoftmax_run):
     module's scrambled Sobol nodes, (M, Q) coordinates) integrated to τ = 3000: E at its end
     equals the solver's E∞ within the stated error plus that engine's own point-set shift."""
     act = get_activation("bsoftmax")
-    long = einf.RunSettings(gradient_flow=True, drift="quad", rtol=1e-7, atol=1e-10)
-    end, _ = einf._advance(TASK, act, State(**bsoftmax_run.history["ode_end"]), 3000.0, long,
-                           long.engine())
+    long = convergence.RunSettings(gradient_flow=True, drift="quad", rtol=1e-7, atol=1e-10)
+    end, _ = convergence._advance(TASK, act, State(**bsoftmax_run.history["ode_end"]), 3000.0, long,
+                                  long.engine())
     e_long = population_error(TASK, act, end, method="quad")
     tol = 4 * (bsoftmax_run.abs_err_total + e_long.abs_err) + 1e-5
     assert abs(e_long.value - bsoftmax_run.error.value) < tol
@@ -312,11 +318,11 @@ def test_bsoftmax_f4_nu10_with_as_many_heads_as_atoms_reaches_the_bayes_error():
     """F = 4, flipping ν_f = 10 (8 atoms), H = 8, L = 5 — Fig. 4 left at H = 8, where E is a
     rare-event average (E_Bayes ≈ 1.5e-4): the best certified of 3 runs ends at E_Bayes within
     1e-5 absolute (issue #13).  E∞ − E_Bayes is measured by the paired estimator
-    (``einf.bayes_excess``, independent samples), whose error is far below E's own; E∞ itself
+    (``bayes.bayes_excess``, independent samples), whose error is far below E's own; E∞ itself
     (Monte Carlo) agrees with the Monte Carlo Bayes error within 1e-5 and their errors."""
     task = Task(5, make_prior("flipping", nu=[10.0] * 4))
     act = get_activation("bsoftmax")
-    s = einf.RunSettings(gradient_flow=True, n_samples=400, rule=einf.StopRule(
+    s = convergence.RunSettings(gradient_flow=True, n_samples=400, rule=convergence.StopRule(
         tol=0.1, chunk=20.0, window=2, T_max=100.0), rtol=1e-4, error_method="mc",
         error_samples=100_000, solver_points=2 ** 12, shift_check=False)
     runs = [einf.run_to_convergence(task, act, InitialCondition.draw(act, 8, 4, 5, 10_000, 1.0,
@@ -325,9 +331,9 @@ def test_bsoftmax_f4_nu10_with_as_many_heads_as_atoms_reaches_the_bayes_error():
     certified = [r for r in runs if r.converged]
     assert certified
     best = min(certified, key=lambda r: r.error.value)
-    excess = einf.bayes_excess(task, act, best.state, n=100_000)
+    excess = bayes_excess(task, act, best.state, n=100_000)
     assert excess.value + 4 * excess.abs_err < 1e-5
-    floor = einf.bayes_floor(task, "mc", 400_000)
+    floor = bayes_floor(task, "mc", 400_000)
     assert abs(best.error.value - floor.value) < 1e-5 + 4 * np.hypot(best.error.abs_err,
                                                                       floor.abs_err)
 
@@ -341,7 +347,7 @@ def test_bsoftmax_with_fewer_heads_than_atoms_stays_above_the_bayes_error():
     assert run.certificate.certified
     gap = run.error.value - bayes().value
     assert gap > 1e-2 and gap > 100 * run.abs_err_total
-    paired = einf.bayes_excess(TASK, act, run.state, n=20_000)   # E‖w − p‖², second method
+    paired = bayes_excess(TASK, act, run.state, n=20_000)   # E‖w − p‖², second method
     assert abs(paired.value - gap) < 4 * (paired.abs_err + run.abs_err_total) + 1e-3 * gap
 
 
@@ -349,19 +355,19 @@ def test_bsoftmax_with_fewer_heads_than_atoms_stays_above_the_bayes_error():
 def test_bsoftmax_f4_nu10_with_fewer_heads_than_atoms_stays_above_the_bayes_error():
     """F = 4, flipping ν_f = 10 (8 atoms), H = 2 < 8, L = 5 (Fig. 4 left at H = 2): the
     certified E∞ stays far above E_Bayes ≈ 1.5e-4 — by many error bars of both — and the
-    gap agrees with the paired estimate E‖w − p‖² (``einf.bayes_excess``, second method)."""
+    gap agrees with the paired estimate E‖w − p‖² (``bayes.bayes_excess``, second method)."""
     task = Task(5, make_prior("flipping", nu=[10.0] * 4))
     act = get_activation("bsoftmax")
-    s = einf.RunSettings(gradient_flow=True, n_samples=100, rule=einf.StopRule(
+    s = convergence.RunSettings(gradient_flow=True, n_samples=100, rule=convergence.StopRule(
         tol=0.1, chunk=10.0, window=2, T_max=40.0), rtol=1e-4, error_method="mc",
         error_samples=20_000, solver_points=2 ** 10, shift_check=False)
     ic = InitialCondition.draw(act, 2, 4, 5, 10_000, 1.0, seed=0)
     run = einf.run_to_convergence(task, act, ic, s, progress=False)
     assert run.certificate.certified
-    floor = einf.bayes_floor(task, "mc", 100_000)
+    floor = bayes_floor(task, "mc", 100_000)
     gap = run.error.value - floor.value
     assert gap > 1e-3 and gap > 10 * np.hypot(run.abs_err_total, floor.abs_err)
-    paired = einf.bayes_excess(task, act, run.state, n=50_000)
+    paired = bayes_excess(task, act, run.state, n=50_000)
     assert paired.value > 1e-3 and paired.value > 20 * paired.abs_err
     assert abs(paired.value - gap) < 4 * np.hypot(paired.abs_err, np.hypot(run.abs_err_total,
                                                                           floor.abs_err))
@@ -378,19 +384,20 @@ def test_a_saddle_left_by_the_solver_is_solved_again_on_more_points(monkeypatch)
     def fake_solve(task, act_, state, s, engine=None, offset=0, key_bound=np.inf):
         calls.append(s.solver_points)
         kind = "saddle" if s.solver_points == 256 or always_saddle else "minimum"
-        cert = fp.Certificate(1e-12, 1e-8, -0.1 if kind == "saddle" else 0.1, 1e-7, kind, 1)
-        obj = einf.solver_objective(task, act_, state.H, s)
-        return fp.FixedPoint(state, cert, "fake", obj.value_and_grad(obj.pack_state(state))[0],
-                             [], 0, 0.0)
+        cert = certificate.Certificate(1e-12, 1e-8, -0.1 if kind == "saddle" else 0.1, 1e-7,
+                                       kind, 1)
+        obj = convergence.solver_objective(task, act_, state.H, s)
+        return certificate.FixedPoint(state, cert, "fake",
+                                      obj.value_and_grad(obj.pack_state(state))[0], [], 0, 0.0)
 
-    monkeypatch.setattr(einf, "solve_fixed_point", fake_solve)
+    monkeypatch.setattr(solve, "solve_fixed_point", fake_solve)
     s = settings(solver_points=256, error_method="mc", error_samples=20_000)
     always_saddle = False
-    fixed, _, used = einf.solve_checked(TASK, act, start, s)
+    fixed, _, used = solve.solve_checked(TASK, act, start, s)
     assert calls == [256, 1024] and used.solver_points == 1024 and fixed.certificate.certified
     calls.clear()
     always_saddle = True
-    fixed, _, used = einf.solve_checked(TASK, act, start, s)
+    fixed, _, used = solve.solve_checked(TASK, act, start, s)
     assert calls == [256, 1024] and fixed.certificate.kind == "saddle"
     assert not fixed.certificate.certified
 
@@ -407,15 +414,16 @@ def test_finite_gamma_root_is_certified_and_is_where_the_ode_goes():
     """γ = 0.5: the root of the full drift (γ² term included) and a long integration of the
     same fixed-sample ODE end at the same state."""
     act = get_activation("bsoftmax")
-    s = einf.RunSettings(gamma=0.5, n_samples=500, rule=HANDOFF, rtol=1e-6, atol=1e-9,
-                         error_method="mc", error_samples=20_000, shift_check=False)
+    s = convergence.RunSettings(gamma=0.5, n_samples=500, rule=HANDOFF, rtol=1e-6, atol=1e-9,
+                                error_method="mc", error_samples=20_000, shift_check=False)
     ic = InitialCondition.draw(act, 2, 2, 5, 10_000, 1.0, seed=0)
     run = einf.run_to_convergence(TASK, act, ic, s, progress=False)
     assert run.certificate.certified and run.certificate.kind == "stable"
     assert run.certificate.drift_norm < 1e-8
-    long_state, _ = einf._advance(TASK, act, State(**run.history["ode_end"]), 3000.0, s,
-                                  s.engine())
-    assert einf.state_distance(long_state, run.state, einf._sign_patterns(TASK.prior)) < 1e-3
+    long_state, _ = convergence._advance(TASK, act, State(**run.history["ode_end"]), 3000.0, s,
+                                         s.engine())
+    signs = global_min._sign_patterns(TASK.prior)
+    assert global_min.state_distance(long_state, run.state, signs) < 1e-3
 
 
 def test_finite_gamma_escape_stays_admissible_or_gives_up():
@@ -424,21 +432,21 @@ def test_finite_gamma_escape_stays_admissible_or_gives_up():
     every attempt fails (here: the ODE 'blows up') the caller gets None, not a traceback."""
     from theory_kit.dynamics.ode import build_system
     act = get_activation("bsoftmax")
-    system, _ = build_system(TASK, act, 2, einf.RunSettings(n_samples=50).engine(), 1.0, None,
-                             None, None, None, False, False)
-    dmap = fp.DriftMap(system, np.ones(2), np.zeros(2), False, False)
+    system, _ = build_system(TASK, act, 2, convergence.RunSettings(n_samples=50).engine(), 1.0,
+                             None, None, None, None, False, False)
+    dmap = drift_root.DriftMap(system, np.ones(2), np.zeros(2), False, False)
     M = np.array([[1.0, 0.5], [0.8, -0.4]])
     y = dmap.pack(State(M, M @ M.T + 0.01 * np.eye(2), np.ones(2), np.zeros(2)))
     v = np.zeros_like(y)
     v[4] = -1.0                                   # Q_11 down: inadmissible at the big step
-    moved = fp._displace_admissible(dmap, y, v, lambda s: s)
+    moved = drift_root._displace_admissible(dmap, y, v, lambda s: s)
     st = dmap.state(moved)
     assert np.linalg.eigvalsh(st.orthogonal_part()).min() >= -1e-12 and not np.allclose(moved, y)
 
     def blow_up(state):
         raise ValueError("blew up")
 
-    assert fp._displace_admissible(dmap, y, v, blow_up) is None
+    assert drift_root._displace_admissible(dmap, y, v, blow_up) is None
 
 
 # ----------------------------------------------------------------------------- run-offs
@@ -460,10 +468,10 @@ HANDOVER_Q = np.array([[3.02891, 2.96019, 2.82692, 2.85453], [2.96019, 3.29881, 
 def test_drift_tolerance_is_absolute_not_scaled_by_the_key_norm():
     """A drift of 1e-6 at ‖x‖ = 10⁵ used to pass (tolerance 1e-8·‖x‖ = 1e-3); now it fails."""
     act = get_activation("softmax")
-    obj = fp.SampledError.for_activation(TASK, act, 1, n=64)
-    assert fp._drift_tol(np.full(obj.dim, 1e5), 1e-8) == 1e-8
-    far = fp.Certificate(1e-6, 0.5 * fp._drift_tol(np.full(obj.dim, 1e5), 1e-8), 0.1, 1e-7,
-                         "degenerate minimum", 0)
+    obj = objectives.SampledError.for_activation(TASK, act, 1, n=64)
+    assert certificate._drift_tol(np.full(obj.dim, 1e5), 1e-8) == 1e-8
+    far = certificate.Certificate(1e-6, 0.5 * certificate._drift_tol(np.full(obj.dim, 1e5), 1e-8),
+                                  0.1, 1e-7, "degenerate minimum", 0)
     assert not far.certified
 
 
@@ -476,14 +484,14 @@ def test_softmax_runoff_at_strong_signal_is_a_sample_artefact_on_held_out_points
     end point lies 4.8e-4 ± 0.9e-4 above the symmetric state and pulling back to |k| = 10 gains
     5.7e-4."""
     act = get_activation("softmax")
-    held = fp.SampledError.for_activation(STRONG, act, 4, n=2 ** 14, seed=3)
+    held = objectives.SampledError.for_activation(STRONG, act, 4, n=2 ** 14, seed=3)
     start = held.pack_state(State(HANDOVER_M, HANDOVER_Q, held.a0, held.b0))
-    check = fp.runoff_check(held, held.pack(RUNOFF_K, held.a0, held.b0), start)
-    assert check.heads == [2] and check.verdict == fp.ARTEFACT
+    check = gradient_flow.runoff_check(held, held.pack(RUNOFF_K, held.a0, held.b0), start)
+    assert check.heads == [2] and check.verdict == gradient_flow.ARTEFACT
     rise, err = np.array(check.rise), np.array(check.stderr)
     inner = np.array(check.factors) < 1.0
     assert np.min(rise[inner] / np.where(err[inner] > 0, err[inner], np.inf)) < -3.0
-    assert check.factors[-1] == fp.RAY_TOP and rise[-1] > 0.0
+    assert check.factors[-1] == gradient_flow.RAY_TOP and rise[-1] > 0.0
 
 
 class _RayObjective:
@@ -508,13 +516,13 @@ class _RayObjective:
 
 
 @pytest.mark.parametrize("f, verdict", [
-    (lambda r: 0.05 + 0.01 / r, fp.FALLS),                       # monotone towards the limit
-    (lambda r: 0.05 + 1e-3 * (np.log(r / 10.0)) ** 2, fp.ARTEFACT),   # minimum at r = 10
-    (lambda r: 0.05 + 0.0 * r, fp.INCONCLUSIVE)])                 # flat
+    (lambda r: 0.05 + 0.01 / r, gradient_flow.FALLS),          # monotone towards the limit
+    (lambda r: 0.05 + 1e-3 * (np.log(r / 10.0)) ** 2, gradient_flow.ARTEFACT),  # minimum at r = 10
+    (lambda r: 0.05 + 0.0 * r, gradient_flow.INCONCLUSIVE)])    # flat
 def test_runoff_check_verdicts_on_known_rays(f, verdict):
     start = np.array([1.0, 0.0, 0.5, 0.0])
     end = np.array([500.0, 0.0, 0.5, 0.0])
-    check = fp.runoff_check(_RayObjective(f), end, start)
+    check = gradient_flow.runoff_check(_RayObjective(f), end, start)
     assert check.heads == [0]
     assert check.verdict == verdict
 
@@ -526,9 +534,9 @@ def test_ray_to_infinite_key_norm_reaches_the_hard_attention_limit():
     (0.0627 by quadrature)."""
     from scipy import integrate, stats
     act = get_activation("softmax")
-    obj = fp.SampledError.for_activation(STRONG, act, 1, n=2 ** 14, seed=5)
+    obj = objectives.SampledError.for_activation(STRONG, act, 1, n=2 ** 14, seed=5)
     K = np.zeros((1, 5))
-    K[0, 0] = 10.0 * fp.RAY_TOP
+    K[0, 0] = 10.0 * gradient_flow.RAY_TOP
     x = obj.pack(K, obj.a0, obj.b0)
     win = integrate.quad(lambda z: stats.norm.pdf(z) * stats.norm.cdf(z + np.sqrt(10.0)) ** 4,
                          -12, 12, epsabs=1e-13)[0]
@@ -551,17 +559,19 @@ def test_a_runoff_is_solved_again_on_more_points_at_every_attempt_then_checked(m
 
     def fake_solve(task, act_, state, s, engine=None, offset=0, key_bound=np.inf):
         calls.append(s.solver_points)
-        cert = fp.Certificate(1e-6, 1e-8, float("nan"), float("nan"), fp.RUNOFF, 0)
-        return fp.FixedPoint(far, cert, "fake", 0.5, [], 0, 0.0)
+        cert = certificate.Certificate(1e-6, 1e-8, float("nan"), float("nan"),
+                                       certificate.RUNOFF, 0)
+        return certificate.FixedPoint(far, cert, "fake", 0.5, [], 0, 0.0)
 
-    monkeypatch.setattr(einf, "solve_fixed_point", fake_solve)
+    monkeypatch.setattr(solve, "solve_fixed_point", fake_solve)
     s = settings(solver_points=256, error_method="mc", error_samples=20_000, solver_refine=2)
-    fixed, _, used = einf.solve_checked(TASK, act, start, s)
+    fixed, _, used = solve.solve_checked(TASK, act, start, s)
     assert calls == [256, 1024, 4096] and used.solver_points == 4096
     assert not fixed.certificate.certified and fixed.runoff is not None
     assert fixed.runoff["heads"] == [0] and fixed.runoff["points"] == 4096
-    assert fixed.runoff["verdict"] in (fp.ARTEFACT, fp.FALLS, fp.INCONCLUSIVE)
-    run = einf.EinfRun(0, far, einf.ErrorValue(0.5, 1e-3, "mc"), 10.0, False, [1.0],
+    assert fixed.runoff["verdict"] in (gradient_flow.ARTEFACT, gradient_flow.FALLS,
+                                       gradient_flow.INCONCLUSIVE)
+    run = einf.EinfRun(0, far, ErrorValue(0.5, 1e-3, "mc"), 10.0, False, [1.0],
                        {"speed": [1.0]}, fixed=fixed)
     d = einf.EinfRun.from_dict(run.to_dict()).to_dict()
     assert d["runoff_verdict"] == fixed.runoff["verdict"] and not np.isfinite(d["abs_err"])
@@ -587,7 +597,7 @@ class CurvedValley:
         return np.eye(2)
 
     def hessian(self, x: np.ndarray, Z: np.ndarray) -> tuple[np.ndarray, float]:
-        return fp.fd_hessian(lambda y: self.value_and_grad(y)[1], x, Z), 0.0
+        return objectives.fd_hessian(lambda y: self.value_and_grad(y)[1], x, Z), 0.0
 
     def state(self, x: np.ndarray):     # what a saddle record stores
         return types.SimpleNamespace(to_dict=lambda: {"x": x.tolist()})
@@ -604,7 +614,7 @@ def test_trust_region_newton_goes_on_where_the_newton_step_leaves_the_valley():
     Hq = obj.hessian(x0, np.eye(2))[0]
     newton = x0 - np.linalg.solve(Hq, g0)
     assert np.linalg.norm(obj.value_and_grad(newton)[1]) > np.linalg.norm(g0)  # the premise
-    x, exact = fp._newton(obj, x0, np.eye(2), Hq, 1e-8)
+    x, exact = gradient_flow._newton(obj, x0, np.eye(2), Hq, 1e-8)
     assert not exact
     assert obj.value_and_grad(x)[0] < 0.9 * obj.value_and_grad(x0)[0]
 
@@ -616,8 +626,8 @@ def test_descent_certifies_the_minimum_at_the_end_of_a_flat_curved_valley():
     stationary.  Now it ends at (1, 1) (the closed form) with ‖∇E‖ ≤ 1e-8, classified a
     minimum by the Hessian of the point returned (against the analytic Hessian there)."""
     obj = CurvedValley()
-    x, local, saddles = fp._descend(obj, np.array([0.3, 0.09]), 1e-8, 2, 500, np.inf,
-                                    gtol=1e-2)
+    x, local, saddles = gradient_flow._descend(obj, np.array([0.3, 0.09]), 1e-8, 2, 500, np.inf,
+                                               gtol=1e-2)
     assert not saddles and local.kind == "minimum"
     assert np.linalg.norm(obj.value_and_grad(x)[1]) <= 1e-8
     assert np.allclose(x, [1.0, 1.0], atol=1e-6)
@@ -640,8 +650,8 @@ def test_trust_step_at_a_radius_near_rounding_is_the_step_of_that_radius():
         g = rng.standard_normal(6)
         for k in range(8, 20):
             radius = float(np.linalg.norm(g)) * 10.0 ** (-k)
-            p = fp._trust_step(eigs, vecs, g, radius)
+            p = gradient_flow._trust_step(eigs, vecs, g, radius)
             assert np.all(np.isfinite(p)) and np.linalg.norm(p) <= radius * (1 + 1e-9)
         newton = -vecs @ ((vecs.T @ g) / eigs)
-        assert np.allclose(fp._trust_step(eigs, vecs, g, 2 * np.linalg.norm(newton)), newton,
-                           rtol=1e-12, atol=0.0)
+        assert np.allclose(gradient_flow._trust_step(eigs, vecs, g, 2 * np.linalg.norm(newton)),
+                           newton, rtol=1e-12, atol=0.0)

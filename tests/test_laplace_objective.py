@@ -8,8 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from theory_kit.asymptotic import runs as einf
-from theory_kit.asymptotic import fixedpoint as fp
+from theory_kit.asymptotic import deterministic, gradient_flow, solve
 from theory_kit.model.activations import get_activation
 from theory_kit.expect.error import bayes_error, population_error
 from theory_kit.asymptotic.laplace_objective import LaplaceError
@@ -53,9 +52,10 @@ def test_key_gradient_is_the_gradient_of_the_quadrature_E(C):
 def test_joint_activations_get_the_drift_engines_objective():
     """The polish's objective: pairwise where it applies (B-softmax at H = 1 as the per-head
     softmax head), the drift engine's for B-softmax at H = 2, 3, none beyond."""
-    assert isinstance(einf.deterministic_objective(TASK, BSOFTMAX, 1), fp.PairwiseError)
-    assert isinstance(einf.deterministic_objective(TASK, BSOFTMAX, 2), LaplaceError)
-    assert einf.deterministic_objective(TASK, BSOFTMAX, 4) is None
+    assert isinstance(solve.deterministic_objective(TASK, BSOFTMAX, 1),
+                      deterministic.PairwiseError)
+    assert isinstance(solve.deterministic_objective(TASK, BSOFTMAX, 2), LaplaceError)
+    assert solve.deterministic_objective(TASK, BSOFTMAX, 4) is None
 
 
 @pytest.mark.slow
@@ -64,7 +64,7 @@ def test_polished_bsoftmax_with_two_heads_reaches_the_bayes_error():
     whose E is the Bayes error by quadrature to 1e-12 (measured 1.4e-14; ~9 CPU s)."""
     obj = objective()
     x = obj.pack_state(State(M0, M0 @ M0.T + np.diag([0.3, 0.2]), np.ones(2), np.zeros(2)))
-    fixed = fp.polish_gradient_flow(obj, x, 1e-8)
+    fixed = gradient_flow.polish_gradient_flow(obj, x, 1e-8)
     assert fixed.certificate.certified and fixed.certificate.kind == "minimum"
     bayes = bayes_error(TASK)
     assert abs(fixed.sampled_error - bayes.value) <= 1e-12 + fixed.error_abs_err + bayes.abs_err

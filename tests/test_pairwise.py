@@ -1,5 +1,5 @@
 """The pairwise decomposition of E for per-head activations (theory_kit.expect.pairwise) and the
-deterministic polish built on it (fixedpoint.PairwiseError, polish_gradient_flow).
+deterministic polish built on it (deterministic.PairwiseError, polish_gradient_flow).
 
 Independent references: the quadrature engine evaluating the whole H-head model (its own
 expansion E = Δ + 1 − 2 Σ a E[W_h0] + Σ a a' E[W_h·W_h'], no sub-models, no Laplace engine),
@@ -12,8 +12,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from theory_kit.asymptotic import runs as einf
-from theory_kit.asymptotic import fixedpoint as fp
+from theory_kit.asymptotic import (certificate, convergence, deterministic, gradient_flow,
+                                   objectives, solve)
 from theory_kit.model.activations import get_activation
 from theory_kit.expect.error import population_error
 from theory_kit.expect import pairwise
@@ -76,7 +76,7 @@ def test_gradient_matches_differences_of_the_quadrature_E(name):
     for softmax-1) against central differences of the independent quadrature E."""
     act = get_activation(name)
     H, F = 3, TASK.F
-    obj = fp.PairwiseError.for_activation(TASK, act, H)
+    obj = deterministic.PairwiseError.for_activation(TASK, act, H)
     K = random_keys(H, F, 4)
     b = obj.b0 + np.array([0.2, -0.1, 0.0]) if obj.train_b else obj.b0
     x = obj.pack(K, obj.a0, b)
@@ -118,13 +118,13 @@ def test_the_rung_evaluate_stops_at_resolves_the_gradient_norm_it_reports():
 
 def test_head_local_hessian_equals_differences_of_the_whole_gradient():
     """PairwiseError.hessian recomputes only the sub-models of the perturbed head; the result
-    is the finite-difference Hessian of the whole gradient (fixedpoint.fd_hessian)."""
+    is the finite-difference Hessian of the whole gradient (objectives.fd_hessian)."""
     act = get_activation("softmax")
-    obj = fp.PairwiseError.for_activation(TASK, act, 3)
+    obj = deterministic.PairwiseError.for_activation(TASK, act, 3)
     x = obj.pack(random_keys(3, TASK.F, 6), obj.a0, obj.b0)
     Z = np.eye(obj.dim)
     local, fd_err = obj.hessian(x, Z)
-    whole = fp.fd_hessian(lambda y: obj.value_and_grad(y)[1], x, Z)
+    whole = objectives.fd_hessian(lambda y: obj.value_and_grad(y)[1], x, Z)
     assert np.max(np.abs(local - whole)) < 1e-8 * max(1.0, np.max(np.abs(whole)))
     assert 0.0 <= fd_err < 1e-6
 
@@ -135,7 +135,7 @@ def test_pairwise_refuses_what_it_does_not_cover():
     gauss = Task(4, make_prior("gaussian", nu=[2.0, 2.0]))
     with pytest.raises(ValidationError, match="discrete prior"):
         pairwise.PairwiseLaplace(gauss, get_activation("softmax"), 3)
-    assert not einf.pairwise_applies(TASK, get_activation("bsoftmax"), 2)
+    assert not solve.pairwise_applies(TASK, get_activation("bsoftmax"), 2)
 
 
 def test_polish_certifies_a_lower_minimum_than_the_sampled_solution():
@@ -144,11 +144,11 @@ def test_polish_certifies_a_lower_minimum_than_the_sampled_solution():
     at the polished point is not above that at the sampled one."""
     act = get_activation("softmax")
     H = 3
-    samp = fp.SampledError.for_activation(TASK, act, H, n=2 ** 11)
+    samp = objectives.SampledError.for_activation(TASK, act, H, n=2 ** 11)
     x0 = samp.pack(random_keys(H, TASK.F, 3, 0.5), samp.a0, samp.b0)
-    sampled = fp.solve_gradient_flow(samp, samp.state(x0))
-    obj = fp.PairwiseError.for_activation(TASK, act, H)
-    polished = fp.polish_gradient_flow(obj, obj.pack_state(sampled.state))
+    sampled = gradient_flow.solve_gradient_flow(samp, samp.state(x0))
+    obj = deterministic.PairwiseError.for_activation(TASK, act, H)
+    polished = gradient_flow.polish_gradient_flow(obj, obj.pack_state(sampled.state))
     cert = polished.certificate
     assert cert.certified and cert.kind == "minimum", cert
     assert cert.drift_norm <= cert.drift_tol and cert.drift_stderr < cert.drift_tol
@@ -164,7 +164,7 @@ def test_saddle_of_the_deterministic_E_is_detected():
     """The head-symmetric plateau of softmax, H = 2 (both heads equal, minimised within the
     symmetric set): the quotient Hessian of the deterministic E has a negative eigenvalue."""
     act = get_activation("softmax")
-    obj = fp.PairwiseError.for_activation(TASK, act, 2)
+    obj = deterministic.PairwiseError.for_activation(TASK, act, 2)
     m = np.array([0.9, 0.0])                  # along the constant direction only
     K = np.zeros((2, TASK.F + 2))
     K[:, :TASK.F] = m
@@ -178,7 +178,7 @@ def test_saddle_of_the_deterministic_E_is_detected():
     from scipy import optimize
     t = optimize.minimize(symmetric, [0.9], jac=True, method="L-BFGS-B").x
     K[:, 0] = t[0]
-    local = fp._classify(obj, obj.pack(K, obj.a0, obj.b0))
+    local = certificate._classify(obj, obj.pack(K, obj.a0, obj.b0))
     assert local.kind == "saddle" and local.eigs[0] < -local.eig_tol
 
 
@@ -191,23 +191,23 @@ def test_with_the_polish_the_sampled_solve_runs_once_without_its_precise_E(monke
     act = get_activation("softmax")
     M = np.array([[0.9, 0.3], [0.8, -0.4]])
     start = State(M, M @ M.T + 0.1 * np.eye(2), act.a_default(2, 4), act.b_default(2, 4))
-    settings = einf.RunSettings(gradient_flow=True, solver_points=2 ** 10, solver_refine=2,
-                                shift_check=False, polish="pairwise",
-                                error_method="deterministic")
-    solves, real_solve = [], einf.solve_fixed_point
+    settings = convergence.RunSettings(gradient_flow=True, solver_points=2 ** 10,
+                                       solver_refine=2, shift_check=False, polish="pairwise",
+                                       error_method="deterministic")
+    solves, real_solve = [], solve.solve_fixed_point
 
     def run_off(*args, **kw):
         fixed = real_solve(*args, **kw)
         solves.append(fixed)
         return dataclasses.replace(fixed, certificate=dataclasses.replace(
-            fixed.certificate, kind=fp.RUNOFF))
+            fixed.certificate, kind=certificate.RUNOFF))
 
     def no_precise(*args, **kw):
         raise AssertionError("precise E computed at the sampled point")
 
-    monkeypatch.setattr(einf, "solve_fixed_point", run_off)
-    monkeypatch.setattr(einf, "precise_error", no_precise)
-    fixed, final, used = einf.solve_checked(TASK, act, start, settings)
+    monkeypatch.setattr(solve, "solve_fixed_point", run_off)
+    monkeypatch.setattr(solve, "precise_error", no_precise)
+    fixed, final, used = solve.solve_checked(TASK, act, start, settings)
     assert len(solves) == 1 and used.solver_points == 2 ** 10
     assert fixed.presolve["polished_from"] == "hand-over"
     assert fixed.presolve["state"] == solves[0].state.to_dict()
@@ -217,41 +217,43 @@ def test_with_the_polish_the_sampled_solve_runs_once_without_its_precise_E(monke
 
 
 def test_the_polish_starts_from_the_hand_over_unless_the_sampled_point_is_certified_and_near():
-    """``einf.polish_from_sampled``: a certified sampled minimum near the hand-over is the start;
+    """``solve.polish_from_sampled``: a certified sampled minimum near the hand-over is the start;
     an uncertified one, a run-off, and a certified one whose keys grew past RUNOFF_GROWTH × the
     hand-over's (a fit of the points: the old code started the polish there) are not."""
     act = get_activation("softmax")
     a, b = act.a_default(2, 4), act.b_default(2, 4)
     start = State(np.array([[1.0, 0.0], [0.0, 1.0]]), np.eye(2), a, b)
 
-    def sampled(scale: float, kind: str) -> fp.FixedPoint:
+    def sampled(scale: float, kind: str) -> certificate.FixedPoint:
         M = scale * np.array([[1.0, 0.2], [-0.3, 1.0]])
-        cert = fp.Certificate(1e-10, 5e-9, 0.01, 1e-7, kind, 0)
-        return fp.FixedPoint(State(M, M @ M.T, a, b), cert, "sampled", 0.1, [], 1, 0.0)
+        cert = certificate.Certificate(1e-10, 5e-9, 0.01, 1e-7, kind, 0)
+        state = State(M, M @ M.T, a, b)
+        return certificate.FixedPoint(state, cert, "sampled", 0.1, [], 1, 0.0)
 
-    assert einf.polish_from_sampled(start, sampled(2.0, "minimum"))
-    assert not einf.polish_from_sampled(start, sampled(2.0, "saddle"))
-    assert not einf.polish_from_sampled(start, sampled(2.0, fp.RUNOFF))
-    assert not einf.polish_from_sampled(start, sampled(3.0 * fp.RUNOFF_GROWTH, "minimum"))
+    assert solve.polish_from_sampled(start, sampled(2.0, "minimum"))
+    assert not solve.polish_from_sampled(start, sampled(2.0, "saddle"))
+    assert not solve.polish_from_sampled(start, sampled(2.0, certificate.RUNOFF))
+    assert not solve.polish_from_sampled(start, sampled(3.0 * gradient_flow.RUNOFF_GROWTH,
+                                                        "minimum"))
 
 
 def test_beyond_the_key_cap_the_objective_is_the_clipped_E_plus_a_penalty(monkeypatch):
-    """A head past ``fixedpoint.KEY_CAP`` (where the Laplace grids of a pair outgrow memory):
+    """A head past ``deterministic.KEY_CAP`` (where the Laplace grids of a pair outgrow memory):
     E is that of the keys clipped onto the cap (checked against the quadrature of the clipped
     state) plus ½ (|k| − cap)², its gradient a directional derivative of that value (central
     differences), and a polish ending there is never certified (caps 3 and 0.5 here: cheap)."""
-    monkeypatch.setattr(fp, "KEY_CAP", 3.0)
+    monkeypatch.setattr(deterministic, "KEY_CAP", 3.0)
     act = get_activation("softmax")
-    obj = fp.PairwiseError.for_activation(TASK, act, 2)
+    obj = deterministic.PairwiseError.for_activation(TASK, act, 2)
     K = np.zeros((2, TASK.F + 2))
     K[0, :2] = [0.8, 0.6]
-    K[0] *= fp.KEY_CAP + 2.0
+    K[0] *= deterministic.KEY_CAP + 2.0
     K[1, :3] = [0.5, -0.3, 0.2]
     x = obj.pack(K, obj.a0, obj.b0)
     assert obj.beyond_cap(x)
     value, grad = obj.value_and_grad(x)
     clipped = K.copy()
-    clipped[0] *= fp.KEY_CAP / np.linalg.norm(K[0])
+    clipped[0] *= deterministic.KEY_CAP / np.linalg.norm(K[0])
     quad = population_error(TASK, act, obj.state(obj.pack(clipped, obj.a0, obj.b0)),
                             method="quad")
     assert abs(value - 2.0 - quad.value) <= 4 * quad.abs_err + 1e-9
@@ -260,7 +262,7 @@ def test_beyond_the_key_cap_the_objective_is_the_clipped_E_plus_a_penalty(monkey
     h = 1e-5
     fd = (obj.value_and_grad(x + h * d)[0] - obj.value_and_grad(x - h * d)[0]) / (2 * h)
     assert abs(fd - grad @ d) <= 1e-6 * max(1.0, abs(fd))
-    monkeypatch.setattr(fp, "KEY_CAP", 0.5)     # the minimum (|k| ≈ 1.75) lies beyond it
-    polished = fp.polish_gradient_flow(obj, x, maxiter=50)
+    monkeypatch.setattr(deterministic, "KEY_CAP", 0.5)    # the minimum (|k| ≈ 1.75) lies beyond it
+    polished = gradient_flow.polish_gradient_flow(obj, x, maxiter=50)
     assert obj.beyond_cap(obj.pack_state(polished.state))
-    assert polished.certificate.kind == fp.RUNOFF and not polished.certificate.certified
+    assert polished.certificate.kind == certificate.RUNOFF and not polished.certificate.certified

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from theory_kit.asymptotic import convergence
 from theory_kit.asymptotic import runs as einf
 from theory_kit.model.activations import get_activation
 from theory_kit.expect.engines import build_engine
@@ -59,7 +60,7 @@ def test_einf_hands_over_to_the_solver_where_the_sampled_ode_reaches_the_boundar
     flow only tends to it; the solver (on K = [M | P]) takes over there and certifies a
     minimum, at which the deterministic engine's gradient-flow drift is < 5 % of the drift at
     the start (what is left is the solver's own sampling error, ~1 %)."""
-    settings = einf.RunSettings(gradient_flow=True, solver_points=2 ** 12, shift_check=False)
+    settings = convergence.RunSettings(gradient_flow=True, solver_points=2 ** 12, shift_check=False)
     run = einf.run_to_convergence(TASK, ACT, IC, settings, progress=False)
     assert "early_handover" in run.history and run.T < settings.rule.T_max
     assert run.converged and run.certificate.certified

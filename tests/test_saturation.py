@@ -12,7 +12,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from theory_kit.asymptotic import fixedpoint as fp
+from theory_kit.asymptotic import certificate, deterministic, gradient_flow
 from theory_kit.asymptotic import saturation as st
 from theory_kit.model.activations import Activation, get_activation
 from theory_kit.expect.error import population_error
@@ -37,7 +37,7 @@ def with_b(state: State, b: list[float]) -> State:
 
 
 def test_frozen_biases_drop_out_of_the_coordinates():
-    obj = fp.PairwiseError.for_activation(SMALL, SOFTMAX1, 2)
+    obj = deterministic.PairwiseError.for_activation(SMALL, SOFTMAX1, 2)
     frozen = st.saturated_objective(obj, TWO.b, [1])
     assert frozen.dim == obj.dim - 1 and list(frozen.free_b) == [0]
     x = frozen.pack_state(TWO)
@@ -51,7 +51,7 @@ def test_frozen_biases_drop_out_of_the_coordinates():
 def test_saturated_heads_are_plain_softmax_heads():
     """Both heads at b = B_SAT on the pairwise Laplace engine (κ = 1) = the κ = 0 model by
     quadrature: the extra token's e^{−30} is below both engines' errors."""
-    obj = fp.PairwiseError.for_activation(SMALL, SOFTMAX1, 2)
+    obj = deterministic.PairwiseError.for_activation(SMALL, SOFTMAX1, 2)
     value, err, _, _ = obj.evaluate(obj.pack_state(with_b(TWO, [st.B_SAT] * 2)))
     ref = population_error(SMALL, plain_heads(), with_b(TWO, [0.0, 0.0]), method="quad")
     assert abs(value - ref.value) <= 4 * (err + ref.abs_err) + 1e-12
@@ -60,7 +60,7 @@ def test_saturated_heads_are_plain_softmax_heads():
 def test_corner_slope_and_curvature_are_those_of_E_along_b():
     """c and K from the κ differences of ∂E/∂b = the fit E(b) − E(∞) = c κ + ½ K κ² of three
     quadratures along b of head 0 (head 1 at a finite b)."""
-    obj = fp.PairwiseError.for_activation(SMALL, SOFTMAX1, 2)
+    obj = deterministic.PairwiseError.for_activation(SMALL, SOFTMAX1, 2)
     sat = st.saturated_objective(obj, TWO.b, [0])
     corner = st.Corner(sat, sat.pack_state(TWO), [0])
     c, K, _ = corner.derivatives(st.PROBES, st.SLOPE_LEVEL)
@@ -78,10 +78,10 @@ def test_corner_slope_and_curvature_are_those_of_E_along_b():
 def one_head():
     """softmax-1, H = 1: the polish from a generic start (ends uncertified, b ≈ 7.6 and rising)
     and the saturated minimum it hands over to."""
-    obj = fp.PairwiseError.for_activation(ONE_HEAD, SOFTMAX1, 1)
+    obj = deterministic.PairwiseError.for_activation(ONE_HEAD, SOFTMAX1, 1)
     M = np.array([[0.9, 0.3]])
     start = State(M, M @ M.T + 0.05, np.ones(1), SOFTMAX1.b_default(1, ONE_HEAD.L))
-    polish = fp.polish_gradient_flow(obj, obj.pack_state(start), 1e-8)
+    polish = gradient_flow.polish_gradient_flow(obj, obj.pack_state(start), 1e-8)
     return obj, polish, st.saturated_minimum(obj, polish, 1e-8)
 
 
@@ -91,19 +91,19 @@ def test_one_softmax1_head_saturates_to_the_softmax_minimum(one_head):
     (at H = 1 softmax has a = 1/H = 1: the same model at κ = 0)."""
     _, polish, sat = one_head
     assert not polish.certificate.certified and polish.state.b[0] > st.SAT_START
-    assert sat.certificate.certified and sat.certificate.kind == fp.BOUNDARY
+    assert sat.certificate.certified and sat.certificate.kind == certificate.BOUNDARY
     rec = sat.boundary
     assert rec["side"] == "+inf" and rec["flat"] == [0]
     assert rec["schur_min"] > 10 * rec["schur_err"]
     assert sat.sampled_error < polish.sampled_error
     soft = get_activation("softmax")
-    ref_obj = fp.PairwiseError.for_activation(ONE_HEAD, soft, 1)
-    ref = fp.polish_gradient_flow(ref_obj, ref_obj.pack_state(
+    ref_obj = deterministic.PairwiseError.for_activation(ONE_HEAD, soft, 1)
+    ref = gradient_flow.polish_gradient_flow(ref_obj, ref_obj.pack_state(
         State(polish.state.M, polish.state.Q, np.ones(1), np.zeros(1))), 1e-8)
     assert ref.certificate.certified
     assert abs(sat.sampled_error - ref.sampled_error) <= sat.error_abs_err + ref.error_abs_err \
         + 1e-12
-    assert fp.FixedPoint.from_dict(sat.to_dict()).boundary == sat.boundary
+    assert certificate.FixedPoint.from_dict(sat.to_dict()).boundary == sat.boundary
 
 
 def test_schur_complement_is_the_curvature_of_the_profile(one_head):
@@ -114,7 +114,7 @@ def test_schur_complement_is_the_curvature_of_the_profile(one_head):
     S = sat.boundary["schur_min"]
     for b in (6.0, 7.0):
         frozen = dataclasses.replace(obj, b0=np.array([b]), frozen_b=(0,))
-        prof = fp.polish_gradient_flow(frozen, frozen.pack_state(sat.state), 1e-8)
+        prof = gradient_flow.polish_gradient_flow(frozen, frozen.pack_state(sat.state), 1e-8)
         assert prof.certificate.certified
         kappa = np.exp(-b)
         ratio = (prof.sampled_error - sat.sampled_error) / (0.5 * kappa ** 2)
@@ -124,23 +124,24 @@ def test_schur_complement_is_the_curvature_of_the_profile(one_head):
 def test_no_saturation_where_the_bias_is_interior():
     """A polish that certifies at finite b is not this module's business; one whose heads sit
     below SAT_START has no candidates."""
-    obj = fp.PairwiseError.for_activation(SMALL, SOFTMAX1, 2)
+    obj = deterministic.PairwiseError.for_activation(SMALL, SOFTMAX1, 2)
     assert st.candidates(obj, obj.pack_state(TWO), 1e-8) == []
-    assert not st.applies(fp.PairwiseError.for_activation(SMALL, get_activation("softmax"), 2))
+    softmax = deterministic.PairwiseError.for_activation(SMALL, get_activation("softmax"), 2)
+    assert not st.applies(softmax)
 
 
 def test_newton_continues_at_the_level_of_the_certificate(monkeypatch):
     """A plain softmax head (F = 2, ν = 2, H = 1): at the descent's level 0.5625 the gradient is
     off by ~1.2e-8 from the finer levels that resolve it, so Newton there stops where the
-    certificate fails; continued at the finer levels (``fixedpoint._at_finer_levels``) it
+    certificate fails; continued at the finer levels (``gradient_flow._at_finer_levels``) it
     certifies."""
-    obj = fp.PairwiseError.for_activation(ONE_HEAD, get_activation("softmax"), 1)
+    obj = deterministic.PairwiseError.for_activation(ONE_HEAD, get_activation("softmax"), 1)
     M = np.array([[0.9, 0.3]])
     x0 = obj.pack_state(State(M, M @ M.T + 0.05, np.ones(1), np.zeros(1)))
-    assert fp.polish_gradient_flow(obj, x0, 1e-8).certificate.certified
-    monkeypatch.setattr(fp, "_at_finer_levels",
+    assert gradient_flow.polish_gradient_flow(obj, x0, 1e-8).certificate.certified
+    monkeypatch.setattr(gradient_flow, "_at_finer_levels",
                         lambda o, view, x, local, tol: (x, o.evaluate(x, tol)))
-    stopped = fp.polish_gradient_flow(obj, x0, 1e-8).certificate
+    stopped = gradient_flow.polish_gradient_flow(obj, x0, 1e-8).certificate
     assert stopped.kind == "minimum" and stopped.drift_norm > stopped.drift_tol
 
 
@@ -148,10 +149,10 @@ def test_finer_levels_leave_a_point_whose_hessian_is_not_positive_definite():
     """A degenerate minimum may carry a Hessian with λ ≤ 0, where the trust step has no
     solution (it raised in brentq: softmax-1, F = 2, ν = 0.5, H = 4): x is returned
     unchanged with its evaluation."""
-    obj = fp.PairwiseError.for_activation(ONE_HEAD, get_activation("softmax"), 1)
+    obj = deterministic.PairwiseError.for_activation(ONE_HEAD, get_activation("softmax"), 1)
     M = np.array([[0.9, 0.3]])
     x = obj.pack_state(State(M, M @ M.T + 0.05, np.ones(1), np.zeros(1)))
     Z = np.eye(obj.dim)
-    local = fp._Local("degenerate minimum", np.array([-1e-3]), Z, Z, -1e-3 * Z, 0, 1e-7)
-    y, evaluated = fp._at_finer_levels(obj, obj, x, local, 1e-8)
+    local = certificate._Local("degenerate minimum", np.array([-1e-3]), Z, Z, -1e-3 * Z, 0, 1e-7)
+    y, evaluated = gradient_flow._at_finer_levels(obj, obj, x, local, 1e-8)
     assert np.array_equal(y, x) and np.linalg.norm(evaluated[2]) > 1e-8

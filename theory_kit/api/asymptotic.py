@@ -4,7 +4,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..asymptotic import runs as einf_runs
+from ..asymptotic.convergence import RunSettings, StopRule
 from ..asymptotic.runs import EinfResult
+from ..asymptotic.solve import polish_applies
 from ..expect.drift import ENGINES
 from ..io.executor import open_executor
 from ..io.limits import check_einf
@@ -87,13 +89,13 @@ def einf(activation: ActivationLike, *, H: int, L: int, nu: ArrayLike, prior: st
 
 
 def run_settings(gamma: float, gradient_flow: bool, engine: Engine, method: str, stop: Stop,
-                 solver: Solver, evaluation: Evaluation) -> einf_runs.RunSettings:
+                 solver: Solver, evaluation: Evaluation) -> RunSettings:
     """The solver's settings from the API's options (the command line's names in errors)."""
     if engine.name not in ENGINES:  # RunSettings would name its field 'drift', not the option
         fail("engine", f"must be one of {', '.join(ENGINES)}", engine.name)
-    rule = einf_runs.StopRule(stop.tol, stop.chunk, check_int(stop.window, "window", 1),
-                              stop.T_min, stop.T_max)
-    return einf_runs.RunSettings(
+    rule = StopRule(stop.tol, stop.chunk, check_int(stop.window, "window", 1),
+                    stop.T_min, stop.T_max)
+    return RunSettings(
         gamma=gamma, gradient_flow=gradient_flow, rule=rule, method=method,
         n_samples=check_int(engine.samples, "samples", 2), mc_seed=engine.seed,
         error_method=evaluation.method,
@@ -120,7 +122,7 @@ def check_polish(task: Task, act: Activation, H: int, polish: str) -> None:
     if polish == "none":
         return
     from ..expect.pairwise import applicability
-    if not einf_runs.polish_applies(task, act, H, polish):
+    if not polish_applies(task, act, H, polish):
         why = applicability(task, act, H)[1]
         joint = (" (and the drift engine covers joint normalisers with H <= 3 only)"
                  if polish == "pairwise" else "")

@@ -10,11 +10,11 @@ at b ≈ −11 … −13 with ∂E/∂b_h > 0, the Hessian's smallest eigenvalue
 L-BFGS and Newton cannot leave, docs/theory.md §6).
 
 **The certificate** (:func:`boundary_minimum`) of such a point x, all on the deterministic E
-(``fixedpoint.PairwiseError``):
+(``deterministic.PairwiseError``):
 
 1. *Prune*: the heads with ∂E/∂b_h > 0 whose removal does not raise E beyond its abs_err.
 2. *Reduced model*: the live heads alone, an H'-head model, polished and certified
-   (``fixedpoint.polish_gradient_flow``; again pruned if it has silent heads of its own, and
+   (``gradient_flow.polish_gradient_flow``; again pruned if it has silent heads of its own, and
    handed to ``saturation.saturated_minimum`` if its heads go the other way, b_h → +∞).
 3. *Revival*: adding a head g with key k at b → −∞ changes E by e^{b} c(k) + O(e^{2b}),
    the revival slope (:class:`RevivalSlope`)
@@ -29,7 +29,7 @@ L-BFGS and Newton cannot leave, docs/theory.md §6).
    −5.7 at the next, e^{−b} = 2.4e7; the derivative route gave 0.35946 at both).  On the
    boundary E does not depend on the silent heads' keys, so the boundary point is a local
    minimum only if c(k) ≥ 0 for *every* key: c is minimised over k (L-BFGS with the gradient
-   e^{−b} ∂E/∂k_g = ∇c + O(e^{b}), keys within ``fixedpoint.KEY_CAP``) from the pruned heads'
+   e^{−b} ∂E/∂k_g = ∇c + O(e^{b}), keys within ``deterministic.KEY_CAP``) from the pruned heads'
    keys and from copies of the live ones.  Every start and every end of the search is
    checked (level and linearity: the same at a coarser resolution and at b −
    ``LINEARITY_STEP``): certified when each c exceeds its error, a saddle when some c lies
@@ -41,7 +41,7 @@ L-BFGS and Newton cannot leave, docs/theory.md §6).
    engine recomputes: E agrees with the reduced model's within their errors, and that
    difference is part of the stated abs_err.  E∞ is the reduced model's E (the infimum).
 5. *A boundary saddle is left* (:func:`revived_state`): the head is revived at the key with
-   c < 0 and the polish starts again from there (``einf.polish_pairwise``, up to
+   c < 0 and the polish starts again from there (``solve.polish_pairwise``, up to
    ``REVIVALS`` times; the saddle is recorded among the run's saddles).
 
 Applies to trained b, untrained a (with a trained a a head leaves by a_h → 0 at finite
@@ -57,7 +57,9 @@ import numpy as np
 from scipy import optimize
 
 from ..expect import laplace as lp
-from .fixedpoint import BOUNDARY, KEY_CAP, Certificate, FixedPoint, KeyCap, PairwiseError, polish_gradient_flow
+from .certificate import BOUNDARY, Certificate, FixedPoint
+from .deterministic import KEY_CAP, KeyCap, PairwiseError
+from .gradient_flow import polish_gradient_flow
 from ..model.state import State
 from .saturation import LADDER_GAIN, bias_ladder, saturated_minimum
 
@@ -156,7 +158,7 @@ class RevivalSlope:
     def value_and_grad(self, k: np.ndarray, b: float, level: float) -> tuple[float, np.ndarray]:
         """(c, ∂c/∂k) at key k from the head at finite b: e^{−b} (∂E/∂b_g, ∂E/∂k_g), the
         decomposition's terms with g only (the rest do not depend on g); beyond the key cap
-        the continuous extension ``fixedpoint.KeyCap`` (c grows fast with |k|, ~2e7 at a
+        the continuous extension ``deterministic.KeyCap`` (c grows fast with |k|, ~2e7 at a
         pruned head's key at F = 2, ν = 0.5, and L-BFGS's first step from there tried
         |k| = 2.5e6)."""
         self.evaluations += 1
@@ -346,7 +348,7 @@ def revived_state(obj: PairwiseError, fixed: FixedPoint) -> State | None:
 
 
 def saddle_record(fixed: FixedPoint) -> dict:
-    """What a run reports of a boundary saddle it left (as ``fixedpoint`` does of a saddle):
+    """What a run reports of a boundary saddle it left (as ``gradient_flow`` does of a saddle):
     E there, the side, the negative slope(s) with their errors (the revival slope at b = −∞;
     the corner slopes c_h at b = +∞), and the state."""
     rec = fixed.boundary

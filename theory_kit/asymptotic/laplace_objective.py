@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..expect.laplace import COARSE, LaplaceDrift, applicability
-from .fixedpoint import DRIFT_TOL, DeterministicError, fd_columns
+from .deterministic import DeterministicError
+from .objectives import DRIFT_TOL, fd_columns
 
 # The resolutions: the drift's cost grows steeply with level and key norm (B-softmax, F = 4,
 # ν = 10, L = 5, H = 2, |k| = 4.5: 7 CPU s at 0.5625, 42 at 1.0, loaded), so the polish works
@@ -51,7 +52,7 @@ def key_gradient(K: np.ndarray, F: int, fields: dict) -> np.ndarray:
 
 @dataclass
 class LaplaceError(DeterministicError):
-    """E and ∂E/∂x (x as :class:`fixedpoint.KeySpace`) on the Laplace drift engine at one
+    """E and ∂E/∂x (x as :class:`objectives.KeySpace`) on the Laplace drift engine at one
     resolution (``value_and_grad``), with abs_err from the next coarser one (``evaluate``);
     the Hessian by central differences of the gradient, its error the asymmetry."""
 
@@ -90,7 +91,7 @@ class LaplaceError(DeterministicError):
 
     def partial_grad(self, x: np.ndarray, head: int) -> np.ndarray:
         """The whole gradient at ``level`` (the drift engine has no per-head terms): what the
-        face P = 0 (``fixedpoint.ZeroOrthogonal``) differences for its Hessian and for the
+        face P = 0 (``deterministic.ZeroOrthogonal``) differences for its Hessian and for the
         curvature 2 ∂E/∂Q of its orthogonal block."""
         del head
         return self.value_and_grad(x)[1]

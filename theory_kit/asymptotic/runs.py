@@ -1,310 +1,77 @@
-"""Asymptotic error E∞, the global minimum of E, and the Bayes floor (docs/theory.md §4, §6).
+"""E∞: runs from finite-D initialisations to certified fixed points, and their summary
+(docs/theory.md §4, §6).
 
-Three questions about one task and activation:
+Where training ends.  The ODE of docs/theory.md §5 is integrated from several finite-D
+initialisations (``InitialCondition.draw`` with different seeds) until the state stops moving
+(``convergence.StopRule``); the fixed point is then solved for and certified
+(``solve.solve_checked``), and E is evaluated there with the most accurate error engine
+available.  One run is :func:`run_to_convergence` (:class:`EinfRun`, written to a file with its
+parameters so that a stopped sweep resumes); :func:`asymptotic_error` runs several as one sweep
+and reports
 
-* **E∞** — where training ends.  The ODE of docs/theory.md §5 is integrated from several finite-D
-  initialisations (``InitialCondition.draw`` with different seeds) until the state stops
-  moving (:class:`StopRule`), and E is evaluated at the final order parameters with the
-  most accurate error engine available.  Runs that end at different fixed points are
-  reported as separate groups (:func:`group_runs`), never silently averaged.  At finite γ the
-  γ² term keeps pumping noise into the keys, so E∞(γ) sits above the minimum gradient flow
-  reaches; ``gradient_flow=True`` drops that term (time τ = γ t).
-* **The floor** — the global minimum of E over the order parameters, by local optimisation
-  from many starts in a parametrisation where every point is valid: keys in an
-  (F+H)-dimensional space, K = [M | P] ∈ R^{H×(F+H)}, so Q = K Kᵀ and Q − M Mᵀ = P Pᵀ ⪰ 0.
-  The objective is E on fixed samples (common random numbers) with its exact gradient
-  (:class:`SampledError`); the minimiser is then re-evaluated with the precise engine.
-* **Bayes-softmax optimality** — with the heads at the atoms of a discrete prior
-  (k_h = U θ^(h), extra heads duplicating atoms with log π_h split among the copies),
-  B-softmax weights are the Bayes posterior, so E = E_Bayes (:func:`bayes_softmax_at_atoms`).
+    E∞ = (1/R) Σ_r E(x_r),   abs_err = √(Σ_r abs_err_r²) / R,
+
+abs_err_r the evaluation's error ⊕ the run's sample shift (inf for a run that is not
+certified), with the runs grouped by end point (``global_min.group_runs``), never silently
+averaged, and optionally the floors alongside: the Bayes error (``bayes.bayes_floor``) and the
+global minimum of E (``global_min.global_minimum``), in :class:`EinfResult` and its text
+:func:`summary`.
+
+See Also
+--------
+theory_kit.asymptotic.convergence : the settings, the stop rule and the flow to the hand-over.
+theory_kit.asymptotic.solve : the fixed point at the hand-over.
 """
 from __future__ import annotations
 
-import dataclasses
-import itertools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, ClassVar
 
 import numpy as np
-from scipy import integrate, optimize
-from scipy.optimize import linear_sum_assignment
 
-from ..model.activations import Activation, activation_from_params, get_activation
-from .boundary import REVIVALS, boundary_minimum, revived_state, saddle_record
-from ..expect.error import METHODS as ERROR_METHODS
-from ..kernels.codegen import sample_kernels
-from ..expect.error import ErrorValue, bayes_error, population_error, squared_residual
-from ..expect import montecarlo as mc
+from ..dynamics.ode import BoundaryError
+from ..expect.error import ErrorValue
 from ..io.executor import run_sweep, runs_in_process
-from ..expect.drift import ENGINES, SampleDrift
-from ..expect.engines import DEFAULT_QMC_POINTS, DriftEngine, build_engine
-from .fixedpoint import POINTS, RUNOFF, RUNOFF_GROWTH, Certificate, DriftMap, FixedPoint, PairwiseError, RunoffCheck, SampledError, bayes_posterior, check_objective, polish_gradient_flow, runoff_check, solve_drift_root, solve_gradient_flow
-from . import laplace_objective
+from ..io.progress import progress_bar
+from ..io.result import PROVENANCE, Result, provenance_of, setting_text
+from ..io.results import (Checkpoint, read_json, read_piece, stamps, to_jsonable,
+                          write_json)
+from ..model.activations import Activation, activation_from_params
 from ..model.initial import InitialCondition
-from ..model.priors import Prior
 from ..model.state import State
 from ..model.task import Task
-from ..model.validation import check_int, fail
-from ..dynamics.ode import METHODS as ODE_METHODS, BoundaryError, build_system, integrate_ode
-from ..io.progress import progress_bar
-from ..io.results import Checkpoint, read_json, read_piece, to_jsonable, write_json
-from .saturation import saturated_minimum, unsaturated_state
+from ..model.validation import check_int
+from .bayes import bayes_floor
+from .certificate import Certificate, FixedPoint
+from .convergence import RunSettings, SampledFlow, _advance, flow_objective, relative_speed
+from .global_min import MinimumResult, global_minimum, group_runs
+from .solve import precise_error, sample_shift, solve_checked
 
-MAX_SIGN_PATTERNS = 256
+
 UNKNOWN_ERROR = "+/- unknown (not converged)"   # the text of a run without an error bar
-FLOWS = ("ode", "sampled")
-# RunSettings.polish: the deterministic solve after the sampled one — "pairwise" wherever a
-# deterministic E exists (:func:`polish_applies`), "per-head" only on the pairwise
-# decomposition (not the drift engine's E of a joint normaliser at H = 2, 3: ~130 CPU s per
-# evaluation of E and its gradient at F = 4, ν = 10, L = 5, H = 2, measured; 11 evaluations
-# in 24 CPU min, so a polish of ~100 would take hours)
-POLISH = ("none", "pairwise", "per-head")
-PRECISE_METHODS = ERROR_METHODS + ("deterministic",)   # precise_error's methods
-HELD_OUT = 3            # seed offset of the held-out points of a run-off check (1, 2: sample_shift)
+UNCONVERGED = ("not converged: E is evaluated at the run's last state, not at a fixed point, "
+               "so the small error of that evaluation says nothing about E_inf")
 
 
-# ----------------------------------------------------------------------------- precise E
-def precise_error(task: Task, act: Activation, state: State, method: str = "auto",
-                  mc_samples: int = 400_000, seed: int = 12345) -> ErrorValue:
-    """E at ``state`` by ``error.population_error`` (``auto``: quadrature, with Monte Carlo
-    when quadrature cannot reach 1e-8); with ``mc``, ``mc_samples`` noise draws.
-
-    ``deterministic``: the pairwise Laplace engine where it applies (per-head activations,
-    discrete priors, any H: ``expect.pairwise``, E-only patterns of 1- and 2-head sub-models),
-    else ``auto``."""
-    if method == "mc":
-        return population_error(task, act, state, method="mc", n=mc_samples, seed=seed)
-    if method == "deterministic":
-        if pairwise_applies(task, act, state.H):
-            obj = PairwiseError.for_activation(task, pairwise_activation(task, act, state.H),
-                                               state.H)
-            value, err = obj.engine.error(*obj.unpack(obj.pack_state(state)))
-            return ErrorValue(value, err, "laplace pairs")
-        method = "auto"
-    return population_error(task, act, state, method=method)
-
-
-# ----------------------------------------------------------------------------- Bayes-softmax
-def bayes_softmax_at_atoms(prior: Prior, H: int,
-                           act: Activation | None = None) -> tuple[Activation, State]:
-    """B-softmax heads at the atoms of a discrete prior, and the activation that makes them Bayes.
-
-    Head h sits at atom j(h) = h mod K (K atoms, H ≥ K): m_h = θ^(j(h)), Q = M Mᵀ (no
-    orthogonal part), a_h = 1, b_h = 0.  With o_h = −Q_hh/2 + log π_h and
-    log π_h = log(π_{j(h)} / #copies of j(h)), the joint weights are
-
-        w_l = Σ_h π_h e^{θ^(h)·p_l − |θ^(h)|²/2} / Σ_{h',l'} (…) = P(ε = l | X),
-
-    the Bayes posterior, so E = E_Bayes exactly.  Returns (activation with those log π, state)."""
-    if not prior.is_discrete:
-        fail("prior", "must be discrete (flipping, discrete, empirical) to have atoms", prior.name)
-    atoms, pi = prior.atoms()
-    n_atoms = len(pi)
-    check_int(H, "H", n_atoms)
-    base = get_activation("bsoftmax") if act is None else act
-    if base.offset != "bayes" or base.norm != "joint":
-        fail("activation", "must be jointly normalised with Bayes offsets (bsoftmax)", base.name)
-    owner = np.arange(H) % n_atoms
-    copies = np.bincount(owner, minlength=n_atoms)
-    with np.errstate(divide="ignore"):
-        log_pi = np.log(pi[owner] / copies[owner])
-    M = atoms[owner]
-    state = State(M, M @ M.T, np.ones(H), np.zeros(H))
-    return dataclasses.replace(base, log_pi=tuple(float(x) for x in log_pi)), state
-
-
-# ----------------------------------------------------------------------------- global minimum
-@dataclass(frozen=True)
-class MinimumResult:
-    """The lowest E found, where, and every local minimum the starts reached."""
-
-    error: ErrorValue
-    state: State
-    sampled_value: float
-    local_minima: list[dict]
-    params: dict
-
-    def to_dict(self) -> dict:
-        return {"global_min": self.error.value, "global_min_abs_err": self.error.abs_err,
-                "global_min_method": self.error.method, "global_min_sampled": self.sampled_value,
-                "argmin": self.state.to_dict(), "local_minima": self.local_minima,
-                "params": self.params}
-
-
-def _starting_points(obj: SampledError, n_starts: int, rng: np.random.Generator,
-                     extra: list[State]) -> list[np.ndarray]:
-    """Random keys at the prior's scale, heads near random atoms (discrete priors), and
-    any given states (e.g. the end points of E∞ runs)."""
-    F, H = obj.task.F, obj.H
-    scale = float(np.sqrt(np.mean(obj.task.prior.second_moments())))
-    atoms = obj.task.prior.atoms()[0] if obj.task.prior.is_discrete else None
-    starts = [obj.pack_state(s) for s in extra]
-    for i in range(n_starts):
-        K = rng.standard_normal((H, F + H)) * scale / np.sqrt(F + H) * rng.uniform(0.3, 1.5)
-        if atoms is not None and i % 2 == 1:
-            K[:, :F] = atoms[rng.integers(len(atoms), size=H)] * rng.uniform(0.5, 1.2)
-            K[:, F:] *= 0.1
-        starts.append(obj.pack(K, obj.a0, obj.b0))
-    return starts
-
-
-def global_minimum(task: Task, act: Activation, H: int, n_starts: int = 12, n: int = 20_000,
-                   seed: int = 0, train_a: bool | None = None, train_b: bool | None = None,
-                   extra_starts: list[State] | None = None, method: str = "auto",
-                   maxiter: int = 500) -> MinimumResult:
-    """min E over (M, Q with Q − M Mᵀ ⪰ 0, trained a, b): L-BFGS from many starts.
-
-    Each start is minimised on the same fixed samples (:class:`SampledError`, exact
-    gradient), so all starts see one deterministic function.  The best minimiser and the
-    given ``extra_starts`` themselves (e.g. E∞ end points, which may be closer to the true
-    minimum than the minimiser of the n-sample objective, off by O(1/√n)) are evaluated by
-    :func:`precise_error`, and the lowest is reported: E at a point that was found, an upper
-    bound on the true minimum up to that engine's error, and never above a given start."""
-    check_int(H, "H", 1)
-    check_int(n_starts, "n_starts", 1)
-    train_a = act.train_a if train_a is None else train_a
-    train_b = act.train_b if train_b is None else train_b
-    obj = SampledError.for_activation(task, act, H, n=n, seed=seed, train_a=train_a,
-                                      train_b=train_b)
-    found = []
-    for x0 in _starting_points(obj, n_starts, np.random.default_rng(seed + 1), extra_starts or []):
-        res = optimize.minimize(obj.value_and_grad, x0, jac=True, method="L-BFGS-B",
-                                options={"maxiter": maxiter})
-        found.append((float(res.fun), res.x, bool(res.success)))
-    found.sort(key=lambda item: item[0])
-    candidates = [obj.state(found[0][1])] + list(extra_starts or [])
-    errors = [precise_error(task, act, s, method) for s in candidates]
-    pick = int(np.argmin([e.value for e in errors]))
-    minima = [{"sampled_error": v, "converged": ok, "state": obj.state(x).to_dict()}
-              for v, x, ok in found]
-    params = {"task": task.params(), "activation": act.params(), "H": H, "n_starts": n_starts,
-              "n_samples": n, "seed": seed, "train_a": train_a, "train_b": train_b,
-              "parametrisation": "K = [M | P] in R^{H x (F+H)}, Q = K K^T",
-              "argmin_from": "optimiser" if pick == 0 else f"extra start {pick - 1}"}
-    return MinimumResult(errors[pick], candidates[pick], found[0][0], minima, params)
-
-
-# ----------------------------------------------------------------------------- grouping runs
-def _sign_patterns(prior: Prior) -> np.ndarray:
-    """Sign flips of the features that leave the prior (hence E) invariant."""
-    sym = np.flatnonzero(prior.sign_symmetric())
-    pats = []
-    for signs in itertools.product([1.0, -1.0], repeat=len(sym)):
-        s = np.ones(prior.F)
-        s[sym] = signs
-        pats.append(s)
-        if len(pats) >= MAX_SIGN_PATTERNS:
-            break
-    return np.array(pats)
-
-
-def state_distance(s1: State, s2: State, signs: np.ndarray | None = None) -> float:
-    """Distance between two states up to the symmetries of E: head permutations and the
-    sign flips of invariant features (rows of ``signs``).
-
-    For each sign pattern, heads are matched by the Hungarian algorithm on
-    |m_h − m'_π(h)|² + (Q_hh − Q'_π(h)π(h))² + |a_h − a'|² + |b_h − b'|², then the
-    distance is the Frobenius norm of the differences of (M, Q, a, b) after matching,
-    relative to 1 + the size of the states."""
-    signs = np.ones((1, s1.F)) if signs is None else signs
-    scale = 1.0 + max(np.linalg.norm(s1.Q), np.linalg.norm(s2.Q))
-    best = np.inf
-    for sg in signs:
-        M2 = s2.M * sg
-        desc1 = np.column_stack([s1.M, np.diag(s1.Q), s1.a, s1.b])
-        desc2 = np.column_stack([M2, np.diag(s2.Q), s2.a, s2.b])
-        cost = np.sum((desc1[:, None, :] - desc2[None, :, :]) ** 2, axis=-1)
-        _, perm = linear_sum_assignment(cost)
-        diff = np.sqrt(np.sum((s1.M - M2[perm]) ** 2)
-                       + np.sum((s1.Q - s2.Q[np.ix_(perm, perm)]) ** 2)
-                       + np.sum((s1.a - s2.a[perm]) ** 2) + np.sum((s1.b - s2.b[perm]) ** 2))
-        best = min(best, diff / scale)
-    return float(best)
-
-
-def group_runs(states: list[State], errors: list[ErrorValue], prior: Prior,
-               state_tol: float = 0.05, error_rtol: float = 1e-3) -> list[list[int]]:
-    """Indices of runs grouped by the fixed point they reached.
-
-    Two runs are linked when their errors agree (within 4 combined error estimates or a
-    relative ``error_rtol``) and their states agree up to symmetry
-    (:func:`state_distance` ≤ ``state_tol``); groups are the connected components."""
-    n = len(states)
-    signs = _sign_patterns(prior)
-    parent = list(range(n))
-
-    def root(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
-    for i, j in itertools.combinations(range(n), 2):
-        ei, ej = errors[i], errors[j]
-        err_tol = max(4.0 * np.hypot(ei.abs_err, ej.abs_err),
-                      error_rtol * max(abs(ei.value), abs(ej.value)))
-        if abs(ei.value - ej.value) <= err_tol and \
-                state_distance(states[i], states[j], signs) <= state_tol:
-            parent[root(i)] = root(j)
-    groups: dict[int, list[int]] = {}
-    for i in range(n):
-        groups.setdefault(root(i), []).append(i)
-    return sorted(groups.values(), key=lambda g: (min(errors[i].value for i in g), g[0]))
+def without_false_error_bars(data: dict) -> dict:
+    """``data`` with the error bars of runs that did not converge (or were not certified) set
+    to None with an ``abs_err_reason``, and the mean's too when any run is such: an
+    unconverged run printed E_inf +/- 8.9e-16 (the error of evaluating E at its last state)."""
+    bad = [run for run in data["runs"] if not run.get("converged")]
+    for run in bad:
+        run["abs_err"] = run["abs_err_total"] = None
+        run.setdefault("abs_err_reason", None)
+        run["abs_err_reason"] = run["abs_err_reason"] or UNCONVERGED
+    if bad:
+        data["abs_err"] = None
+        data["abs_err_reason"] = (f"{len(bad)} of {len(data['runs'])} run(s) {UNCONVERGED}; "
+                                  "raise --T-max or loosen --tol")
+    return data
 
 
 # ----------------------------------------------------------------------------- E∞ of one run
-@dataclass(frozen=True)
-class StopRule:
-    """When a run has stopped moving.
-
-    The state vector y = (M, Q, a, b) is integrated in chunks of ``chunk`` time units; after
-    each chunk its relative speed (a chunk-averaged, relative drift norm)
-
-        v_k = ‖y(t_k) − y(t_{k−1})‖ / (chunk · max(1, ‖y(t_k)‖))
-
-    is recorded.  Near a stable fixed point the speeds fall geometrically, v_k ≈ v_{k−1} r
-    with r < 1, and the relative distance still to travel is about the geometric tail
-    v_k · chunk · r / (1 − r).  A run has converged when, over the last ``window`` chunks,
-    the speeds fell at every chunk, with r the largest ratio in the window, the tail is
-    below ``tol`` and t ≥ ``T_min``.  It stops unconverged at ``T_max`` (reported, never
-    hidden).  The tail test is what keeps a run from stopping in a plateau — the slow
-    unspecialised phase, where the speed bottoms out (r → 1) before it grows again — and
-    what refuses to call converged a state that creeps on like 1/t (key norms still
-    growing).  Times are in the ODE's clock: t, or τ = γ t in the gradient-flow limit."""
-
-    tol: float = 3e-3
-    chunk: float = 20.0
-    window: int = 3
-    T_min: float = 0.0
-    T_max: float = 3000.0
-
-    def __post_init__(self) -> None:
-        for name in ("tol", "chunk", "T_max"):
-            if not (np.isfinite(getattr(self, name)) and getattr(self, name) > 0):
-                fail(name, "must be a finite number > 0", getattr(self, name))
-        check_int(self.window, "window", 1)
-        if not (0 <= self.T_min <= self.T_max):
-            fail("T_min", f"must lie in [0, T_max = {self.T_max:g}]", self.T_min)
-
-    def tail(self, speeds: list[float]) -> float:
-        """Estimated relative distance still to travel (inf unless the speeds keep falling)."""
-        recent = np.asarray(speeds[-(self.window + 1):], dtype=float)
-        if len(recent) < self.window + 1:
-            return np.inf
-        if recent[-1] == 0.0:
-            return 0.0
-        ratio = float(np.max(recent[1:] / np.maximum(recent[:-1], 1e-300)))
-        return np.inf if ratio >= 1.0 else float(recent[-1] * self.chunk * ratio / (1.0 - ratio))
-
-    def converged(self, t: float, speeds: list[float]) -> bool:
-        return t >= self.T_min and self.tail(speeds) < self.tol
-
-    def params(self) -> dict:
-        return dataclasses.asdict(self)
-
-
 @dataclass(frozen=True)
 class EinfRun:
     """One run: its seed, the certified fixed point, E there (precise engine), and how it got
@@ -343,7 +110,8 @@ class EinfRun:
 
     @property
     def runoff_verdict(self) -> str | None:
-        """The held-out check of a run whose keys diverged (``fixedpoint.runoff_check``), else None."""
+        """The held-out check of a run whose keys diverged (``gradient_flow.runoff_check``),
+        else None."""
         if self.fixed is None or not self.fixed.runoff:
             return None
         return self.fixed.runoff["verdict"]
@@ -395,136 +163,6 @@ class EinfRun:
                    d.get("tail", float("nan")), fixed, d.get("sample_shift", float("nan")))
 
 
-def admissible_state(M: np.ndarray, Q: np.ndarray, a: np.ndarray, b: np.ndarray,
-                     clip_tol: float = 1e-3) -> State:
-    """A :class:`State` from integrated arrays, clipping round-off negative eigenvalues of the
-    orthogonal part Q − M Mᵀ (≥ −clip_tol·scale); larger violations raise ValidationError.
-
-    Gradient flow drives Q − M Mᵀ to zero, so integration error can leave it slightly
-    indefinite; clipping moves Q by at most clip_tol·scale."""
-    Q = 0.5 * (Q + Q.T)
-    perp = Q - M @ M.T
-    vals, vecs = np.linalg.eigh(perp)
-    scale = max(1.0, float(np.max(np.abs(Q))))
-    if vals.min() < -clip_tol * scale:
-        fail("Q - M M^T", "left the admissible set during integration (reduce gamma or dt)",
-             vals.min())
-    perp = (vecs * np.clip(vals, 0.0, None)) @ vecs.T
-    return State(M, M @ M.T + perp, a, b)
-
-
-def _flat(state: State) -> np.ndarray:
-    return np.concatenate([state.M.ravel(), state.Q.ravel(), state.a, state.b])
-
-
-def relative_speed(old: State, new: State, span: float) -> float:
-    """‖y_new − y_old‖ / (span · max(1, ‖y_new‖)) for y = (M, Q, a, b) flattened."""
-    y_old, y_new = _flat(old), _flat(new)
-    return float(np.linalg.norm(y_new - y_old) / (span * max(1.0, np.linalg.norm(y_new))))
-
-
-@dataclass
-class RunSettings:
-    """Everything that defines an E∞ run except the initial condition.
-
-    The ODE runs until ``rule`` says the state has left the plateau and its speed falls
-    steadily (or until ``rule.T_max``); then, with ``solve``, the fixed point is solved for
-    and certified (:mod:`theory_kit.asymptotic.fixedpoint`): gradient flow on a Sobol-point objective
-    of ``solver_points`` points (seed ``solver_seed``; token noise importance-sampled with
-    mixture weight ``solver_tilt``, see ``SampledError``; None: :func:`auto_tilt`), finite γ
-    as a root of the ODE's own
-    fixed-sample drift; ``drift_tol`` is the certificate's drift threshold; ``max_escapes``
-    saddles may be passed.  With ``shift_check`` the fixed point is solved again on an
-    independent sample set to measure the shift of E (``EinfRun.sample_shift``).  In gradient
-    flow the descent from the hand-over runs first on the first 1/``solver_coarse`` of the
-    points (their leading Sobol points, at least 256; 1: off), then the full set polishes and
-    certifies (``fixedpoint.solve_gradient_flow``'s ``coarse``).  A gradient-flow
-    solution whose sampled E disagrees with the precise E is solved again with 4x the points,
-    up to ``solver_refine`` times (:func:`solve_checked`).  ``polish="pairwise"`` (gradient
-    flow, where a deterministic E exists, :func:`polish_applies`; ``"per-head"``: only where
-    the pairwise decomposition does) then
-    polishes and certifies the solution on the deterministic E (:func:`polish_pairwise`),
-    whose value and abs_err become the run's E (``error_method`` "deterministic" gives the
-    same engine's E without the polish).
-
-    ``flow`` is how the state gets to the hand-over: ``ode`` integrates the order-parameter ODE
-    on the drift engine ``drift`` (``n_samples`` draws); ``sampled`` (gradient flow only)
-    integrates the same gradient flow dK/dτ = −½ ∂E/∂K (and −½ ∂E/∂b, ∂E/∂a for trained
-    scalars) on K = [M | P] with E the solver's objective (:func:`flow_objective`).  The two are one
-    flow (Q = K Kᵀ, M = K[:, :F]) with different estimates of the expectations; ``sampled`` needs
-    only the sample kernels the solver compiles anyway, not the drift kernels (≈ 15–30 s of
-    numba compilation per activation, the dominant cost of a short cold run)."""
-
-    gamma: float = 1.0
-    gradient_flow: bool = False
-    rule: StopRule = field(default_factory=StopRule)
-    method: str = "solve_ivp"
-    dt: float = 0.1
-    rtol: float = 1e-5
-    atol: float = 1e-8
-    n_samples: int = 4000
-    mc_seed: int = 0
-    error_method: str = "auto"
-    error_samples: int = 400_000
-    drift: str = "mc"
-    solve: bool = True
-    solver_points: int = 2 ** 14
-    solver_seed: int = 0
-    solver_sampling: str = "sobol"
-    solver_tilt: float | None = None
-    drift_tol: float = 1e-8
-    max_escapes: int = 4
-    shift_check: bool = True
-    solver_refine: int = 2
-    solver_coarse: int = 4
-    flow: str = "ode"
-    polish: str = "none"
-
-    def __post_init__(self) -> None:
-        for name in ("gamma", "dt", "rtol", "atol", "drift_tol"):
-            value = getattr(self, name)
-            if not (np.isfinite(value) and value > 0):
-                fail(name, "must be a finite number > 0", value)
-        if self.method not in ODE_METHODS:
-            fail("method", f"must be one of {', '.join(ODE_METHODS)}", self.method)
-        if self.error_method not in PRECISE_METHODS:
-            fail("error_method", f"must be one of {', '.join(PRECISE_METHODS)}",
-                 self.error_method)
-        check_int(self.n_samples, "samples", 2)
-        check_int(self.error_samples, "error_samples", 2)
-        check_int(self.solver_points, "solver_points", 16)
-        check_int(self.max_escapes, "max_escapes", 0)
-        check_int(self.solver_refine, "solver_refine", 0)
-        check_int(self.solver_coarse, "solver_coarse", 1)
-        if self.drift not in ENGINES:
-            fail("drift", f"must be one of {', '.join(ENGINES)}", self.drift)
-        if self.flow not in FLOWS:
-            fail("flow", f"must be one of {', '.join(FLOWS)}", self.flow)
-        if self.flow == "sampled" and not self.gradient_flow:
-            fail("flow", "'sampled' integrates gradient flow only (needs gradient_flow=True)",
-                 self.flow)
-        if self.polish not in POLISH:
-            fail("polish", f"must be one of {', '.join(POLISH)}", self.polish)
-        if self.polish != "none" and not self.gradient_flow:
-            fail("polish", "the deterministic polish minimises E (needs gradient_flow=True)",
-                 self.polish)
-        if self.solver_sampling not in POINTS:
-            fail("solver_sampling", f"must be one of {', '.join(POINTS)}", self.solver_sampling)
-
-    def engine(self, task: Task | None = None, act: Activation | None = None,
-               H: int | None = None) -> DriftEngine:
-        """The drift engine ``drift`` from ``expect.engines.build_engine``: fixed Monte Carlo
-        samples (``mc``, ``n_samples`` draws) or quadrature nodes (``quad``, the default
-        number of Sobol points); ``laplace`` and ``auto`` need the task, activation and H."""
-        samples = self.n_samples if self.drift == "mc" else DEFAULT_QMC_POINTS
-        return build_engine(self.drift, task, act, H, samples=samples, seed=self.mc_seed)
-
-    def params(self) -> dict:
-        return {**{k: v for k, v in dataclasses.asdict(self).items() if k != "rule"},
-                "rule": self.rule.params(),
-                "time_unit": "gamma*t (gradient flow)" if self.gradient_flow else "t"}
-
-
 def run_to_convergence(task: Task, act: Activation, ic: InitialCondition,
                        settings: RunSettings, out: str | None = None,
                        progress: bool = True) -> EinfRun:
@@ -534,7 +172,7 @@ def run_to_convergence(task: Task, act: Activation, ic: InitialCondition,
     The ODE (``ode.integrate_ode``; fixed Monte Carlo samples or quadrature nodes, so the
     right-hand side is smooth and its fixed points are well defined) runs chunk by chunk;
     in the gradient-flow limit the γ² term is dropped and the clock is τ = γ t.  The solver
-    (:func:`solve_fixed_point`) starts from the last state; E at its solution comes from
+    (:func:`solve.solve_fixed_point`) starts from the last state; E at its solution comes from
     :func:`precise_error` (``auto``: quadrature) with its error estimate.  With ``out``
     the finished run is written there and the progress after every chunk is checkpointed
     next to it, so an interrupted run resumes."""
@@ -598,328 +236,6 @@ def run_to_convergence(task: Task, act: Activation, ic: InitialCondition,
     return run
 
 
-def solve_checked(task: Task, act: Activation, start: State, settings: RunSettings,
-                  engine: DriftEngine | None = None
-                  ) -> tuple[FixedPoint, ErrorValue, RunSettings]:
-    """The fixed point from ``start`` (:func:`solve_fixed_point`), E there by the precise
-    engine, and the settings finally used.
-
-    In gradient flow the solver's sampled E at its solution is compared with the precise E
-    (:func:`fixedpoint.check_objective`).  Where they disagree the sample set was one the keys
-    could separate (rare events at strong signal): the solve is repeated from ``start`` with
-    4x the solver points, up to ``settings.solver_refine`` times; if it still disagrees the
-    certificate says "objective unreliable".  A solve that ends at a saddle it could not leave
-    is repeated once with 4x the points too (when ``solver_refine`` ≥ 1): measured at F = 4,
-    ν = 10, H = 4, B-softmax on 2^11–2^12 points ran off to large keys on a sample-fitting
-    saddle (E_n below the true E by 1.5e-3) that 4x the points do not have.  A run-off ("keys
-    diverge") is solved again on 4x the points at every attempt (the fitting it comes from
-    recedes as the points grow: softmax at F = 4, ν = 10, H = 4 ran off on 2^14 tilted points
-    and certifies a bounded minimum on 2^15 plain ones); one still running off at the last
-    attempt is checked on a held-out point set (:func:`fixedpoint.runoff_check`, stored as the
-    fixed point's ``runoff``): does the population E fall along the run-off, or rise?
-
-    With the polish (``settings.polish``, where it applies) the sampled solve runs once and
-    neither its precise E nor the re-solves on more points are computed: the polish takes only
-    the sampled state and whether it ran off (then it starts from ``start``), and its own
-    deterministic E and certificate replace both (the sampled state is kept in the result's
-    ``presolve``).  There the sampled descent is stopped as soon as a key norm passes
-    :func:`polish_key_bound` (the polish would not start from such a point), and a run-off
-    gets no held-out check (the polish, not the check, decides)."""
-    used = settings
-    polish = settings.polish != "none" and polish_applies(task, act, start.H, settings.polish)
-    key_bound = polish_key_bound(start) if polish else np.inf
-    for attempt in range(settings.solver_refine + 1):
-        fixed = solve_fixed_point(task, act, start, used, engine, key_bound=key_bound)
-        if polish:      # the polish takes the sampled point or, after a run-off, the hand-over
-            break       # (polish_pairwise): no precise E there, no re-solve on more points
-        final = precise_error(task, act, fixed.state, settings.error_method,
-                              settings.error_samples)
-        if not settings.gradient_flow:
-            break
-        obj = solver_objective(task, act, start.H, used)  # the solver's, rebuilt
-        x = obj.pack_state(fixed.state)
-        cert = check_objective(fixed.certificate, fixed.sampled_error, obj.value_stderr(x),
-                               final.value, final.abs_err)
-        fixed = dataclasses.replace(fixed, certificate=cert)
-        refine = cert.kind in ("objective unreliable", RUNOFF) or (
-            cert.kind == "saddle" and attempt == 0)
-        if not refine or attempt == settings.solver_refine:
-            break
-        used = dataclasses.replace(used, solver_points=4 * used.solver_points)
-    if settings.gradient_flow and fixed.certificate.kind == RUNOFF and not polish:
-        check = held_out_runoff_check(task, act, start, fixed.state, used)
-        fixed = dataclasses.replace(fixed, runoff=check.to_dict())
-    if polish:
-        fixed, final = polish_pairwise(task, act, start, fixed, settings.drift_tol)
-    return fixed, final, used
-
-
-def held_out_runoff_check(task: Task, act: Activation, start: State, end: State,
-                          settings: RunSettings) -> RunoffCheck:
-    """:func:`fixedpoint.runoff_check` of a run-off from ``start`` to ``end`` on the held-out
-    point set of ``settings``' solver objective (seed offset ``HELD_OUT``)."""
-    held_out = solver_objective(task, act, start.H, settings, offset=HELD_OUT)
-    return runoff_check(held_out, held_out.pack_state(end), held_out.pack_state(start))
-
-
-def pairwise_activation(task: Task, act: Activation, H: int) -> Activation | None:
-    """The activation whose pairwise decomposition (``expect.pairwise``) is E of (task, act, H),
-    or None: ``act`` itself where the engine covers it; at H = 1 a joint normaliser with
-    φ = e^s and κ = 0 is the per-head one, and the head's offset (Bayes or not: −Q_hh/2 +
-    log π_h, the same for every token) multiplies each weight's numerator and the normaliser
-    alike, so it cancels: the per-head e^s with the same a.  Why: at H = 1 B-softmax is
-    softmax, and without this its E∞ was the sampled solver's — measured at F = 4, ν = 10,
-    L = 5: the key 3.068 u₁ (2^12 tilted points) at E = 0.0626799 ± 9e-16, 1.4e-4 above the
-    minimum 0.0625382 at √10 u₁, with an abs_err that covered the evaluation only."""
-    from ..expect.pairwise import applicability
-    if applicability(task, act, H)[0]:
-        return act
-    if H == 1 and act.norm == "joint" and act.kappa == 0 and act.is_plain_exp:
-        plain = dataclasses.replace(act, name=f"{act.name} (one head)", norm="per-head",
-                                    offset="none", log_pi=None)
-        if applicability(task, plain, 1)[0]:
-            return plain
-    return None
-
-
-def pairwise_applies(task: Task, act: Activation, H: int) -> bool:
-    """Whether the deterministic pairwise engine covers (task, act, H) (:func:`pairwise_activation`)."""
-    return pairwise_activation(task, act, H) is not None
-
-
-def polish_applies(task: Task, act: Activation, H: int, mode: str = "pairwise") -> bool:
-    """Whether the polish ``mode`` (:data:`POLISH`) has a deterministic E for (task, act, H)
-    (:func:`deterministic_objective`): "pairwise" any, "per-head" the pairwise
-    decomposition's only."""
-    if mode == "per-head":
-        return pairwise_applies(task, act, H)
-    return pairwise_applies(task, act, H) or _joint_laplace_applies(task, act, H)
-
-
-def _joint_laplace_applies(task: Task, act: Activation, H: int) -> bool:
-    return act.norm == "joint" and laplace_objective.applies(task, act, H)
-
-
-def deterministic_objective(task: Task, act: Activation, H: int):
-    """The deterministic E that the polish minimises, or None: the pairwise decomposition
-    where it applies (:func:`pairwise_activation`), else for a joint normaliser the drift
-    engine's (``laplace_objective.LaplaceError``, H ≤ 3)."""
-    plain = pairwise_activation(task, act, H)
-    if plain is not None:
-        return PairwiseError.for_activation(task, plain, H)
-    if _joint_laplace_applies(task, act, H):
-        return laplace_objective.LaplaceError(task, act, H, act.a_default(H, task.L),
-                                              act.b_default(H, task.L), act.train_a,
-                                              act.train_b)
-    return None
-
-
-def largest_key_norm(state: State) -> float:
-    """max_h |k_h| = max_h √Q_hh."""
-    return float(np.sqrt(np.max(np.diag(state.Q))))
-
-
-def polish_key_bound(start: State) -> float:
-    """The largest key norm at which a sampled solution can still start the polish
-    (:func:`polish_from_sampled`): ``fixedpoint.RUNOFF_GROWTH`` × max(1, the hand-over's)."""
-    return RUNOFF_GROWTH * max(1.0, largest_key_norm(start))
-
-
-def polish_from_sampled(start: State, sampled: FixedPoint) -> bool:
-    """Whether the polish starts from the sampled solution (else from the hand-over
-    ``start``): only from a certified one whose largest key norm stays within
-    ``fixedpoint.RUNOFF_GROWTH`` × max(1, the hand-over's).  A sampled descent that fitted its
-    points ends far out without running off past ``runoff_bound`` (softmax, F = 4, ν = 10,
-    H = 8 on 2^15 points: heads at |k| ≈ 600–900 against ≈ 1.6 at the hand-over), where the
-    Laplace grids of a pair grow without bound (measured: a polish started there was killed
-    at 20 GB); with the precise-E check of the sampled point skipped, its certificate and
-    key norms are all there is to go by."""
-    if not sampled.certificate.certified:
-        return False
-    return largest_key_norm(sampled.state) <= polish_key_bound(start)
-
-
-def polish_pairwise(task: Task, act: Activation, start: State, sampled: FixedPoint,
-                    tol: float) -> tuple[FixedPoint, ErrorValue]:
-    """The sampled solver's fixed point polished and certified on the deterministic E
-    (:func:`fixedpoint.polish_gradient_flow` on :func:`deterministic_objective`: the pairwise
-    decomposition, or the drift engine's E for a joint normaliser with H ≤ 3): from the
-    sampled solution, or from the hand-over ``start`` when that is not certified or far out
-    (:func:`polish_from_sampled`: a run-off or a sample artefact).  The sampled solve is kept in the result's
-    ``presolve`` (certificate, sampled E, run-off check); E and its abs_err are the
-    deterministic engine's at the polished point.  A polish that does not certify because
-    heads switch off (softmax-1: b_h → −∞) is handed to :func:`boundary.boundary_minimum`,
-    whose result (kind "boundary minimum", E the live heads' model's) replaces it; one that
-    is still uncertified, to :func:`saturation.saturated_minimum` (heads whose b_h → +∞),
-    whose result replaces it when it certifies.  A boundary saddle (a head revived at some
-    key lowers E, or a saturated head that would rather come back to finite b) is left from
-    :func:`boundary.revived_state` or :func:`saturation.unsaturated_state` and polished
-    again, up to ``boundary.REVIVALS`` times; it is recorded among the result's saddles."""
-    obj = deterministic_objective(task, act, start.H)
-    origin = sampled.state if polish_from_sampled(start, sampled) else start
-    fixed = _polish_to_the_boundaries(obj, origin, tol)
-    for _ in range(REVIVALS):
-        moved = revived_state(obj, fixed) or unsaturated_state(obj, fixed)
-        if moved is None:
-            break
-        again = _polish_to_the_boundaries(obj, moved, tol)
-        fixed = dataclasses.replace(
-            again, saddles=fixed.saddles + [saddle_record(fixed)] + again.saddles,
-            evaluations=fixed.evaluations + again.evaluations,
-            seconds=fixed.seconds + again.seconds,
-            solver=f"{again.solver} (after a boundary saddle, left along its falling bias)")
-    presolve = {"certificate": sampled.certificate.to_dict(), "solver": sampled.solver,
-                "sampled_error": sampled.sampled_error, "runoff": sampled.runoff,
-                "saddles": len(sampled.saddles), "seconds": sampled.seconds,
-                "state": sampled.state.to_dict(), "key_bound": polish_key_bound(start),
-                "polished_from": "hand-over" if origin is start else "sampled solution"}
-    fixed = dataclasses.replace(fixed, presolve=presolve)
-    return fixed, ErrorValue(fixed.sampled_error, float(fixed.error_abs_err),
-                              "laplace pairs" if isinstance(obj, PairwiseError) else obj.n,
-                              {"level": obj.level})
-
-
-def _polish_to_the_boundaries(obj, origin: State, tol: float) -> FixedPoint:
-    """:func:`fixedpoint.polish_gradient_flow` from ``origin``; uncertified, on the pairwise
-    engine, handed to :func:`boundary.boundary_minimum` (heads switching off), and if still
-    uncertified to :func:`saturation.saturated_minimum` (heads saturating), whose result
-    replaces it when it certifies or is a saddle (for the caller to leave)."""
-    fixed = polish_gradient_flow(obj, obj.pack_state(origin), tol)
-    boundaries = isinstance(obj, PairwiseError)      # both need the pairwise sub-models
-    if boundaries and not fixed.certificate.certified:
-        fixed = boundary_minimum(obj, fixed, tol) or fixed
-    if boundaries and not fixed.certificate.certified:
-        saturated = saturated_minimum(obj, fixed, tol)
-        if saturated is not None and (saturated.certificate.certified
-                                      or saturated.certificate.kind == "saddle"):
-            fixed = saturated           # a saddle there is left by unsaturated_state
-    return fixed
-
-
-def solver_objective(task: Task, act: Activation, H: int, settings: RunSettings,
-                     offset: int = 0) -> SampledError:
-    """The gradient-flow solver's objective (seed ``solver_seed + offset``)."""
-    return SampledError.for_activation(task, act, H, n=settings.solver_points,
-                                       seed=settings.solver_seed + offset,
-                                       points=settings.solver_sampling,
-                                       tilt=(auto_tilt(task, act) if settings.solver_tilt is None
-                                             else settings.solver_tilt))
-
-
-def auto_tilt(task: Task, act: Activation) -> float:
-    """0.3 when the signal is strong (E[|θ|²] ≥ 10) and the activation has Bayes offsets (it
-    can reach the Bayes posterior, and then its excess E − E_Bayes is a rare-event average),
-    else 0.  Measured at F = 4, ν = 10, H = 4 (standard error of the sampled E on 2^12 points
-    at the previous session's end points, plain / tilted): B-softmax 2.4e-4 / 8.4e-5 (the
-    tilt helps 3x), softmax-1 1.4e-3 / 1.6e-3, softmax 4.0e-3 / 5.5e-3 (the tilt only adds
-    variance: softmax ran off on 2^14 tilted points, and on 2^16 its tilted minimum lies at
-    E = 0.062201 by quadrature against 0.062109 for the plain one).  At ν = 2 the tilt's weights
-    only add variance for every activation (B-softmax's minimiser excess at 2^15 points 1.6e-5
-    tilted against 1.2e-5 plain)."""
-    bayes_like = act.offset == "bayes"
-    strong = float(np.sum(task.prior.second_moments())) >= 10.0
-    return 0.3 if strong and bayes_like else 0.0
-
-
-def solve_fixed_point(task: Task, act: Activation, state: State, settings: RunSettings,
-                      engine: DriftEngine | None = None, offset: int = 0,
-                      key_bound: float = np.inf) -> FixedPoint:
-    """The certified fixed point reached from ``state``.
-
-    Gradient flow: :func:`fixedpoint.solve_gradient_flow` on :func:`solver_objective` (its
-    descent stopped where a key norm passes ``key_bound``).
-    Finite γ: :func:`fixedpoint.solve_drift_root` on the full drift of ``engine`` (the
-    ODE's; ``offset`` shifts its seed), escaping saddles by an ODE chunk."""
-    if settings.gradient_flow:
-        coarse = None
-        if settings.solver_coarse > 1 and settings.solver_points // settings.solver_coarse >= 256:
-            coarse = solver_objective(task, act, state.H, dataclasses.replace(
-                settings, solver_points=settings.solver_points // settings.solver_coarse), offset)
-        return solve_gradient_flow(solver_objective(task, act, state.H, settings, offset),
-                                   state, settings.drift_tol, settings.max_escapes,
-                                   coarse=coarse, key_bound=key_bound)
-    if engine is None or offset:
-        engine = dataclasses.replace(settings, mc_seed=settings.mc_seed + offset).engine(
-            task, act, state.H)
-    system, _ = build_system(task, act, state.H, engine, settings.gamma, None, None, None,
-                             None, False, False)
-    dmap = DriftMap(system, act.a_default(state.H, task.L), act.b_default(state.H, task.L),
-                    act.train_a, act.train_b)
-    return solve_drift_root(dmap, state, lambda s: _advance(task, act, s, settings.rule.chunk,
-                                                            settings, engine)[0],
-                            settings.drift_tol, settings.max_escapes)
-
-
-def sample_shift(task: Task, act: Activation, fixed: FixedPoint, settings: RunSettings) -> float:
-    """|E(x₂) − E(x₁)|: x₁ = ``fixed``, x₂ the fixed point solved again from x₁ on an independent
-    sample set (seed offset 1), both evaluated on a third independent set of the same size
-    (common points, so the difference is resolved even where E itself is not)."""
-    try:
-        again = solve_fixed_point(task, act, fixed.state, dataclasses.replace(
-            settings, max_escapes=0), offset=1)
-    except ValueError:
-        return float("nan")
-    if again.certificate.kind == "not converged":   # no second fixed point: nothing measured
-        return float("nan")
-    judge = solver_objective(task, act, fixed.state.H, settings, offset=2)
-    values = [judge.value_and_grad(judge.pack_state(s))[0] for s in (fixed.state, again.state)]
-    return float(abs(values[1] - values[0]))
-
-
-def _advance(task: Task, act: Activation, state: State, span: float, settings: RunSettings,
-             engine: SampleDrift) -> tuple[State, float]:
-    """Integrate one chunk; (state at its end, the ODE engine's E there)."""
-    traj = integrate_ode(task, act, InitialCondition(state), settings.gamma, span,
-                         times=[0.0, span], method=settings.method, dt=settings.dt,
-                         engine=engine, gradient_flow=settings.gradient_flow,
-                         rescale_time=settings.gradient_flow, rtol=settings.rtol,
-                         atol=settings.atol, progress=False)
-    end = admissible_state(traj.M[-1], traj.Q[-1], traj.a[-1], traj.b[-1])
-    return end, float(traj.error[-1])
-
-
-def flow_objective(task: Task, act: Activation, H: int, settings: RunSettings) -> SampledError:
-    """The sampled gradient flow's E: the solver's own objective (same points), so the flow
-    hands over a point on the descent path of the very function the solver minimises.
-    Measured on Fig. 4 quick: this flow handed 2 of 12 runs (B-softmax F = 4, H = 2; softmax-1
-    F = 2, ν = 8) over to saddles the solver did not leave, the ``ode`` flow none, so Fig. 4
-    keeps ``ode``; on 100 points of its own (seed apart) it was 1 of 12."""
-    return solver_objective(task, act, H, settings)
-
-
-class SampledFlow:
-    """Gradient flow on x = (K, trained a, b) of a :class:`SampledError`:
-
-        dx/dτ = −½ ∂E_n/∂x,
-
-    which is the order-parameter ODE of docs/theory.md §5 without the γ² term (clock τ = γ t,
-    γ_a = γ_b = γ): with k_h ∈ R^D moving by −(γ/D)∇ ½(y − ŷ)², the keys' components in the
-    span of U and the keys themselves move by −½ ∂E/∂K, and M = K[:, :F], Q = K Kᵀ follow.
-    Integrated by ``solve_ivp`` (RK45 at the settings' rtol, atol).  Called with the state it
-    returned last, it continues from its own x (re-factorising Q − M Mᵀ would rotate P, and
-    the sampled E is gauge invariant only as n → ∞)."""
-
-    def __init__(self, obj: SampledError, settings: RunSettings) -> None:
-        self.obj, self.settings = obj, settings
-        self.last: tuple[State, np.ndarray] | None = None
-
-    def rate(self, _t: float, x: np.ndarray) -> np.ndarray:
-        return -0.5 * self.obj.value_and_grad(x)[1]
-
-    def __call__(self, state: State, span: float) -> tuple[State, float]:
-        """(state after ``span`` time units, sampled E there)."""
-        x0 = self.last[1] if self.last is not None and self.last[0] is state else \
-            self.obj.pack_state(state)
-        sol = integrate.solve_ivp(self.rate, (0.0, span), x0, method="RK45",
-                                  rtol=self.settings.rtol, atol=self.settings.atol)
-        if not sol.success:
-            fail("flow", "the sampled gradient flow failed (" + sol.message + ")", "sampled")
-        x = sol.y[:, -1]
-        end = self.obj.state(x)
-        self.last = (end, x)
-        return end, float(self.obj.value_and_grad(x)[0])
-
-
 def run_params(task: Task, act: Activation, ic: InitialCondition,
                settings: RunSettings) -> dict:
     """Everything that fixes a run of :func:`run_to_convergence` (stored with its result)."""
@@ -936,62 +252,44 @@ def _stored_run(out: str | Path, params: dict) -> EinfRun | None:
     return EinfRun.from_dict(data["run"])
 
 
-# ----------------------------------------------------------------------------- Bayes floor
-def bayes_floor(task: Task, method: str = "auto", mc_samples: int = 400_000,
-                seed: int = 12345) -> ErrorValue:
-    """E_Bayes of the task (``error.bayes_error``); with ``mc``, ``mc_samples`` draws;
-    ``deterministic`` is ``auto`` (quadrature) here."""
-    if method == "mc":
-        return bayes_error(task, method="mc", n=mc_samples, seed=seed)
-    return bayes_error(task, method="auto" if method == "deterministic" else method)
-
-
-def bayes_excess(task: Task, act: Activation, state: State, n: int = 400_000,
-                 seed: int = 4242, chunk: int = 20_000) -> ErrorValue:
-    """E(state) − E_Bayes by Monte Carlo on paired samples, with its standard error.
-
-    The Bayes posterior p_l = P(ε = l | X) ∝ g(Uᵀx_l) is the conditional mean of the one-hot
-    target, so for any weights w that are functions of X
-
-        E − E_Bayes = E‖ẽ − w‖² − E‖ẽ − p‖² = E‖w − p‖² ≥ 0,
-
-    an average of a non-negative quantity that vanishes where w = p.  Near the Bayes point its
-    variance is tiny, unlike that of E and E_Bayes estimated apart (at F = 4, ν = 10 each is a
-    rare-event average with a relative error of a few percent at 4·10⁵ draws).  Tokens live
-    in R^{F+H} (keys K = [M | P], P Pᵀ = Q − M Mᵀ), the first F coordinates being Uᵀx; θ is
-    stratified as in ``expect.montecarlo``; ``chunk`` draws at a time bound the memory."""
-    check_int(n, "n", 2)
-    F, H, L = task.F, state.H, task.L
-    K = np.hstack([state.M, state.orthogonal_factor()])
-    kernels = sample_kernels(act)
-    rng = np.random.default_rng(seed)
-    means, errs, done = [], [], 0
-    while done < n:
-        m = min(chunk, n - done)
-        smp = mc.draw_samples(task.prior, F + H, L, m, rng)
-        tokens = smp.g.copy()
-        tokens[:, :F, 0] += smp.theta
-        S = np.matmul(K, tokens)
-        w = kernels.weights(S, state.b, np.diag(state.Q), state.a)[3]
-        p = bayes_posterior(task.prior, tokens[:, :F, :])
-        mean, se = mc.weighted_mean(smp, np.sum((w - p) ** 2, axis=-1))
-        means.append(m * float(mean))
-        errs.append(m * float(se))
-        done += m
-    return ErrorValue(float(sum(means) / n), float(np.sqrt(np.sum(np.square(errs))) / n),
-                       "mc paired with the Bayes posterior", {"n_samples": n, "seed": seed})
-
-
 # ----------------------------------------------------------------------------- E∞ of many runs
-@dataclass(frozen=True)
-class EinfResult:
-    """E∞ over several runs, grouped by end point, with the floors alongside."""
+@dataclass(frozen=True, repr=False)
+class EinfResult(Result):
+    """E∞ over several runs, grouped by end point, with the floors alongside.
+
+    Attributes
+    ----------
+    runs : list of EinfRun
+        Each run's fixed point, E there, its certificate and history.
+    groups : list of list of int
+        The runs grouped by end point (never silently averaged).
+    bayes : ErrorValue, optional
+        E_Bayes, the floor.
+    minimum : MinimumResult, optional
+        The global minimum of E found by the random starts.
+    params : dict
+        Every input.
+    provenance : dict
+        The version and code digest that computed it.
+    stored : dict, optional
+        The file's content, for a result read back by :func:`theory_kit.load` (the floors'
+        details are then known only as numbers).
+    """
+
+    kind: ClassVar[str] = "einf"
 
     runs: list[EinfRun]
     groups: list[list[int]]
     bayes: ErrorValue | None
     minimum: MinimumResult | None
     params: dict
+    provenance: dict = field(default_factory=stamps)
+    stored: dict | None = None
+
+    @property
+    def value(self) -> float:
+        """E∞, the mean of the runs' E."""
+        return self.mean
 
     @property
     def mean(self) -> float:
@@ -999,8 +297,8 @@ class EinfResult:
 
     @property
     def abs_err(self) -> float:
-        """Numerical error of the mean from the per-run errors of E at the fixed points:
-        the evaluation's error combined with each run's measured sample shift
+        """Numerical error of the mean (inf when a run is not certified) from the per-run
+        errors of E at the fixed points: the evaluation's error combined with each run's measured sample shift
         (``EinfRun.abs_err_total``).  It is not the spread of the runs (reported apart), nor
         does the shift estimate include the bias of the solver's objective that is common to
         independent sample sets (at a minimum any shift raises E, by O(1/n))."""
@@ -1016,6 +314,40 @@ class EinfResult:
                 "E at points that are not certified fixed points, so it has no error bar")
 
     def to_dict(self) -> dict:
+        """The result file's content: a run that is not certified has no error bar (null,
+        with ``abs_err_reason``), and nor has the mean then."""
+        if self.stored is not None:
+            return dict(self.stored)
+        return without_false_error_bars(self._computed_dict())
+
+    @classmethod
+    def from_dict(cls, data: dict) -> EinfResult:
+        runs = [EinfRun.from_dict(run) for run in data["runs"]]
+        bayes = (None if data.get("bayes") is None else
+                 ErrorValue(data["bayes"], data["bayes_abs_err"], "stored"))
+        record = {k: v for k, v in data.items() if k not in PROVENANCE}
+        return cls(runs, [list(g["runs"]) for g in data["groups"]], bayes, None,
+                   data.get("params", {}), provenance_of(data), record)
+
+    def summary(self) -> str:
+        d = self.to_dict()
+        floor = f", E_Bayes={d['bayes']:.6g}" if d.get("bayes") is not None else ""
+        return (f"EinfResult({setting_text(self.params)}; {len(self.runs)} runs, "
+                f"{len(self.groups)} group(s); E_inf={self.value:.6g} "
+                f"{_plus_minus(d['abs_err'])}{floor})")
+
+    def plot(self, other: Result | None = None, ax: Any = None) -> Any:
+        """E∞ of each run (dots), and the Bayes floor (dashed)."""
+        from ..figures.style import label_axes, new_figure
+        fig, axes = new_figure(1, 1) if ax is None else (ax.figure, [ax])
+        values = [r.error.value for r in self.runs]
+        axes[0].plot(range(len(values)), values, "o", label="runs")
+        if self.bayes is not None:
+            axes[0].axhline(self.bayes.value, ls="--", color="k", label="E_Bayes")
+        label_axes(axes[0], "run", r"$E_\infty$")
+        return fig
+
+    def _computed_dict(self) -> dict:
         values = [r.error.value for r in self.runs]
         best = self.runs[int(np.argmin(values))]
         group_of = {i: k for k, g in enumerate(self.groups) for i in g}

@@ -13,11 +13,11 @@ E_sat (measured: F = 4, ν = 10, L = 5, H = 1, the polish ends near b = 9 and ri
 coordinate, b_h → −∞, is module ``boundary``.
 
 **The certificate** (:func:`saturated_minimum`) of the end x of such a polish, all on the
-deterministic E (``fixedpoint.PairwiseError``):
+deterministic E (``deterministic.PairwiseError``):
 
 1. *Candidates* S: the heads with ∂E/∂b_h < 0 (the flow raises b_h) and b_h ≥ ``SAT_START``.
-2. *Saturated model*: b_h = ``B_SAT`` for h ∈ S, held fixed (``KeySpace.frozen_b``); every other
-   coordinate polished and certified (``fixedpoint.polish_gradient_flow``).  At B_SAT the
+2. *Saturated model*: b_h = ``B_SAT`` for h ∈ S, held fixed (``objectives.KeySpace.frozen_b``); every other
+   coordinate polished and certified (``gradient_flow.polish_gradient_flow``).  At B_SAT the
    engine's E is E_sat to c_h e^{−B_SAT} (≈ 1e-13 c_h), which is added to abs_err.
 3. *The corner* κ_S = 0 in the coordinates κ_h = e^{−b_h} ≥ 0, where E is smooth:
 
@@ -46,7 +46,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..expect import laplace as lp
-from .fixedpoint import BOUNDARY, Certificate, FixedPoint, PairwiseError, polish_gradient_flow
+from .certificate import BOUNDARY, Certificate, FixedPoint
+from .deterministic import PairwiseError
+from .gradient_flow import polish_gradient_flow
 from ..model.state import State
 
 SAT_START = 4.0        # a head with b_h below this is not taken for saturating

@@ -86,45 +86,8 @@ def run_einf(args: argparse.Namespace) -> int:
         evaluation=Evaluation(args.error_method, args.error_samples),
         global_min=not args.no_global_min, min_starts=args.min_starts, workdir=args.workdir,
         run=run_options(args))
-    data = without_false_error_bars(result.to_dict())
     if args.json:
-        print_json(data)
+        print_json(result.data)
         return 0
-    print(_honest_text(einf.summary(result), data))
+    print(einf.summary(result))
     return 0
-
-
-UNCONVERGED = ("not converged: E is evaluated at the run's last state, not at a fixed point, "
-               "so the small error of that evaluation says nothing about E_inf")
-
-
-def without_false_error_bars(data: dict) -> dict:
-    """``data`` with the error bars of runs that did not converge (or were not certified) set
-    to None with an ``abs_err_reason``, and the mean's too when any run is such: an
-    unconverged run printed E_inf +/- 8.9e-16 (the error of evaluating E at its last state)."""
-    bad = [run for run in data["runs"] if not run.get("converged")]
-    for run in bad:
-        run["abs_err"] = run["abs_err_total"] = None
-        run.setdefault("abs_err_reason", None)
-        run["abs_err_reason"] = run["abs_err_reason"] or UNCONVERGED
-    if bad:
-        data["abs_err"] = None
-        data["abs_err_reason"] = (f"{len(bad)} of {len(data['runs'])} run(s) {UNCONVERGED}; "
-                                  "raise --T-max or loosen --tol")
-    return data
-
-
-def _honest_text(text: str, data: dict) -> str:
-    """The summary with '+/- unknown (not converged)' for the runs (and the mean) that have no
-    error bar in ``data``."""
-    import re
-    lines = text.splitlines()
-    bad_seeds = {run["seed"] for run in data["runs"] if run["abs_err"] is None}
-    unknown = "+/- unknown (not converged)"
-    for i, line in enumerate(lines):
-        seed = re.match(r"\s*run seed (-?\d+):", line)
-        if "+/- unknown" in line:     # einf.summary already says so (einf.UNKNOWN_ERROR)
-            continue
-        if (i == 0 and data["abs_err"] is None) or (seed and int(seed.group(1)) in bad_seeds):
-            lines[i] = re.sub(r"\+/- \S+", unknown, line, count=1)
-    return "\n".join(lines)

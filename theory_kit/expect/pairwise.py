@@ -20,7 +20,7 @@ deterministic Laplace engine (``expect.laplace.LaplaceDrift``, per-head H ≤ 2,
 the gradient-flow drift fields to ~1e-8 with an error estimate: 28 pairs and 8 singles at H = 8.
 
 **The gradient in key coordinates.**  The solver parametrises the keys as K = [M | P] ∈
-R^{H×(F+H)}, Q = K Kᵀ (``fixedpoint.SampledError``).  With G_l the token in that space,
+R^{H×(F+H)}, Q = K Kᵀ (``objectives.SampledError``).  With G_l the token in that space,
 ∂E/∂K_h = −2 V_h − 4 E[ρ_h] K_h, V_h = E[Σ_l g_hl G_l].  The Laplace engine's dM field is
 exactly this (its ρ term included) along the feature directions u_f, and nothing along other
 directions.  So each sub-model is handed to it with *extended features*: its heads' orthogonal
@@ -63,7 +63,7 @@ from .laplace.algebra import CompiledPattern, Slots, compile_patterns, drift_pol
 # certificate at half the cost of 0.75, and finer rungs follow where it does not.
 LEVELS = (0.5625, 0.75, 1.0, 4.0 / 3.0)
 DEFAULT_LEVEL = LEVELS[0]
-DESCENT_LEVEL = 0.5                # the polish's L-BFGS far from the minimum (fixedpoint)
+DESCENT_LEVEL = 0.5                # the polish's L-BFGS far from the minimum (gradient_flow)
 DEFAULT_TOL = 1e-8
 PARTS = ("E", "dK", "da", "db")    # what one sub-model gives, in ``sub_model``'s order
 

@@ -6,19 +6,19 @@ every f, E∞ against the number of heads H; right: F = 2, H = 4, against the si
 (γ² term dropped, clock τ = γ t), because at finite γ the noise term keeps the keys off the
 minimum and E∞ depends on γ (docs/theory.md §6); initial overlaps drawn at D = 10^4; Monte Carlo
 drift with fixed samples (quick plan: the same gradient flow on the solver's own points,
-``einf.SampledFlow``, so that a cold run compiles no drift kernels) until ``einf.StopRule``
-hands over (the state has left the plateau and its speed falls) or T_max; then the fixed
-point is solved for and certified
-(``theory_kit.asymptotic.fixedpoint``: local minimum of E on ``solver_points`` (``solver_points_left`` at
+``convergence.SampledFlow``, so that a cold run compiles no drift kernels) until
+``convergence.StopRule`` hands over (the state has left the plateau and its speed falls) or
+T_max; then the fixed point is solved for and certified
+(``theory_kit.asymptotic.gradient_flow``: local minimum of E on ``solver_points`` (``solver_points_left`` at
 F = 4, ν = 10, where 2^11 points let the keys of B-softmax and softmax-1 at H = 4 run off to
 |K| ~ 500 on a sample-fitting saddle) importance-tilted Sobol
 points with the Bayes posterior as control variate, drift norm ≤ 1e-8, quotient Hessian
 positive, saddles escaped, sampled E consistent with the precise one, else solved again with
 more points).  Runs that fail the certificate are drawn hollow; runs of one point
-that reached different fixed points (``einf.group_runs``) get different markers.  Full plan:
+that reached different fixed points (``global_min.group_runs``) get different markers.  Full plan:
 softmax and softmax-1 (per-head) are then polished and certified on the deterministic E
-(``einf.polish_pairwise``: the pairwise Laplace decomposition, any H), and E at every fixed
-point comes from the deterministic engines (``einf.precise_error`` 'deterministic': pairwise
+(``solve.polish_pairwise``: the pairwise Laplace decomposition, any H), and E at every fixed
+point comes from the deterministic engines (``solve.precise_error`` 'deterministic': pairwise
 Laplace, else quadrature).  Quick plan: no polish, E and the Bayes error by Monte Carlo with
 ``error_samples`` draws (its standard error is in the data), for its 60 s budget.
 
@@ -34,7 +34,12 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullFormatter, ScalarFormatter
 
-from ..asymptotic import runs as einf
+from ..asymptotic.bayes import bayes_floor
+from ..asymptotic.certificate import RUNOFF
+from ..asymptotic.convergence import RunSettings, StopRule
+from ..asymptotic.global_min import group_runs
+from ..asymptotic.runs import EinfRun, map_jobs, run_to_convergence
+from ..asymptotic.solve import polish_applies
 from ..model.activations import get_activation
 from ..model.initial import InitialCondition
 from ..model.task import Task
@@ -54,7 +59,7 @@ CAPTION = ("E∞ of softmax, softmax-1 and B-softmax (lines: mean over the runs 
            "solved and certified (full: softmax / softmax-1 polished on the deterministic E); "
            "E deterministic (full) or by Monte Carlo (quick).")
 MARKERS = ("o", "^", "s", "D", "v")
-RUNOFF_MARKER = "x"     # a run whose keys diverged (never certified; fixedpoint.runoff_check)
+RUNOFF_MARKER = "x"     # a run whose keys diverged (never certified; gradient_flow.runoff_check)
 
 
 @dataclass(frozen=True)
@@ -74,12 +79,12 @@ class Plan:
     solver_points_left_softmax: int | None = None      # None: solver_points_left
     solver_refine_left_softmax: int = 2
     flow: str = "ode"
-    polish: str = "none"                # einf.RunSettings.polish (where einf.polish_applies)
-    error_method: str = "mc"            # E at the fixed points (einf.precise_error)
+    polish: str = "none"                # RunSettings.polish (where solve.polish_applies)
+    error_method: str = "mc"            # E at the fixed points (solve.precise_error)
     # a run without the deterministic polish reports E at the sampled minimiser, whose excess
     # over the minimum its evaluation error does not see (B-softmax, H = 1, before it was
     # polished: 1.4e-4 at an abs_err of 9e-16); the shift check measures it
-    # (einf.sample_shift: 1.1e-3 there)
+    # (solve.sample_shift: 1.1e-3 there)
     shift_check: bool = True
     L: int = 5
     eta: float = 1.0
@@ -89,12 +94,12 @@ class Plan:
     H_right: int = 2 * 2
     F_right: int = 2
 
-    def settings(self, point: dict | None = None, name: str | None = None) -> einf.RunSettings:
+    def settings(self, point: dict | None = None, name: str | None = None) -> RunSettings:
         """The run settings of ``point`` and activation ``name``: the left panel's solver points
         for F = F_left (``solver_points_left_softmax`` for softmax there, whose per-sample
         loss has ~20x the variance of B-softmax's excess: on 2^14 points its descent fits the
-        points and runs off, see ``fixedpoint.runoff_check``)."""
-        rule = einf.StopRule(tol=self.tol, chunk=self.chunk, window=2, T_max=self.T_max)
+        points and runs off, see ``gradient_flow.runoff_check``)."""
+        rule = StopRule(tol=self.tol, chunk=self.chunk, window=2, T_max=self.T_max)
         left = point is not None and point["panel"] == "H"
         points, refine = self.solver_points, 2
         if left:
@@ -102,11 +107,11 @@ class Plan:
             if name == "softmax" and self.solver_points_left_softmax is not None:
                 points = self.solver_points_left_softmax
             refine = self.solver_refine_left_softmax if name == "softmax" else 2
-        return einf.RunSettings(gamma=1.0, gradient_flow=True, rule=rule, rtol=1e-4,
-                                n_samples=self.n_samples, error_method=self.error_method,
-                                error_samples=self.error_samples, solver_points=points,
-                                solver_refine=refine, shift_check=self.shift_check,
-                                flow=self.flow, polish=self.polish)
+        return RunSettings(gamma=1.0, gradient_flow=True, rule=rule, rtol=1e-4,
+                           n_samples=self.n_samples, error_method=self.error_method,
+                           error_samples=self.error_samples, solver_points=points,
+                           solver_refine=refine, shift_check=self.shift_check,
+                           flow=self.flow, polish=self.polish)
 
     def points(self) -> list[dict]:
         """One dict per (panel, x): the task parameters and H."""
@@ -128,15 +133,15 @@ class Plan:
 # H = 8 the descent still runs off on 2^15 and 2^16 points (78 and 221 CPU s; held-out check
 # 'sample artefact' both times), and 2^17 would cost ~10 CPU min a run.  So the full plan
 # polishes and certifies softmax and softmax-1 on the deterministic E (polish "per-head":
-# einf.polish_pairwise, from the hand-over where the sampled descent ran off) and reports E
+# solve.polish_pairwise, from the hand-over where the sampled descent ran off) and reports E
 # of every run by the deterministic engines (pairwise Laplace, else quadrature).
 FULL = Plan(H_values=(1, 2, 4, 8), nu_values=(0.5, 1.0, 2.0, 4.0, 8.0), runs=5, n_samples=400,
             error_samples=40_000, tol=0.1, T_max=100.0, chunk=20.0, solver_points=2 ** 11,
             solver_points_left=2 ** 12, solver_points_left_softmax=2 ** 15,
             solver_refine_left_softmax=0, polish="per-head", error_method="deterministic")
-# Quick: the flow to the hand-over on the solver's own points (einf.SampledFlow), so that a
-# cold run compiles only the sample kernels (~3 CPU s per activation), not the drift kernels
-# (~15 CPU s each, 3/4 of a cold quick run's CPU before).
+# Quick: the flow to the hand-over on the solver's own points (convergence.SampledFlow), so
+# that a cold run compiles only the sample kernels (~3 CPU s per activation), not the drift
+# kernels (~15 CPU s each, 3/4 of a cold quick run's CPU before).
 QUICK = Plan(H_values=(1, 2), nu_values=(2.0, 8.0), runs=1, n_samples=100,
              error_samples=20_000, tol=0.1, T_max=40.0, chunk=10.0, solver_points=2 ** 10,
              solver_points_left=2 ** 10, flow="sampled")
@@ -198,7 +203,7 @@ DESCENT_RATIO = 0.75
 
 
 # With the polish the sampled descent stops where a key norm passes 10x the hand-over's
-# (einf.polish_key_bound: the polish would not start there).  Softmax on the left panel at
+# (solve.polish_key_bound: the polish would not start there).  Softmax on the left panel at
 # H = 8 runs off on its 2^15 points and so stops early: 60 evaluations (39.5 CPU s, seed 0)
 # against 118 (94 CPU s + 6 s of held-out check, same code and load) for the run-off to
 # |k| = 800 (the model's 488 evaluations); at H = 4 it certifies within the bound (178
@@ -214,9 +219,9 @@ def sampled_stops(point: dict, p: Plan, name: str | None) -> bool:
 
 
 def polished(point: dict, p: Plan, name: str | None) -> bool:
-    """Whether the run gets the deterministic polish (``einf.polish_applies`` of the plan's
+    """Whether the run gets the deterministic polish (``solve.polish_applies`` of the plan's
     polish mode)."""
-    return p.polish != "none" and name is not None and einf.polish_applies(
+    return p.polish != "none" and name is not None and polish_applies(
         task_of(point, p), get_activation(name), point["H"], p.polish)
 
 
@@ -244,7 +249,7 @@ def run_seconds(point: dict, p: Plan, points: int, name: str | None = None) -> f
     if sampled_stops(point, p, name):
         evals = SAMPLED_STOP_EVALS
     if p.shift_check and not polished(point, p, name):
-        evals *= 2                      # the fixed point solved again (einf.sample_shift)
+        evals *= 2                      # the fixed point solved again (solve.sample_shift)
     return (flow + evals * per_eval + MC_DRAW * p.error_samples * atoms * H * p.L
             + polish_seconds(point, p, name))
 
@@ -262,12 +267,11 @@ def estimate_seconds(quick: bool) -> float:
     return cost
 
 
-def _run(job: tuple) -> einf.EinfRun:
+def _run(job: tuple) -> EinfRun:
     point, name, seed, p, out = job
     task, act = task_of(point, p), get_activation(name)
     ic = InitialCondition.draw(act, point["H"], task.F, task.L, p.D, p.eta, seed)
-    return einf.run_to_convergence(task, act, ic, p.settings(point, name), out=out,
-                                   progress=False)
+    return run_to_convergence(task, act, ic, p.settings(point, name), out=out, progress=False)
 
 
 def compute(quick: bool, workdir: Path, jobs: int = 1, executor: object | None = None) -> dict:
@@ -281,11 +285,11 @@ def compute(quick: bool, workdir: Path, jobs: int = 1, executor: object | None =
                 out = workdir / f"{pt['panel']}{i}_{name}_seed{seed}.json"
                 jobs_list.append((pt, name, seed, p, str(out)))
                 keys.append((i, name))
-    runs = einf.map_jobs(_run, jobs_list, jobs, desc="fig4 runs", executor=executor)
+    runs = map_jobs(_run, jobs_list, jobs, desc="fig4 runs", executor=executor)
     rows = []
     for i, pt in enumerate(p.points()):
         task = task_of(pt, p)
-        bayes = einf.bayes_floor(task, "mc", p.error_samples)
+        bayes = bayes_floor(task, "mc", p.error_samples)
         row = {**pt, "bayes": bayes.to_dict(), "activations": {}}
         for name in ACTIVATIONS:
             mine = [r for r, k in zip(runs, keys) if k == (i, name)]
@@ -296,12 +300,12 @@ def compute(quick: bool, workdir: Path, jobs: int = 1, executor: object | None =
             "activations": list(ACTIVATIONS)}
 
 
-def summarise_runs(runs: list[einf.EinfRun], task: Task) -> dict:
+def summarise_runs(runs: list[EinfRun], task: Task) -> dict:
     """E∞ of one (point, activation): every run with its certificate and fixed-point group
     (groups sorted by E, group 0 the lowest); ``einf`` is the mean over the certified runs of
     the lowest group reached by a certified run (all runs when none is certified)."""
     values = [r.error.value for r in runs]
-    groups = einf.group_runs([r.state for r in runs], [r.error for r in runs], task.prior)
+    groups = group_runs([r.state for r in runs], [r.error for r in runs], task.prior)
     group_of = {i: k for k, g in enumerate(groups) for i in g}
     ok = [r.converged for r in runs]
     best = min((group_of[i] for i in range(len(runs)) if ok[i]), default=None)
@@ -333,7 +337,7 @@ def draw(data: dict) -> Figure:
                 groups = d.get("group", [0] * len(d["einf_runs"]))
                 kinds = d.get("kind", [None] * len(d["einf_runs"]))
                 for value, ok, grp, kind in zip(d["einf_runs"], d["converged"], groups, kinds):
-                    marker = RUNOFF_MARKER if kind == einf.RUNOFF else \
+                    marker = RUNOFF_MARKER if kind == RUNOFF else \
                         MARKERS[min(grp, len(MARKERS) - 1)]
                     ax.plot(xi, value, marker, ms=3.5, color=colors[name],
                             mfc=colors[name] if ok else "none")
