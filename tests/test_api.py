@@ -201,7 +201,7 @@ def test_drift_api_equals_cli(capsys):
     assert d.dM.shape == (2, 2) and d.dQ.shape == (2, 2) and "Drift(engine=" in repr(d)
 
 
-def test_derive_and_einf_api_equal_cli(capsys):
+def test_derive_and_einf_api_equal_cli(capsys, tmp_path):
     text = tk.derive("softmax1", format="latex").text
     assert main(["derive", "--activation", "softmax1", "--format", "latex"]) == 0
     assert text == capsys.readouterr().out
@@ -214,3 +214,6 @@ def test_derive_and_einf_api_equal_cli(capsys):
             "--no-global-min", "--json", "--no-progress"]
     assert numbers_equal(res.data, cli_json(argv, capsys))
     assert isinstance(res, tk.EinfResult) and len(res.runs) == 1
+    back = tk.load(res.save(tmp_path / "einf.json"))
+    assert isinstance(back, tk.EinfResult) and numbers_equal(back.data, res.data)
+    assert back.value == res.value and "EinfResult(bsoftmax" in repr(back)
