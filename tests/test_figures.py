@@ -137,7 +137,8 @@ def test_estimate_is_printed_before_computing(capsys, tmp_path, monkeypatch):
         seen.append(capsys.readouterr().out), {"params": {"x": [1.0]}})[1])
     monkeypatch.setattr(module, "draw", lambda data: plt.figure())
     paths = runner.run_figure(8, quick=True, out=tmp_path)
-    assert "figure 8 (quick): estimated" in seen[0]
+    assert "figure 8 (quick): about " in seen[0]
+    assert "reference machine (reference estimate, not a measurement of this machine" in seen[0]
     assert [p.name for p in paths] == ["fig8.png", "fig8.json"]
     assert not (tmp_path / ".work" / "fig8-quick").exists()
 

@@ -24,7 +24,6 @@ from typing import Callable
 
 import matplotlib.pyplot as plt
 
-from . import machine_speed
 from ..model.validation import ValidationError, check_int
 from ..io.results import atomic_replace, read_json, restore_non_finite, write_json
 
@@ -76,22 +75,15 @@ def save_png(fig: plt.Figure, path: Path) -> Path:
     return path
 
 
-# measured on the 2-core development machine (2026-12-01), CPU seconds: compiling one part of
-# an activation's generated kernels on a cold cache (``compile_kernels``: the fused drift pass
-# ~10, the sample kernels ~5; the lead's idle cold runs of Figs. 1-3: one cold activation adds
-# ~10 s of wall time with 2 jobs, the second ~+5-10 s; at load 12, 17-19 and 7.5-8.4 CPU s),
-# and the fixed part of a run (starting Python and importing ~3, JSON, drawing, PNG ~2).  A
-# figure whose kernels are not these says so with its own ``COMPILE_SECONDS`` per activation.
-# The drift part went from 10 to 14 s after the lead's idle measurements of 2026-12-01
-# 23:00-23:20 UTC: bench_engine's first call of the fused drift pass took 14.1-15.2 s wall per
-# activation from an empty cache, and with 10 s the cold quick Fig. 10 (three activations) ran
-# 53.8 s against an estimate of 35 s (1.54x).  The sample part went from 5 to 11 s on
-# 2026-12-05: ``compile_kernels(softmax, "sample")`` took 6.4 s from an empty cache on that
-# day's host, against 9.0 s for the drift part, i.e. 11 and 15.5 s in the reference host's
-# units (``machine_speed``); the cold quick Figs. 4, 5 and 7, which compile the sample parts
-# only, ran 10, 11.5 and 7.6 s longer than warm there.
+# Reference constants of the cost model, in seconds of the reference machine (an idle 2-core
+# machine; every cost constant of the figures is in the same units): compiling one part of an
+# activation's generated kernels on a cold cache (``compile_kernels``: the fused drift pass,
+# the sample kernels), and the fixed part of a run (starting Python and importing, JSON,
+# drawing, PNG).  A figure whose kernels are not these says so with its own
+# ``COMPILE_SECONDS`` per activation.
 PART_COMPILE_SECONDS = {"drift": 14.0, "sample": 11.0}
 FIXED_SECONDS = 5.0
+REFERENCE_CORES = 2   # the reference machine the estimates are for
 
 
 def figure_activations(module: ModuleType, quick: bool) -> set[str]:
@@ -187,7 +179,7 @@ def compiled_parts(module: ModuleType, quick: bool = False) -> list[str]:
 
 def compile_seconds(module: ModuleType, cold: list[str], jobs: int,
                     quick: bool = False) -> float:
-    """Wall seconds of compiling the kernels of the ``cold`` activations on an idle 2-core
+    """Wall seconds of compiling the kernels of the ``cold`` activations on the reference
     machine.  With ``jobs`` > 1, :func:`precompile` deals the (activation, part) tasks, drift
     parts first, to min(jobs, 2 cores, tasks) processes, each taking the next task when it is
     free (list scheduling: the time is the busiest process's); one job compiles them in turn
@@ -199,7 +191,7 @@ def compile_seconds(module: ModuleType, cold: list[str], jobs: int,
              for part in parts for _ in cold]
     if not costs:
         return 0.0
-    busy = [0.0] * max(1, min(jobs, 2, len(costs)))
+    busy = [0.0] * max(1, min(jobs, REFERENCE_CORES, len(costs)))
     for cost in costs:
         busy[busy.index(min(busy))] += cost
     return max(busy)
@@ -222,47 +214,52 @@ def figure_pieces(module: ModuleType, quick: bool) -> int | None:
 
 
 def sharing_workers(module: ModuleType, quick: bool, jobs: int) -> int:
-    """Among how many cores a figure's CPU seconds are shared: the workers (no more than the
-    2 cores, nor than the pieces: one piece runs on one core), or both cores whatever the
-    jobs for a figure whose pieces are bound by the compiled kernels' own threads
-    (``THREADED_PIECES``: Fig. 4's quick plan took 13.5 s wall with one job and 15.1 s with
-    two on the 2026-12-05 host)."""
+    """Among how many cores of the reference machine a figure's CPU seconds are shared: the
+    workers (no more than its 2 cores, nor than the pieces: one piece runs on one core), or
+    both cores whatever the jobs for a figure whose pieces are bound by the compiled kernels'
+    own threads (``THREADED_PIECES``: more jobs do not shorten Fig. 4's quick plan)."""
     if getattr(module, "THREADED_PIECES", False):
-        return 2
+        return REFERENCE_CORES
     pieces = figure_pieces(module, quick)
-    return min(jobs, 2, pieces or jobs)
+    return min(jobs, REFERENCE_CORES, pieces or jobs)
 
 
 def estimate(module: ModuleType, quick: bool, jobs: int) -> tuple[float, list[str]]:
-    """(seconds, activations to compile) of a figure run on this machine when idle: the
-    figure's own cost model (``estimate_seconds``, CPU seconds of its pieces) shared among the
-    workers (:func:`sharing_workers`), plus the compiles of kernels not cached yet
-    (:func:`compile_seconds`) and the fixed cost of a run (start, imports, drawing), all in
-    seconds of the reference host, times this machine's speed relative to it
-    (``machine_speed.speed``, a probe of ~0.1 s)."""
+    """(seconds, activations to compile) of a figure run on the reference machine, an idle
+    2-core machine: the figure's own cost model (``estimate_seconds``, CPU seconds of its
+    pieces) shared among the workers (:func:`sharing_workers`), plus the compiles of kernels
+    not cached yet here (:func:`compile_seconds`) and the fixed cost of a run (start,
+    imports, drawing).  A reference figure from constants, not a measurement of this machine:
+    it does not depend on how fast this machine is."""
     seconds = float(module.estimate_seconds(quick))
     workers = sharing_workers(module, quick, jobs)
     if workers > 1:
         seconds /= workers ** 0.8  # rough: the pieces are not all of the same size
     cold = uncompiled(figure_activations(module, quick))
     compiling = compile_seconds(module, cold, jobs, quick) if numba_backend() else 0.0
-    return (seconds + compiling + FIXED_SECONDS) * machine_speed.speed(), cold
+    return seconds + compiling + FIXED_SECONDS, cold
 
 
-def describe_estimate(module: ModuleType, quick: bool, jobs: int) -> str:
+def describe_estimate(module: ModuleType, quick: bool, jobs: int,
+                      sent_to: object | None = None) -> str:
+    """The line printed before a run: the reference estimate, said to be one (about N s
+    with K jobs on an idle 2-core reference machine), with the kernels it will compile and
+    this machine's load when it is high.  ``sent_to``: the executor that takes the pieces
+    (the estimate is then for one job)."""
     seconds, cold = estimate(module, quick, jobs)
     text = f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
-    notes = []
+    notes = ["reference estimate, not a measurement of this machine"]
     if cold:
         notes.append(f"incl. compiling the kernels of "
                      f"{', '.join(cold)}, not cached yet")
     cores = os.cpu_count() or 1
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
     if load > cores:
-        notes.append(f"idle machine; the load is {load:.1f} on {cores} cores now, so expect longer")
-    extra = f" ({'; '.join(notes)})" if notes else ""
-    return (f"figure {module.NUMBER} ({'quick' if quick else 'full'}): estimated {text} "
-            f"with {jobs} job(s){extra}")
+        notes.append(f"this machine's load is {load:.1f} on {cores} cores now, so expect longer")
+    how = f"with {jobs} job(s)" if sent_to is None else "serially"
+    line = (f"figure {module.NUMBER} ({'quick' if quick else 'full'}): about {text} {how} on "
+            f"an idle {REFERENCE_CORES}-core reference machine ({'; '.join(notes)})")
+    return line if sent_to is None else f"{line}; pieces sent to {sent_to}"
 
 
 def redraw(number: int, out: str | Path = "figures") -> Path:
@@ -314,8 +311,7 @@ def run_figure(number: int, quick: bool = False, out: str | Path = "figures", jo
     module = figure_module(number)
     jobs = check_int(jobs, "jobs", 1)
     extra = {**data_option(module, data), **executor_option(module, executor)}
-    log(describe_estimate(module, quick, jobs) if executor is None else
-        describe_estimate(module, quick, 1) + f" (serial); pieces sent to {executor}")
+    log(describe_estimate(module, quick, jobs, sent_to=executor))
     workdir = work_folder(out, module.NUMBER, quick)
     workdir.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
