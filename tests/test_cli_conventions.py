@@ -177,6 +177,27 @@ def test_rerun_of_figure_returns_the_stored_result(tmp_path, capsys, monkeypatch
     assert "kept" in capsys.readouterr().out
     assert main(argv[:2] + argv[3:]) == 0 and len(calls) == 2      # full, not quick: computed
     strict((tmp_path / "fig2.json").read_text())
+    assert main(argv) == 0 and len(calls) == 2      # the quick result is still there, kept
+    assert main(argv + ["--jobs", "1"]) == 0 and len(calls) == 2   # jobs: not in the request
+
+
+def test_quick_figure_never_replaces_the_full_one(tmp_path, capsys, monkeypatch):
+    """A quick run writes figN_quick.json/.png beside the full run's figN.json/.png, and a
+    --redraw --quick redraws the quick one; the full files are left as they were."""
+    fake_figure(monkeypatch, {"x": [1.0, 2.0]})
+    assert main(["figure", "2", "--out", str(tmp_path), "--no-progress"]) == 0
+    full = {name: (tmp_path / name).read_bytes() for name in ("fig2.json", "fig2.png")}
+    assert not json.loads(full["fig2.json"])["quick"]
+    assert main(["figure", "2", "--quick", "--out", str(tmp_path), "--no-progress"]) == 0
+    assert f"wrote {tmp_path / 'fig2_quick.json'}" in capsys.readouterr().out
+    assert json.loads((tmp_path / "fig2_quick.json").read_text())["quick"] is True
+    assert (tmp_path / "fig2_quick.png").is_file()
+    assert main(["figure", "2", "--quick", "--redraw", "--out", str(tmp_path)]) == 0
+    assert f"wrote {tmp_path / 'fig2_quick.png'}" in capsys.readouterr().out
+    assert {name: (tmp_path / name).read_bytes() for name in full} == full
+    # a .json --out must name the run's own file
+    assert main(["figure", "2", "--quick", "--out", str(tmp_path / "fig2.json")]) == 2
+    assert "out: figure 2 writes fig2_quick.json" in capsys.readouterr().err
 
 
 def fake_figure(monkeypatch, data: dict) -> list:
@@ -223,12 +244,13 @@ def test_every_verb_that_writes_json_writes_strict_json(tmp_path, capsys, monkey
     assert main(["figure", "2", "--quick", "--out", str(tmp_path / "figs")]) == 0
     capsys.readouterr()
     written = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.json"))
-    for name in ("escape.json", "ode.json", "sim.json", "cmp/compare.json", "figs/fig2.json"):
+    for name in ("escape.json", "ode.json", "sim.json", "cmp/compare.json",
+                 "figs/fig2_quick.json"):
         assert name in written
     for name in written:
         if name != "log.json":
             strict((tmp_path / name).read_text())
-    fig = strict((tmp_path / "figs" / "fig2.json").read_text())
+    fig = strict((tmp_path / "figs" / "fig2_quick.json").read_text())
     assert fig["data"]["tau"] == [None, 1.0] and fig["non_finite"]["data/tau/0"] == "inf"
 
 
@@ -241,7 +263,9 @@ def test_figure_over_an_hour_asks_for_yes(tmp_path, capsys, monkeypatch):
     assert main(argv) == 4 and calls == []
     err = capsys.readouterr().err.strip()
     assert err.startswith("theory-kit figure: error: resources: figure 2 would take about 5 "
-                          "hours") and err.endswith("or pass --yes to run it anyway")
+                          "hours (reference estimate")
+    assert err.endswith("or pass --yes to run it anyway")
+    assert "not a measurement of this machine" in err
     assert list(tmp_path.iterdir()) == []
     assert main(argv + ["--yes"]) == 0 and len(calls) == 1
 

@@ -186,6 +186,6 @@ def test_cli_data_option(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "error: images:" in err[0]
     assert main(["figure", "7", "--quick", "--data", str(good), "--out", str(tmp_path)]) == 0
-    params = read_json(tmp_path / "fig7.json")["data"]["params"]
+    params = read_json(tmp_path / "fig7_quick.json")["data"]["params"]
     assert params["data"] == str(good) and params["task"]["D"] == 16
     assert params["task"]["F"] == 16 - 10 - 1  # D − H − 1 caps the directions

@@ -520,7 +520,7 @@ def test_fig6_quick_identical_local_and_dask_cli(tmp_path):
     for name, extra in (("local", ["--jobs", "2"]), ("dask", ["--scheduler", "local"])):
         out = tmp_path / name
         assert main(["figure", "6", "--quick", "--out", str(out), *extra]) == 0
-        data.append(json.dumps(json.loads((out / "fig6.json").read_text())["data"]))
+        data.append(json.dumps(json.loads((out / "fig6_quick.json").read_text())["data"]))
     assert data[0] == data[1]
 
 
@@ -532,7 +532,7 @@ def test_cli_scheduler_without_dask_is_one_line_exit_2(verb, monkeypatch, capsys
     assert main(argv + ["--scheduler", "local"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "pip install -e '.[dask]'" in err
-    assert not (tmp_path / "fig6.json").exists()
+    assert not (tmp_path / "fig6_quick.json").exists()
 
 
 def test_cli_bad_scheduler_exit_2(capsys):

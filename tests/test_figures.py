@@ -1,4 +1,7 @@
-"""`theory-kit figure N --quick`: files written, JSON redraws the same picture, Fig. 1 physics."""
+"""`theory-kit figure N --quick`: files written, JSON redraws the same picture, Fig. 1 physics.
+
+No test reads or writes the working tree's ``figures/`` folder (the default ``--out``, where
+a user's own runs are): each runs in a folder of its own."""
 import json
 
 import matplotlib.image as mpimg
@@ -21,18 +24,19 @@ def out_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def quick_fig1(out_dir):
     assert main(["figure", "1", "--quick", "--out", str(out_dir)]) == 0
-    return read_json(out_dir / "fig1.json")
+    return read_json(out_dir / "fig1_quick.json")
 
 
 def check_written_and_redrawn(number, out_dir):
-    png, js = runner.output_paths(out_dir, number)
+    png, js = runner.output_paths(out_dir, number, quick=True)
+    assert png.name == f"fig{number}_quick.png" and js.name == f"fig{number}_quick.json"
     assert png.stat().st_size > 10_000 and js.exists()
     payload = read_json(js)
     assert payload["figure"] == number and payload["quick"] is True and "version" in payload
     assert "params" in payload["data"]
     before = mpimg.imread(png)
     png.unlink()
-    runner.redraw(number, out_dir)
+    runner.redraw(number, out_dir, quick=True)
     assert np.array_equal(mpimg.imread(png), before)          # same pixels from the JSON
     fig = runner.figure_module(number).draw(payload["data"])
     arrays = panels.artist_data(fig)
@@ -81,9 +85,9 @@ def test_quick_expensive_figures(number, out_dir):
 
 @pytest.mark.slow
 def test_quick_fig11_cosine_is_a_cosine(out_dir):
-    if not (out_dir / "fig11.json").exists():
+    if not (out_dir / "fig11_quick.json").exists():
         assert main(["figure", "11", "--quick", "--out", str(out_dir)]) == 0
-    data = read_json(out_dir / "fig11.json")["data"]
+    data = read_json(out_dir / "fig11_quick.json")["data"]
     cos = np.asarray(data["cosine"])
     assert cos.shape == (len(data["nu1"]), len(data["nu2"]))
     assert np.all(np.abs(cos) <= 1 + 1e-9)
@@ -95,9 +99,9 @@ def test_quick_fig11_cosine_is_a_cosine(out_dir):
 
 @pytest.mark.slow
 def test_quick_fig2_plateau_then_staged_split(out_dir):
-    if not (out_dir / "fig2.json").exists():
+    if not (out_dir / "fig2_quick.json").exists():
         assert main(["figure", "2", "--quick", "--out", str(out_dir)]) == 0
-    flipping, gaussian = read_json(out_dir / "fig2.json")["data"]["trajectories"]
+    flipping, gaussian = read_json(out_dir / "fig2_quick.json")["data"]["trajectories"]
     from theory_kit import analysis
     t, M = np.asarray(flipping["t"]), np.asarray(flipping["M"])
     spread = analysis.head_spread(M)
@@ -137,8 +141,9 @@ def test_estimate_is_printed_before_computing(capsys, tmp_path, monkeypatch):
         seen.append(capsys.readouterr().out), {"params": {"x": [1.0]}})[1])
     monkeypatch.setattr(module, "draw", lambda data: plt.figure())
     paths = runner.run_figure(8, quick=True, out=tmp_path)
-    assert "figure 8 (quick): estimated" in seen[0]
-    assert [p.name for p in paths] == ["fig8.png", "fig8.json"]
+    assert "figure 8 (quick): about " in seen[0]
+    assert "reference machine (reference estimate, not a measurement of this machine" in seen[0]
+    assert [p.name for p in paths] == ["fig8_quick.png", "fig8_quick.json"]
     assert not (tmp_path / ".work" / "fig8-quick").exists()
 
 
@@ -152,7 +157,7 @@ def test_draw_and_redraw_see_infinite_values(tmp_path, monkeypatch):
         "params": {"x": [1.0]}, "tau": [12.5, float("inf")]})
     monkeypatch.setattr(module, "draw", lambda data: (seen.append(data["tau"]), plt.figure())[1])
     runner.run_figure(8, quick=True, out=tmp_path, log=lambda text: None)
-    runner.redraw(8, tmp_path)
+    runner.redraw(8, tmp_path, quick=True)
     assert seen == [[12.5, float("inf")]] * 2
 
 
@@ -161,12 +166,44 @@ def test_draw_and_redraw_see_infinite_values(tmp_path, monkeypatch):
     (["figure", "1", "--jobs", "0"], "jobs: must be an integer >= 1"),
     (["figure", "2", "--redraw", "--out", "/nonexistent-dir"], "does not exist"),
 ])
-def test_bad_input_exits_2(argv, message, capsys):
+def test_bad_input_exits_2(argv, message, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)          # the default --out, ./figures, is this test's own
     assert main(argv) == 2
     assert message in capsys.readouterr().err
+    assert not (tmp_path / "figures").exists()
 
 
-def test_missing_module_exits_2(monkeypatch, capsys):
+@pytest.mark.parametrize("option, message", [
+    (["--jobs", "0"], "jobs: must be an integer >= 1"),
+    (["--jobs", "-3"], "jobs: must be an integer >= 1"),
+    (["--scheduler", "my-cluster"], "scheduler: "),
+    (["--data", "missing.npz"], "data: only the digit figures"),
+], ids=["jobs 0", "jobs -3", "scheduler", "data"])
+def test_bad_input_exits_2_with_a_stored_result_present(option, message, capsys, tmp_path,
+                                                        monkeypatch):
+    """A stored fig1.json of the same request in the out folder (a user's `theory-kit figure
+    1` in the working tree) does not let a bad input through: every input is checked before
+    the stored result is returned (--jobs 0 exited 0 with "kept")."""
+    import matplotlib.pyplot as plt
+
+    from theory_kit.figures import fig1
+    monkeypatch.chdir(tmp_path)
+    calls = []
+    monkeypatch.setattr(fig1, "compute", lambda quick, workdir, jobs=1, executor=None: (
+        calls.append(1), {"params": {"x": [1.0]}})[1])
+    monkeypatch.setattr(fig1, "draw", lambda data: plt.figure(figsize=(1, 1)))
+    monkeypatch.setattr(runner, "precompile", lambda *args, **kwargs: None)
+    assert main(["figure", "1"]) == 0 and len(calls) == 1      # the README's main job
+    assert (tmp_path / "figures" / "fig1.json").is_file()
+    assert main(["figure", "1"]) == 0 and len(calls) == 1
+    assert "kept (already computed by the same command)" in capsys.readouterr().out
+    assert main(["figure", "1", *option]) == 2 and len(calls) == 1
+    err = capsys.readouterr().err
+    assert message in err and "kept" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_missing_module_exits_2(monkeypatch, capsys, tmp_path):
+    monkeypatch.chdir(tmp_path)
     import importlib.util
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
@@ -176,7 +213,7 @@ def test_missing_module_exits_2(monkeypatch, capsys):
 
 
 def test_json_is_plain_json(quick_fig1, out_dir):
-    text = (out_dir / "fig1.json").read_text()
+    text = (out_dir / "fig1_quick.json").read_text()
     assert json.loads(text)["data"]["params"]["D"] == 300
 
 
@@ -237,9 +274,9 @@ def test_fig6_draws_from_its_data():
 
 @pytest.mark.slow
 def test_quick_fig6_relative_spread_falls_with_D(out_dir):
-    if not (out_dir / "fig6.json").exists():
+    if not (out_dir / "fig6_quick.json").exists():
         assert main(["figure", "6", "--quick", "--out", str(out_dir)]) == 0
-    data = read_json(out_dir / "fig6.json")["data"]
+    data = read_json(out_dir / "fig6_quick.json")["data"]
     rel, se = np.asarray(data["rel_std"]), np.asarray(data["rel_std_se"])
     mean, std = np.asarray(data["mean"]), np.asarray(data["std"])
     runs = data["params"]["runs"]

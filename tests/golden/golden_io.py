@@ -12,7 +12,7 @@ OUTPUTS = {"error": ("stdout-json", None), "bayes-error": ("stdout-json", None),
            "drift": ("stdout-json", None), "einf": ("stdout-json", None),
            "escape": ("stdout-json", None), "derive": ("stdout-text", None),
            "ode": ("file", "ode.json"), "simulate": ("file", "simulate.json"),
-           "compare": ("file", "compare.json"), "figure": ("file", "fig{number}.json")}
+           "compare": ("file", "compare.json"), "figure": ("file", "fig{number}{quick}.json")}
 COMMA = {"nu", "times"}
 # fields that name the code, the clock or the machine, never a number of the maths
 UNSTABLE = frozenset({"version", "code_digest", "seconds", "timing", "request", "path", "files"})
@@ -66,7 +66,8 @@ def run_cli(argv: list[str], tmp: Path) -> Any:
     if mode == "stdout-json":
         return json.loads(buf.getvalue())
     number = argv[1] if verb == "figure" else ""
-    return json.loads((tmp / name.format(number=number)).read_text())
+    quick = "_quick" if verb == "figure" and "--quick" in argv else ""   # figN_quick.json
+    return json.loads((tmp / name.format(number=number, quick=quick)).read_text())
 
 
 def stable(value: Any) -> Any:

@@ -5,13 +5,13 @@ import os
 from pathlib import Path
 
 from ..figures import runner
-from ..io.executor import open_executor
-from ..io.limits import check_compare, check_figure
+from ..io.executor import check_scheduler, open_executor
+from ..io.limits import check_compare
 from ..io.result import Comparison, FigureResult
 from ..io.results import read_json, restore_non_finite
-from ..io.stored import beside, out_json, request_of, reused, stamp_output, stored_output
+from ..io.stored import beside, out_json, request_of, reused, stored_output
 from ..model.task import strata_of
-from ..model.validation import ValidationError, check_int, fail
+from ..model.validation import ValidationError, check_int
 from ..options import Run
 from ..userdata.comparison import THRESHOLD, CompareSettings, compare_log, write_report
 from ..userdata.logs import load_training_log
@@ -81,6 +81,7 @@ def compare(data: str | Path, activation: ActivationLike, *, L: int, nu: ArrayLi
         settings = CompareSettings(gamma=step, D=log.D, runs=runs, samples=samples,
                                    ode_seeds=ode_seeds, dt=dt, seed=seed, threshold=threshold)
         jobs = check_int(run.jobs, "jobs", 1)
+        check_scheduler(run.scheduler)     # before a stored result is returned
         path = out_json(out, "compare.json")
         request = request_of("compare", options, files=("data",))
         if path is not None and beside(path, ".png").is_file():
@@ -104,59 +105,38 @@ def figure(number: int, *, quick: bool = False, out: str | Path = "figures",
            run: Run = FIGURE_RUN) -> FigureResult:
     """Reproduce figure ``number`` of the paper: ``figN.png`` and ``figN.json`` in ``out``.
 
+    Every input is validated before anything in ``out`` is read; a figure already made by
+    the same request and code is returned stored (``result.reused``).
+
     Parameters
     ----------
     number : int
         The figure, 1 to 14.
     quick : bool
-        Fewer runs and samples and a smaller D: the same layout in about a minute.
+        Fewer runs and samples and a smaller D: the same layout in about a minute, written
+        as ``figN_quick.png`` / ``figN_quick.json`` beside (never over) the full run's files.
     out : str or Path
-        The folder (or a path ending in ``figN.json``).
+        The folder (or a path ending in ``figN.json``, ``figN_quick.json`` with ``quick``).
     data : str or Path, optional
         Figures 5 and 7: your own images (an .npz with ``images``, optional ``labels``).
     redraw : bool
-        Only redraw the PNG from an existing ``figN.json``.
+        Only redraw the PNG from an existing JSON.
     run : Run
-        Parallel pieces (default: the cores, at most 4), progress bars and limits; a figure
-        estimated beyond an hour needs ``Limits(allow_long=True)``.
+        Parallel pieces (default: the cores, at most 4), the scheduler, progress bars and
+        limits; a figure estimated beyond an hour needs ``Limits(allow_long=True)``.
 
     Returns
     -------
     FigureResult
-        The plotted data (the ``figN.json`` content) and the ``files`` written.
+        The plotted data (the JSON's content) and the ``files`` written.
     """
-    options = call_options(locals(), drop=("run", "out", "redraw"))
     with running(run):
-        number = runner.check_number(number)
-        folder = output_folder(out, number)
-        if redraw:
-            png = runner.redraw(number, folder)
-            _, js = runner.output_paths(folder, number)
-            return figure_result(js, [png])
-        module = runner.figure_module(number)
-        jobs = check_int(run.jobs, "jobs", 1)
-        runner.data_option(module, None if data is None else str(data))
-        png, js = runner.output_paths(folder, number)
-        request = request_of("figure", options, files=("data",))
-        if png.is_file() and stored_output(js, request) is not None:
-            return reused(figure_result(js, [png, js]))
-        check_figure(float(module.estimate_seconds(quick)), number, quick, jobs)
-        with open_executor(run.scheduler, jobs) as executor:
-            written = runner.run_figure(number, quick=quick, out=folder, jobs=jobs,
-                                        data=None if data is None else str(data),
-                                        executor=executor)
-        stamp_output(js, request)
-    return figure_result(js, written)
-
-
-def output_folder(out: str | Path, number: int) -> Path:
-    """The folder of figN.json/figN.png that ``out`` names (a folder, or .../figN.json)."""
-    js = out_json(out, f"fig{number}.json")
-    assert js is not None
-    if js.name != f"fig{number}.json":
-        fail("out", f"figure {number} writes fig{number}.json and fig{number}.png: give a "
-             f"folder or a path ending in fig{number}.json", out)
-    return js.parent
+        done = runner.reproduce(number, quick=quick, out=out, jobs=run.jobs,
+                                data=None if data is None else str(data),
+                                scheduler=run.scheduler, redraw_only=redraw)
+    js = next((p for p in done.paths if p.suffix == ".json"), done.paths[0].with_suffix(".json"))
+    result = figure_result(js, done.paths)
+    return reused(result) if done.kept else result
 
 
 def figure_result(js: Path, files: list[Path]) -> FigureResult:

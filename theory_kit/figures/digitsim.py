@@ -24,8 +24,9 @@ from ..model.validation import fail
 from ..io.results import Checkpoint, to_jsonable
 from ..dynamics.simulate import SimConfig, Simulation, simulate
 
-# rough brute-force CPU cost on one idle core (seconds; a loaded machine is 2-4× slower):
-# one SGD step of all runs together is ~STEP + PER_RUN·runs (B-softmax ~1.5×: norm terms)
+# reference constants of the cost model (rough CPU seconds of brute-force SGD on one idle
+# core of the reference machine): one SGD step of all runs together is ~STEP + PER_RUN·runs
+# (B-softmax ~1.5×: norm terms)
 SIM_COST_PER_STEP = 3e-4
 SIM_COST_PER_RUN = 4e-5
 ACT_COST = {"softmax": 1.0, "softmax1": 1.1, "bsoftmax": 1.5}

@@ -19,8 +19,9 @@ from ..dynamics.escape import escape_law
 from ..expect.montecarlo import head_permutations
 from .panels import Setting, drift_seconds
 
-# measured (2026-12-01): the escape theory's evaluations cost about twice a plain drift
-# evaluation of the same points, and sampling the linear process about 8 CPU s per 2000 runs and dimension D
+# reference constants of the cost model (CPU seconds of the reference machine): the escape
+# theory's evaluations cost about twice a plain drift evaluation of the same points, and
+# sampling the linear process about 8 CPU s per 2000 runs and dimension D
 JACOBIAN_COST_FACTOR = 2.0
 SAMPLER_SECONDS_PER_RUN = 4e-3
 

@@ -8,7 +8,7 @@ horizon only measures the unspecialised phase); one ODE per grid point, drift on
 Sobol points (2048 full, 512 quick).  Not on the deterministic ``laplace`` engine: at L = 4
 no pattern keeps a plain noise token to cut its u grid, and along these plateaus Q grows to
 ~5; one laplace drift cost 1–3 CPU s there until its inner kernel stopped falling back to the
-direct path at L ≤ 5, and now ~0.17 CPU s at Q ≈ 4.5 (measured at one state, 2026-12-01), so
+direct path at L ≤ 5, and now ~0.17 CPU s at Q ≈ 4.5 (at one state, reference machine), so
 the 25 points would take an estimated ~1–2 CPU h (~700 drifts each, more at ν = 8 where Q is
 larger; not run) against ~7 min on Sobol points.
 Cosine similarity k_1·k_2/√(Q_11 Q_22): 1 = the heads learned the same thing, lower = they

@@ -24,14 +24,10 @@ CAPTION = ("Head trajectories m_hf(t) from the ODE for H = 2, 5, 8: softmax, Gau
 FIGURE = head_figure(SETTINGS, n_full=1024, n_quick=256, dt_full=3.0, dt_quick=6.0,
                      T_quick=1000.0, D_quick=None, engine="sobol")
 plan, compute = FIGURE.plan, FIGURE.compute
-# CPU s per recorded time beyond the error curve that the pieces' cost model counts: the
-# piece's checkpoint and the record itself.  Measured on a quick piece (H = 8, T = 1000,
-# 51 against 6 records: 0.096 s per record, of which the model has 0.031).  It matters here,
-# where a piece has only T/dt = 167 RK4 steps per 51 records: without it the estimate was
-# 0.5-0.63 of the measured time.  Recalibrated after the lane-batched kernels and the E-only
-# records (main a90aefd, 2026-12-01 19:57, load 9-10): quick warm 46 CPU s (estimate with
-# 0.065: 36 s against 23 s idle-equivalent, 1.57x), cold 64 CPU s (56 s against 32 s, 1.74x);
-# with 0.01 the estimates are 26 s and 46 s (1.14x, 1.45x).
+# A reference constant of the cost model (CPU seconds of the reference machine, as the
+# pieces' model): the cost per recorded time beyond the error curve that the pieces' model
+# counts, the piece's checkpoint and the record itself.  It matters here, where a piece has
+# only T/dt = 167 RK4 steps per 51 records.
 RECORD_SECONDS = 0.01
 
 

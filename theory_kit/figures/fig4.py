@@ -155,22 +155,15 @@ def task_of(point: dict, p: Plan) -> Task:
     return Task(p.L, make_prior("flipping", nu=[point["nu"]] * point["F"]))
 
 
-# Measured CPU costs (single core, kernels compiled; re-measured 2026-12-04 on an otherwise idle
-# core, the constants before came from runs at load 4-15 and from a slower engine): a solver
-# evaluation of E and its gradient costs EVAL_FIXED + EVAL_ROW per sample row × head × token
-# (rows = points × atoms, the θ strata; 12.6-15.9 ms at F = 4, H = 8, 2^11 points, 0.9 ms at
-# F = 2, H = 4, 2^10), a run takes ≈ 20 + 4.5·dim of them (L-BFGS, the quotient Hessian by
-# central differences, probes: 30-143 counted on the quick plan), the ODE until hand-over ≈ 1.6
-# drift evaluations per time unit, E by Monte Carlo MC_DRAW per draw × atom × head × token
-# (1.0-1.5 s at 2·10⁵ draws, F = 4, H = 4-8).  The sampled flow (quick plan) costs
-# FLOW_EVALS_PER_TIME solver evaluations per time unit: fitted to the quick plan's 12 runs,
-# so it also carries what the model does not list (the flow's Python, the held-out checks,
-# the Bayes factors); RK45 at rtol 1e-4 alone would be ~6.  Fitted first (17) on 2026-12-04
-# (15.3 s wall, 18.8 CPU s, one run at a time), refitted (46) on 2026-12-05 to the warm quick
-# figure with 2 jobs, 14.5-15.8 s wall (three runs) on that day's host, whose speed relative to
-# the reference host is 0.55 by ``machine_speed`` (the other figures ran 1.7-1.9x faster there
-# than on the 12-04 host, this one as fast: its mix of mid-sized NumPy reductions, einsum and
-# short threaded kernel calls does not scale like the probe).
+# Reference constants of the cost model (CPU seconds of one core of the reference machine,
+# kernels compiled): a solver evaluation of E and its gradient costs EVAL_FIXED + EVAL_ROW per
+# sample row × head × token (rows = points × atoms, the θ strata), a run takes ≈ 20 + 4.5·dim
+# of them (L-BFGS, the quotient Hessian by central differences, probes: 30-143 counted on the
+# quick plan), the ODE until hand-over ≈ 1.6 drift evaluations per time unit, E by Monte Carlo
+# MC_DRAW per draw × atom × head × token.  The sampled flow (quick plan) costs
+# FLOW_EVALS_PER_TIME solver evaluations per time unit, a constant for the whole quick plan, so
+# it also carries what the model does not list (the flow's Python, the held-out checks, the
+# Bayes factors); RK45 at rtol 1e-4 alone would be ~6.
 EVAL_FIXED = 4e-4
 EVAL_ROW = 2e-8
 MC_DRAW = 3.5e-8
@@ -179,8 +172,8 @@ FLOW_EVALS_PER_TIME = 46.0
 # sample kernels (as Figs. 5 and 7: ``runner.PART_COMPILE_SECONDS``); the full plan's ODE flow
 # also compiles the drift kernels (≈ 15 CPU s more per activation, not in the estimate: small
 # against its 10+ min).  The pieces are bound by the compiled kernels' threads (many small
-# solver evaluations, each on every core), so more jobs do not shorten the run: one job took
-# 13.5 s, two 15.1 s (quick plan, warm, 2026-12-05); the runner shares the CPU seconds among
+# solver evaluations, each on every core), so more jobs do not shorten the run (the quick plan
+# takes no less time with two jobs than with one); the runner shares the CPU seconds among
 # the cores whatever the jobs.
 THREADED_PIECES = True
 

@@ -36,11 +36,12 @@ from ..dynamics.simulate import SimConfig, simulate_to_file
 from . import compare
 from .style import LEGEND_WIDTH, SMALL, head_style, label_axes, legend_right, legend_under_figure, new_figure, series_colors
 
-# CPU costs measured on the 2-core development machine (2026-12-01, the block-compiled
-# generated kernels), along the quick figures' trajectories: a drift evaluation costs a fixed
-# overhead (~1 ms for Monte Carlo; ~5.5 ms for the Sobol engine, which also reduces 16 blocks
-# for its error estimate) plus ~7e-8 s per sample row × H × L (H = 2…8, L = 4…10); the
-# independent error curve ~6e-8 s per sample row × H × L at every record.
+# Reference constants of the figures' cost model: CPU seconds of one core of the reference
+# machine (an idle 2-core machine; ``runner.estimate``), with the block-compiled generated
+# kernels, along the quick figures' trajectories: a drift evaluation costs a fixed overhead
+# (~1 ms for Monte Carlo; ~5.5 ms for the Sobol engine, which also reduces 16 blocks for its
+# error estimate) plus ~7e-8 s per sample row × H × L (H = 2…8, L = 4…10); the independent
+# error curve ~6e-8 s per sample row × H × L at every record.
 ODE_COST_PER_ELEMENT = 7e-8     # per drift evaluation and sample row × H × L
 ODE_COST_PER_EVAL = {"mc": 1e-3, "sobol": 5.5e-3}   # fixed cost of one drift evaluation
 ERROR_COST_PER_ELEMENT = 6e-8   # independent MC error: per record and sample row × H × L
@@ -48,14 +49,11 @@ ERROR_COST_PER_ELEMENT = 6e-8   # independent MC error: per record and sample ro
 # Q up to ~5; H = 1, 3 at single states), times LAPLACE_SHORT_L at L < 8, where fewer of a
 # pattern's tokens are plain and the top cut of its u grid shrinks.  The cost grows like the
 # cube of the score scale √Q.
-# H = 2 re-measured after the drift engine's speed-ups (2026-12-01 22:03 UTC, load <= 1.5: the
-# Fig. 1 curve, 350 drifts + 124 E-only records in 24.3 CPU s = 393 drift equivalents at the
-# record share below; one Fig. 11 grid point, L = 4, T = 1500, took 71 CPU s against 67 s
-# estimated), and the short-L factors after the inner kernel's
-# split stopped falling back at L <= 5 (a plateau state with Q ≈ 4.5: 0.17 / 0.14 / 0.11 s at
-# L = 4 / 5 / 10, was 1.0 / 1.1 / 0.15 s; L = 3, 6, 7 not measured); H = 1, 3 date from the
+# H = 2 is the mean along the Fig. 1 curve (350 drifts + 124 E-only records counted as 393
+# drift equivalents at the record share below); the short-L factors are from a plateau state
+# with Q ≈ 4.5 (L = 4 / 5 / 10; L = 3, 6, 7 not calibrated); H = 1, 3 are from the engine's
 # fixed (1, 0.75) resolution pair, so they overestimate where the ladder's first rung is
-# accepted (stale: not re-measured since).  Records off the step grid cost an E-only evaluation, ``LAPLACE_RECORD_SHARE`` of
+# accepted.  Records off the step grid cost an E-only evaluation, ``LAPLACE_RECORD_SHARE`` of
 # a drift.
 LAPLACE_SECONDS_PER_EVAL = {1: 0.05, 2: 0.062, 3: 4.0}
 LAPLACE_RECORD_SHARE = 0.35

@@ -6,27 +6,39 @@ Every figure module ``theory_kit.figures.fig<N>`` follows one contract: ``NUMBER
 (``theory_kit.io.executor``) in ``compute``.  The runner draws from the data *as reloaded from the JSON file*,
 so ``--redraw`` (draw again from figN.json) gives the same figure as the original run.
 
+A ``--quick`` run writes ``figN_quick.json`` and ``figN_quick.png`` beside the full run's
+``figN.json`` and ``figN.png``, so a quick run never replaces a full one.
+
+:func:`reproduce` is what ``theory-kit figure`` runs: it validates every input (number,
+quick, out, jobs, data, scheduler: :func:`check_request`) before it looks at a stored result,
+returns the stored files of the same request (the same options, data bytes and toolkit code)
+without recomputing, and otherwise refuses a run whose reference estimate is beyond an hour
+unless ``--yes``, then runs :func:`run_figure`.
+
 Finished pieces of a long computation live in ``<out>/.work/fig<N>[-quick]/``; a stopped
 run started again with the same command resumes from them, and the folder is removed once
 figN.json is written (kept when THEORY_KIT_KEEP_WORK=1, e.g. to change only the summaries).
 """
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import inspect
 import os
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Callable
 
 import matplotlib.pyplot as plt
+import numpy as np
 
-from . import machine_speed
-from ..model.validation import ValidationError, check_int
-from ..io.results import atomic_replace, read_json, restore_non_finite, write_json
+from ..io.results import (atomic_replace, read_json, restore_non_finite, stamps, to_jsonable,
+                          write_json)
+from ..model.validation import OutputError, ValidationError, check_int, fail
 
 FIGURE_NUMBERS = tuple(range(1, 15))
 CONTRACT = ("NUMBER", "CAPTION", "estimate_seconds", "compute", "draw")
@@ -58,10 +70,40 @@ def figure_module(number: int) -> ModuleType:
     return module
 
 
-def output_paths(out: str | Path, number: int) -> tuple[Path, Path]:
-    """(figN.png, figN.json) in the output folder."""
-    out = Path(out)
-    return out / f"fig{number}.png", out / f"fig{number}.json"
+QUICK_SUFFIX = "_quick"
+
+
+def output_stem(number: int, quick: bool = False) -> str:
+    """``figN``, or ``figN_quick`` for a quick run (its own files: it never replaces a full
+    run's)."""
+    return f"fig{number}{QUICK_SUFFIX if quick else ''}"
+
+
+def output_paths(out: str | Path, number: int, quick: bool = False) -> tuple[Path, Path]:
+    """(figN.png, figN.json) in the output folder; (figN_quick.png, figN_quick.json) for a
+    quick run."""
+    out, stem = Path(out), output_stem(number, quick)
+    return out / f"{stem}.png", out / f"{stem}.json"
+
+
+def output_folder(out: object, number: int, quick: bool = False) -> Path:
+    """The folder that ``out`` names, by the toolkit's ``--out`` rule: a name ending in .json
+    (or an existing path that is not a folder) is the result file itself, which must then be
+    this run's ``figN.json`` (``figN_quick.json`` for a quick run); any other name is the
+    folder."""
+    if not isinstance(out, (str, os.PathLike)):
+        fail("out", "must be a folder or a .json path", out)
+    if not str(out).strip():
+        raise OutputError("out: must be a .json file or a folder name (got an empty or blank "
+                          "path)")
+    path, stem = Path(out), output_stem(number, quick)
+    if path.suffix.lower() == ".json" or (path.exists() and not path.is_dir()):
+        if path.name != f"{stem}.json":
+            fail("out", f"figure {number} writes {stem}.json and {stem}.png"
+                        f"{' with --quick' if quick else ''}: give a folder or a path ending "
+                        f"in {stem}.json", str(out))
+        return path.parent
+    return path
 
 
 def work_folder(out: str | Path, number: int, quick: bool) -> Path:
@@ -76,22 +118,15 @@ def save_png(fig: plt.Figure, path: Path) -> Path:
     return path
 
 
-# measured on the 2-core development machine (2026-12-01), CPU seconds: compiling one part of
-# an activation's generated kernels on a cold cache (``compile_kernels``: the fused drift pass
-# ~10, the sample kernels ~5; the lead's idle cold runs of Figs. 1-3: one cold activation adds
-# ~10 s of wall time with 2 jobs, the second ~+5-10 s; at load 12, 17-19 and 7.5-8.4 CPU s),
-# and the fixed part of a run (starting Python and importing ~3, JSON, drawing, PNG ~2).  A
-# figure whose kernels are not these says so with its own ``COMPILE_SECONDS`` per activation.
-# The drift part went from 10 to 14 s after the lead's idle measurements of 2026-12-01
-# 23:00-23:20 UTC: bench_engine's first call of the fused drift pass took 14.1-15.2 s wall per
-# activation from an empty cache, and with 10 s the cold quick Fig. 10 (three activations) ran
-# 53.8 s against an estimate of 35 s (1.54x).  The sample part went from 5 to 11 s on
-# 2026-12-05: ``compile_kernels(softmax, "sample")`` took 6.4 s from an empty cache on that
-# day's host, against 9.0 s for the drift part, i.e. 11 and 15.5 s in the reference host's
-# units (``machine_speed``); the cold quick Figs. 4, 5 and 7, which compile the sample parts
-# only, ran 10, 11.5 and 7.6 s longer than warm there.
+# Reference constants of the cost model, in seconds of the reference machine (an idle 2-core
+# machine; every cost constant of the figures is in the same units): compiling one part of an
+# activation's generated kernels on a cold cache (``compile_kernels``: the fused drift pass,
+# the sample kernels), and the fixed part of a run (starting Python and importing, JSON,
+# drawing, PNG).  A figure whose kernels are not these says so with its own
+# ``COMPILE_SECONDS`` per activation.
 PART_COMPILE_SECONDS = {"drift": 14.0, "sample": 11.0}
 FIXED_SECONDS = 5.0
+REFERENCE_CORES = 2   # the reference machine the estimates are for
 
 
 def figure_activations(module: ModuleType, quick: bool) -> set[str]:
@@ -187,7 +222,7 @@ def compiled_parts(module: ModuleType, quick: bool = False) -> list[str]:
 
 def compile_seconds(module: ModuleType, cold: list[str], jobs: int,
                     quick: bool = False) -> float:
-    """Wall seconds of compiling the kernels of the ``cold`` activations on an idle 2-core
+    """Wall seconds of compiling the kernels of the ``cold`` activations on the reference
     machine.  With ``jobs`` > 1, :func:`precompile` deals the (activation, part) tasks, drift
     parts first, to min(jobs, 2 cores, tasks) processes, each taking the next task when it is
     free (list scheduling: the time is the busiest process's); one job compiles them in turn
@@ -199,7 +234,7 @@ def compile_seconds(module: ModuleType, cold: list[str], jobs: int,
              for part in parts for _ in cold]
     if not costs:
         return 0.0
-    busy = [0.0] * max(1, min(jobs, 2, len(costs)))
+    busy = [0.0] * max(1, min(jobs, REFERENCE_CORES, len(costs)))
     for cost in costs:
         busy[busy.index(min(busy))] += cost
     return max(busy)
@@ -222,56 +257,62 @@ def figure_pieces(module: ModuleType, quick: bool) -> int | None:
 
 
 def sharing_workers(module: ModuleType, quick: bool, jobs: int) -> int:
-    """Among how many cores a figure's CPU seconds are shared: the workers (no more than the
-    2 cores, nor than the pieces: one piece runs on one core), or both cores whatever the
-    jobs for a figure whose pieces are bound by the compiled kernels' own threads
-    (``THREADED_PIECES``: Fig. 4's quick plan took 13.5 s wall with one job and 15.1 s with
-    two on the 2026-12-05 host)."""
+    """Among how many cores of the reference machine a figure's CPU seconds are shared: the
+    workers (no more than its 2 cores, nor than the pieces: one piece runs on one core), or
+    both cores whatever the jobs for a figure whose pieces are bound by the compiled kernels'
+    own threads (``THREADED_PIECES``: more jobs do not shorten Fig. 4's quick plan)."""
     if getattr(module, "THREADED_PIECES", False):
-        return 2
+        return REFERENCE_CORES
     pieces = figure_pieces(module, quick)
-    return min(jobs, 2, pieces or jobs)
+    return min(jobs, REFERENCE_CORES, pieces or jobs)
 
 
 def estimate(module: ModuleType, quick: bool, jobs: int) -> tuple[float, list[str]]:
-    """(seconds, activations to compile) of a figure run on this machine when idle: the
-    figure's own cost model (``estimate_seconds``, CPU seconds of its pieces) shared among the
-    workers (:func:`sharing_workers`), plus the compiles of kernels not cached yet
-    (:func:`compile_seconds`) and the fixed cost of a run (start, imports, drawing), all in
-    seconds of the reference host, times this machine's speed relative to it
-    (``machine_speed.speed``, a probe of ~0.1 s)."""
+    """(seconds, activations to compile) of a figure run on the reference machine, an idle
+    2-core machine: the figure's own cost model (``estimate_seconds``, CPU seconds of its
+    pieces) shared among the workers (:func:`sharing_workers`), plus the compiles of kernels
+    not cached yet here (:func:`compile_seconds`) and the fixed cost of a run (start,
+    imports, drawing).  A reference figure from constants, not a measurement of this machine:
+    it does not depend on how fast this machine is."""
     seconds = float(module.estimate_seconds(quick))
     workers = sharing_workers(module, quick, jobs)
     if workers > 1:
         seconds /= workers ** 0.8  # rough: the pieces are not all of the same size
     cold = uncompiled(figure_activations(module, quick))
     compiling = compile_seconds(module, cold, jobs, quick) if numba_backend() else 0.0
-    return (seconds + compiling + FIXED_SECONDS) * machine_speed.speed(), cold
+    return seconds + compiling + FIXED_SECONDS, cold
 
 
-def describe_estimate(module: ModuleType, quick: bool, jobs: int) -> str:
+def describe_estimate(module: ModuleType, quick: bool, jobs: int,
+                      sent_to: object | None = None) -> str:
+    """The line printed before a run: the reference estimate, said to be one (about N s
+    with K jobs on an idle 2-core reference machine), with the kernels it will compile and
+    this machine's load when it is high.  ``sent_to``: the executor that takes the pieces
+    (the estimate is then for one job)."""
     seconds, cold = estimate(module, quick, jobs)
     text = f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
-    notes = []
+    notes = ["reference estimate, not a measurement of this machine"]
     if cold:
         notes.append(f"incl. compiling the kernels of "
                      f"{', '.join(cold)}, not cached yet")
     cores = os.cpu_count() or 1
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
     if load > cores:
-        notes.append(f"idle machine; the load is {load:.1f} on {cores} cores now, so expect longer")
-    extra = f" ({'; '.join(notes)})" if notes else ""
-    return (f"figure {module.NUMBER} ({'quick' if quick else 'full'}): estimated {text} "
-            f"with {jobs} job(s){extra}")
+        notes.append(f"this machine's load is {load:.1f} on {cores} cores now, so expect longer")
+    how = f"with {jobs} job(s)" if sent_to is None else "serially"
+    line = (f"figure {module.NUMBER} ({'quick' if quick else 'full'}): about {text} {how} on "
+            f"an idle {REFERENCE_CORES}-core reference machine ({'; '.join(notes)})")
+    return line if sent_to is None else f"{line}; pieces sent to {sent_to}"
 
 
-def redraw(number: int, out: str | Path = "figures") -> Path:
-    """Draw figN.png again from figN.json (no computation)."""
+def redraw(number: int, out: str | Path = "figures", quick: bool = False) -> Path:
+    """Draw figN.png again from figN.json (figN_quick.* with ``quick``; no computation)."""
     module = figure_module(number)
-    png, js = output_paths(out, module.NUMBER)
+    quick = check_quick(quick)
+    png, js = output_paths(output_folder(out, module.NUMBER, quick), module.NUMBER, quick)
     if not js.exists():
-        raise ValidationError(f"redraw: {js} does not exist; run `theory-kit figure {number}` "
-                              "first")
+        raise ValidationError(f"redraw: {js} does not exist; run `theory-kit figure {number}"
+                              f"{' --quick' if quick else ''}` first")
     # strict JSON stores NaN/±inf as null (listed under non_finite): draw the real values
     payload = restore_non_finite(read_json(js, "redraw"))
     if not isinstance(payload.get("data"), dict) or payload.get("figure", number) != number:
@@ -293,7 +334,27 @@ def data_option(module: ModuleType, data: str | None) -> dict:
     if "data" not in inspect.signature(module.compute).parameters:
         raise ValidationError(f"data: only the digit figures (5 and 7) take --data "
                               f"(got figure {module.NUMBER})")
+    if not isinstance(data, (str, os.PathLike)) or not str(data).strip():
+        fail("data", "must be the path of an .npz file", data)
     return {"data": str(data)}
+
+
+def check_data(module: ModuleType, data: object) -> str | None:
+    """``data`` as a path, refused unless the figure takes user data and the file is an
+    images .npz the digit figures can read (``figures.digits.load_npz``)."""
+    option = data_option(module, data)
+    if not option:
+        return None
+    from . import digits
+    digits.load_npz(option["data"])
+    return option["data"]
+
+
+def check_quick(quick: object) -> bool:
+    """``quick`` must be a bool (True: the reduced run)."""
+    if not isinstance(quick, (bool, np.bool_)):
+        fail("quick", "must be True or False", quick)
+    return bool(quick)
 
 
 def executor_option(module: ModuleType, executor: object | None) -> dict:
@@ -306,16 +367,19 @@ def executor_option(module: ModuleType, executor: object | None) -> dict:
 
 def run_figure(number: int, quick: bool = False, out: str | Path = "figures", jobs: int = 1,
                log: Callable[[str], None] = print, data: str | None = None,
-               executor: object | None = None) -> list[Path]:
-    """Compute figure ``number`` and write figN.json then figN.png; returns the paths.
+               executor: object | None = None, request: dict | None = None) -> list[Path]:
+    """Compute figure ``number`` and write figN.json then figN.png (figN_quick.* for a quick
+    run); returns the paths.  ``out``: a folder, or the path of that JSON file.
     ``data``: an images .npz for the digit figures (see ``theory_kit.figures.digits``).
     ``executor``: where the figure's pieces run (``theory_kit.io.executor``; default ``jobs``
-    local processes)."""
+    local processes).  ``request``: stored in the JSON file (:func:`reproduce` finds the
+    result again by it).  Always computes: :func:`reproduce` returns a stored result."""
     module = figure_module(number)
+    quick = check_quick(quick)
+    out = output_folder(out, module.NUMBER, quick)
     jobs = check_int(jobs, "jobs", 1)
     extra = {**data_option(module, data), **executor_option(module, executor)}
-    log(describe_estimate(module, quick, jobs) if executor is None else
-        describe_estimate(module, quick, 1) + f" (serial); pieces sent to {executor}")
+    log(describe_estimate(module, quick, jobs, sent_to=executor))
     workdir = work_folder(out, module.NUMBER, quick)
     workdir.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
@@ -323,12 +387,124 @@ def run_figure(number: int, quick: bool = False, out: str | Path = "figures", jo
         precompile(module, uncompiled(figure_activations(module, quick)), jobs, quick)
     data = module.compute(quick=quick, workdir=workdir, jobs=jobs, **extra)
     elapsed = time.monotonic() - start
-    png, js = output_paths(out, module.NUMBER)
+    png, js = output_paths(out, module.NUMBER, quick)
     write_json(js, {"figure": module.NUMBER, "caption": module.CAPTION, "quick": bool(quick),
-                    "seconds": elapsed, "data": data})
+                    "seconds": elapsed, "data": data,
+                    **({"request": request} if request is not None else {})})
     # draw from the reloaded file, so that --redraw reproduces exactly this picture
     save_png(module.draw(restore_non_finite(read_json(js))["data"]), png)
     if os.environ.get("THEORY_KIT_KEEP_WORK") != "1":
         shutil.rmtree(workdir, ignore_errors=True)
     log(f"figure {module.NUMBER}: computed in {elapsed:.0f} s")
     return [png, js]
+
+
+# ----------------------------------------------------------------------------- the command
+@dataclass(frozen=True)
+class FigureRequest:
+    """A figure command whose every input has been validated (:func:`check_request`)."""
+
+    module: ModuleType
+    quick: bool
+    folder: Path
+    jobs: int
+    data: str | None
+    scheduler: str | None
+
+    @property
+    def number(self) -> int:
+        return int(self.module.NUMBER)
+
+    @property
+    def paths(self) -> tuple[Path, Path]:
+        """(png, json) this command writes."""
+        return output_paths(self.folder, self.number, self.quick)
+
+    def identity(self) -> dict:
+        """What fixes the numbers of this command, stored in its JSON file: the figure, quick
+        or full, the data file's path and SHA-256 (an edited file recomputes), and the
+        toolkit's version and code digest (a result of other code is not reused).  Not the
+        jobs, the scheduler or the folder, which change how it runs, never its numbers."""
+        return {"verb": "figure",
+                "options": {"data": self.data, "number": self.number, "quick": self.quick},
+                "input_sha256": {"data": file_sha256(self.data)}, **stamps()}
+
+
+@dataclass(frozen=True)
+class FigureRun:
+    """What :func:`reproduce` did: the files (png, json), and whether they were kept from an
+    earlier run of the same request instead of computed."""
+
+    paths: list[Path]
+    kept: bool = False
+
+
+def file_sha256(path: str | None) -> str | None:
+    """SHA-256 of an input file's bytes (None without a file)."""
+    if path is None:
+        return None
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    except OSError as exc:
+        raise ValidationError(f"data: cannot read {path} ({exc.strerror or exc})") from None
+    return digest.hexdigest()
+
+
+def check_request(number: object, quick: object = False, out: object = "figures",
+                  jobs: object = 1, data: object = None,
+                  scheduler: object = None) -> FigureRequest:
+    """Every input of a figure command, validated before anything is read from or written to
+    the output folder: the figure number (and that its module is available), quick, out (a
+    folder, or this run's figN.json / figN_quick.json), jobs, data (only the digit figures,
+    and a readable images .npz) and the scheduler (None, local or tcp://HOST:PORT, with Dask
+    installed).  A bad value raises the one-line ValidationError naming it."""
+    from ..io.executor import check_scheduler
+    module = figure_module(check_number(number))
+    quick = check_quick(quick)
+    folder = output_folder(out, module.NUMBER, quick)
+    jobs = check_int(jobs, "jobs", 1)
+    data = check_data(module, data)
+    scheduler = check_scheduler(scheduler)
+    return FigureRequest(module, quick, folder, jobs, data, scheduler)
+
+
+def stored_files(request: FigureRequest, identity: dict) -> list[Path] | None:
+    """The (png, json) of an earlier run of the same ``identity`` in the request's folder,
+    or None (missing, unreadable, or written by another request or other code)."""
+    png, js = request.paths
+    if not (png.is_file() and js.is_file()):
+        return None
+    try:
+        stored = read_json(js)
+    except ValidationError:
+        return None
+    return [png, js] if stored.get("request") == to_jsonable(identity) else None
+
+
+def reproduce(number: object, quick: object = False, out: object = "figures", jobs: object = 1,
+              data: object = None, scheduler: object = None, redraw_only: bool = False,
+              log: Callable[[str], None] = print) -> FigureRun:
+    """``theory-kit figure N``: validate every input (:func:`check_request`) first; then, with
+    ``redraw_only``, draw the PNG again from the JSON; else return the files of an earlier run
+    of the same request (kept), or refuse a run whose reference estimate is beyond an hour
+    (unless --yes, ``io.limits``) and compute it (:func:`run_figure`, with ``scheduler``'s
+    executor)."""
+    from ..io.executor import open_executor
+    from ..io.limits import check_figure
+    request = check_request(number, quick, out, jobs, data, scheduler)
+    if redraw_only:
+        return FigureRun([redraw(request.number, request.folder, request.quick)])
+    identity = request.identity()
+    kept = stored_files(request, identity)
+    if kept is not None:
+        return FigureRun(kept, kept=True)
+    check_figure(float(request.module.estimate_seconds(request.quick)), request.number,
+                 request.quick, request.jobs)
+    with open_executor(request.scheduler, request.jobs) as executor:
+        paths = run_figure(request.number, quick=request.quick, out=request.folder,
+                           jobs=request.jobs, log=log, data=request.data, executor=executor,
+                           request=identity)
+    return FigureRun(paths)

@@ -412,6 +412,19 @@ def import_distributed() -> Any:
     return distributed
 
 
+def check_scheduler(scheduler: object) -> str | None:
+    """A ``--scheduler`` value as given, refused before anything runs when it is neither None,
+    ``"local"`` nor ``tcp://HOST:PORT`` (or tls://), or when Dask is not installed."""
+    if scheduler is None:
+        return None
+    if not isinstance(scheduler, str) or not (
+            scheduler == "local" or scheduler.startswith(("tcp://", "tls://"))
+            and ":" in scheduler[6:]):
+        fail("scheduler", SCHEDULER_HELP, scheduler)
+    import_distributed()
+    return scheduler
+
+
 @contextmanager
 def open_executor(scheduler: str | None, jobs: int = 1,
                   timeout: float = 30.0) -> Iterator[object | None]:
@@ -424,6 +437,7 @@ def open_executor(scheduler: str | None, jobs: int = 1,
         yield None
         return
     jobs = check_int(jobs, "jobs", 1)
+    scheduler = check_scheduler(scheduler)
     distributed = import_distributed()
     if scheduler == "local":
         cluster = local_cluster(jobs)
@@ -433,8 +447,6 @@ def open_executor(scheduler: str | None, jobs: int = 1,
         finally:
             cluster.close(timeout=timeout)
         return
-    if not scheduler.startswith(("tcp://", "tls://")) or ":" not in scheduler[6:]:
-        fail("scheduler", SCHEDULER_HELP, scheduler)
     try:
         client = distributed.Client(scheduler, timeout=timeout)
     except (OSError, TimeoutError) as exc:

@@ -121,14 +121,14 @@ def check_memory(nbytes: float, what: str, hint: str) -> None:
                             f"limit of {human(limit)} (--max-memory); {hint}")
 
 
-def check_time(seconds: float, what: str, hint: str) -> None:
+def check_time(seconds: float, what: str, hint: str, basis: str = "estimate") -> None:
     """Refuse ``what`` when estimated beyond :data:`MAX_SECONDS` unless the call's limits
-    allow long runs (or THEORY_KIT_YES=1)."""
+    allow long runs (or THEORY_KIT_YES=1); ``basis`` says in the message what the number is."""
     if _ACTIVE.get().allow_long or os.environ.get("THEORY_KIT_YES") == "1":
         return
     if not seconds <= MAX_SECONDS:
         hours = seconds / 3600
-        raise ResourceError(f"resources: {what} would take about {hours:.3g} hours (estimate); "
+        raise ResourceError(f"resources: {what} would take about {hours:.3g} hours ({basis}); "
                             f"{hint}, or pass --yes to run it anyway")
 
 
@@ -272,10 +272,15 @@ def check_compare(ode_seeds: int, samples: int, H: int, L: int, strata: int, T: 
 
 
 def check_figure(seconds: float, number: int, quick: bool, jobs: int) -> None:
-    """A figure whose own estimate (``figN.estimate_seconds``, one core) is beyond an hour
-    even with ``jobs`` cores."""
-    check_time(seconds / max(1, min(jobs, cores())), f"figure {number}"
-               f"{' --quick' if quick else ''}", "run it with --quick or more --jobs")
+    """A figure whose reference estimate (``figN.estimate_seconds``: the CPU seconds of its
+    cost model on the reference machine, one core) is beyond an hour even with ``jobs``
+    cores; the message says the hours are that reference estimate, not a measurement of this
+    machine."""
+    shared = max(1, min(jobs, cores()))
+    check_time(seconds / shared, f"figure {number}{' --quick' if quick else ''}",
+               "run it with --quick or more --jobs",
+               basis=f"reference estimate from the figure's cost model, its reference CPU time "
+                     f"shared among {shared} job(s); not a measurement of this machine")
 
 
 def cores() -> int:
