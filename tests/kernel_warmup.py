@@ -74,7 +74,7 @@ def warm_shared() -> None:
     import theory_kit as tk
     from theory_kit.expect.laplace import tables
     tk.simulate(activation="softmax", H=2, L=3, nu=[2, 2], D=50, runs=2, T=0.1,
-                times=[0, 0.1], seed=0, method="reduced", progress=False)
+                times=[0, 0.1], seed=0, method="reduced", run=tk.Run(progress=False))
     tables._minus_exp_product(np.ones(2), np.ones((2, 3)))
 
 

@@ -72,11 +72,11 @@ def test_compiled_parts_are_the_signatures_the_production_paths_call():
     assert all(before.values()), before
     for engine in ("mc", "sobol"):
         tk.ode(activation="softmax", H=2, L=3, nu=[2, 2], gamma=1.0, T=0.5, D=1000, seed=0,
-               samples=256, engine=engine, progress=False)
+               engine=tk.Engine(engine, samples=256), run=tk.Run(progress=False))
     tk.error(activation="softmax", L=4, nu=[2, 2], method="mc",
              M=[[1.0, 0.8], [0.9, -0.7]], Q=[[2.0, 0.3], [0.3, 1.8]])
     tk.simulate(activation="softmax", H=2, L=3, nu=[2, 2], D=100, runs=2, seed=0, T=0.2,
-                times=[0, 0.2], method="reduced", progress=False)
+                times=[0, 0.2], method="reduced", run=tk.Run(progress=False))
     assert {name: len(getattr(module, name).signatures) for name in KERNELS} == before
 
 
