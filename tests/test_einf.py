@@ -335,7 +335,8 @@ def test_uncertified_einf_carries_no_error_bar():
     assert run.abs_err_total == np.inf and "not converged" in run.abs_err_reason
     res = einf.EinfResult([run], [[0]], None, None, {"settings": short.params()})
     d = json.loads(json.dumps(res.to_dict(), allow_nan=False))     # strict JSON
-    assert d["abs_err"] is None and "not certified" in d["abs_err_reason"]
+    assert d["abs_err"] is None and "not converged" in d["abs_err_reason"]
+    assert res.abs_err == np.inf and "not certified" in res.abs_err_reason
     assert d["runs"][0]["abs_err"] is None and d["runs"][0]["evaluation_abs_err"] < 1e-6
     assert einf.UNKNOWN_ERROR in einf.summary(res).splitlines()[0]
     again = einf.EinfRun.from_dict(res.to_dict()["runs"][0])

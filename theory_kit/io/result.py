@@ -62,7 +62,7 @@ class Result:
     @property
     def data(self) -> dict:
         """The content of the result file, as strict JSON values (NaN and ±inf as null)."""
-        return strict_payload({**self.provenance, **self.to_dict()})
+        return strict_payload({**self.to_dict(), **self.provenance})
 
     def save(self, path: str | Path) -> Path:
         """Write the result as the command line writes it (strict JSON, atomically).
