@@ -217,3 +217,16 @@ def test_derive_and_einf_api_equal_cli(capsys, tmp_path):
     back = tk.load(res.save(tmp_path / "einf.json"))
     assert isinstance(back, tk.EinfResult) and numbers_equal(back.data, res.data)
     assert back.value == res.value and "EinfResult(bsoftmax" in repr(back)
+
+
+@pytest.mark.parametrize("extra, fragment", [
+    (dict(rates="x"), "rates: must be a theory_kit.options.Rates"),
+    (dict(integrator=None), "integrator: must be a theory_kit.options.Integrator"),
+    (dict(engine=3.0), "engine: must be an engine name or a theory_kit.options.Engine"),
+    (dict(run="fast"), "run: must be a theory_kit.options.Run"),
+    (dict(engine=tk.Engine("mc", samples=-3)), "samples: must be an integer >= 2"),
+    (dict(rates=tk.Rates(gamma_a=1e300)), "gamma_a: must be at most 1e+100"),
+])
+def test_bad_option_objects_are_refused_by_name(extra, fragment):
+    with pytest.raises(ValueError, match=f"^{fragment}"):
+        tk.ode("softmax", **{**ODE, **extra})

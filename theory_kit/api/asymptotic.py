@@ -14,7 +14,8 @@ from ..model.activations import Activation
 from ..model.task import Task, strata_of
 from ..model.validation import OutputError, ValidationError, check_int, fail
 from ..options import Engine, Evaluation, Run, Solver, Stop
-from .inputs import ActivationLike, ArrayLike, EngineLike, as_activation, as_engine, as_task, running
+from .inputs import (ActivationLike, ArrayLike, EngineLike, as_activation, as_engine, as_task,
+                     check_options, running)
 
 EINF_ENGINE = Engine("mc", samples=4000)
 
@@ -66,6 +67,7 @@ def einf(activation: ActivationLike, *, H: int, L: int, nu: ArrayLike, prior: st
         E∞ (the mean over runs) ± its error, each run's fixed point and certificate, the
         groups, the global minimum and E_Bayes.
     """
+    check_options(stop=(stop, Stop), solver=(solver, Solver), evaluation=(evaluation, Evaluation))
     with running(run):
         the_task = as_task(L, prior, nu, delta)
         act = as_activation(activation)

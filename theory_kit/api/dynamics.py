@@ -20,7 +20,8 @@ from ..model.task import Task, strata_of
 from ..model.validation import ValidationError, as_finite_array, check_int, fail
 from ..options import Engine, Integrator, Rates, Run
 from .inputs import (ActivationLike, ArrayLike, EngineLike, as_activation, as_engine, as_task,
-                     call_options, check_scales, optional_array, running)
+                     call_options, check_options, check_scales, optional_array,
+                     running)
 
 DEFAULT_ESCAPE_D = (250, 500, 1000, 2000, 4000)
 
@@ -83,6 +84,7 @@ def ode(activation: ActivationLike, *, L: int, nu: ArrayLike, gamma: float, T: f
     (2, 2, 2)
     """
     options = call_options(locals())
+    check_options(rates=(rates, Rates), integrator=(integrator, Integrator))
     check_scales(gamma=gamma, gamma_a=rates.gamma_a, gamma_b=rates.gamma_b, eta=eta)
     with running(run):
         the_task = as_task(L, prior, nu, delta)
@@ -171,6 +173,7 @@ def simulate(activation: ActivationLike, *, L: int, nu: ArrayLike, H: int, D: in
     >>> sim.M.shape
     (2, 2, 2, 2)
     """
+    check_options(rates=(rates, Rates))
     check_scales(gamma=gamma, gamma_a=rates.gamma_a, gamma_b=rates.gamma_b, eta=eta)
     with running(run):
         the_task = as_task(L, prior, nu, delta)
@@ -246,6 +249,7 @@ def escape(activation: ActivationLike, *, L: int, nu: ArrayLike, gamma: float,
     options = call_options(locals())
     if not np.isfinite(label_noise) or label_noise < 0:
         fail("label_noise", "label noise Delta must be a finite number >= 0", label_noise)
+    check_options(rates=(rates, Rates))
     check_scales(gamma=gamma, gamma_a=rates.gamma_a, gamma_b=rates.gamma_b, eta=eta)
     with running(run):
         the_task = as_task(L, prior, nu, label_noise)

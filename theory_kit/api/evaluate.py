@@ -18,7 +18,7 @@ from ..model.validation import ValidationError, check_int, fail
 from ..options import Rates, Run
 from ..symbolic import derive as symbolic
 from .inputs import (ActivationLike, ArrayLike, EngineLike, as_activation, as_engine, as_state,
-                     as_task, check_scales, running)
+                     as_task, check_options, check_scales, running)
 
 FORMATS = ("markdown", "latex", "python")
 
@@ -222,6 +222,7 @@ def drift(activation: ActivationLike, *, L: int, nu: ArrayLike, M: ArrayLike, Q:
     >>> d.dM.shape, d.abs_err < 1e-6
     ((2, 2), True)
     """
+    check_options(rates=(rates, Rates))
     check_scales(gamma=gamma, gamma_a=rates.gamma_a, gamma_b=rates.gamma_b)
     with running(run):
         the_task = as_task(L, prior, nu, delta)

@@ -76,6 +76,14 @@ def as_engine(engine: EngineLike) -> Engine:
                           f"(got {type(engine).__name__})")
 
 
+def check_options(**given: tuple[object, type]) -> None:
+    """Each option object of the right type (``rates=(rates, Rates)``), before it is used."""
+    for name, (value, cls) in given.items():
+        if not isinstance(value, cls):
+            raise ValidationError(f"{name}: must be a theory_kit.options.{cls.__name__} (got "
+                                  f"{type(value).__name__})")
+
+
 def check_scales(**values: float | None) -> None:
     """Rates and scales (γ, γ_a, γ_b, η): at most :data:`MAX_SCALE` in size; the verbs check
     their own sign and finiteness."""
