@@ -27,6 +27,7 @@ import time
 os.environ.setdefault("THEORY_KIT_NO_PROGRESS", "1")
 
 from theory_kit.dynamics import simulate as sim  # noqa: E402
+from theory_kit.dynamics import sgd_states as states  # noqa: E402
 from theory_kit.model.activations import get_activation  # noqa: E402
 from theory_kit.model.task import Task
 from theory_kit.model.priors import make_prior  # noqa: E402
@@ -51,12 +52,12 @@ def seconds(cfg: sim.SimConfig) -> float:
 
 def drawing_seconds(cfg: sim.SimConfig) -> float:
     """CPU time of drawing the random numbers of cfg's steps alone (blocks as in a run)."""
-    run = sim._Run(cfg, sim.step_kernels(cfg.act))
+    run = sim._Run(cfg, states.step_kernels(cfg.act))
     steps, block = int(cfg.record_steps()[-1]), run.state.block_steps(cfg.runs, cfg.task.L)
     start = time.process_time()
     for lo in range(0, steps, block):
         m = min(block, steps - lo)
-        smp = sim.draw_samples(cfg.task, run.rng, m, cfg.runs)
+        smp = states.draw_samples(cfg.task, run.rng, m, cfg.runs)
         run.state.draw_tokens(run.rng, m, smp)
     return time.process_time() - start
 

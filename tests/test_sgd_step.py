@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from theory_kit.dynamics import simulate as sim
+from theory_kit.dynamics import sgd_states as states
 from theory_kit.model.activations import get_activation
 from theory_kit.model.task import Task
 from theory_kit.model.priors import make_prior
@@ -35,7 +36,7 @@ def test_bulk_draw_equals_successive_draws(name: str) -> None:
     np.testing.assert_array_equal(np.reshape(bulk, (6, 7, -1)), np.reshape(steps, (6, 7, -1)))
 
 
-def numpy_tokens(rng: np.random.Generator, smp: sim.Samples, R: int, FH: int, F: int,
+def numpy_tokens(rng: np.random.Generator, smp: states.Samples, R: int, FH: int, F: int,
                  dof: int) -> tuple[np.ndarray, np.ndarray]:
     """The tokens [p | q] and Wishart_p factors (p = min(H, L)) of a block in NumPy, drawn as
     documented in ``ReducedState.draw_tokens``: coordinates (one call), θ added to p at the
@@ -44,7 +45,7 @@ def numpy_tokens(rng: np.random.Generator, smp: sim.Samples, R: int, FH: int, F:
     coords = rng.standard_normal((steps, R, L, FH))
     s_idx, r_idx = np.meshgrid(np.arange(steps), np.arange(R), indexing="ij")
     coords[s_idx, r_idx, smp.eps, :F] += smp.theta
-    return coords, sim.wishart_factor(rng, dof, (steps, R), min(FH - F, L))
+    return coords, states.wishart_factor(rng, dof, (steps, R), min(FH - F, L))
 
 
 @pytest.mark.parametrize("task,D,H,dof", [(FLIP, 300, 2, None), (GAUSS, 50, 3, None),
@@ -57,11 +58,11 @@ def test_compiled_tokens_equal_numpy_tokens(task: Task, D: int, H: int, dof: int
     p = L < H, discrete and Gaussian θ."""
     cfg = sim.SimConfig(task, get_activation("softmax"), H=H, D=D, times=(1.0,), runs=3, seed=4,
                         wishart_dof=dof)
-    state = sim._Run(cfg, sim.step_kernels(cfg.act)).state
+    state = sim._Run(cfg, states.step_kernels(cfg.act)).state
     rng = np.random.default_rng(8)
-    smp = sim.draw_samples(task, rng, 40, cfg.runs)
+    smp = states.draw_samples(task, rng, 40, cfg.runs)
     twin = np.random.default_rng(8)
-    sim.draw_samples(task, twin, 40, cfg.runs)
+    states.draw_samples(task, twin, 40, cfg.runs)
     got = state.draw_tokens(rng, 40, smp).assembled(smp)
     want = numpy_tokens(twin, smp, cfg.runs, task.F + H, task.F, state.dof)
     p = min(H, task.L)
@@ -75,12 +76,12 @@ def test_compiled_tokens_equal_numpy_tokens(task: Task, D: int, H: int, dof: int
 def test_token_assembly_catches_a_shifted_signal() -> None:
     """The comparison above can fail: θ added at the wrong token differs."""
     cfg = sim.SimConfig(FLIP, get_activation("softmax"), H=2, D=300, times=(1.0,), runs=2)
-    state = sim._Run(cfg, sim.step_kernels(cfg.act)).state
+    state = sim._Run(cfg, states.step_kernels(cfg.act)).state
     rng, twin = np.random.default_rng(8), np.random.default_rng(8)
-    smp = sim.draw_samples(FLIP, rng, 10, 2)
-    sim.draw_samples(FLIP, twin, 10, 2)
+    smp = states.draw_samples(FLIP, rng, 10, 2)
+    states.draw_samples(FLIP, twin, 10, 2)
     got = state.draw_tokens(rng, 10, smp).assembled(smp)[0]
-    shifted = sim.Samples((smp.eps + 1) % FLIP.L, smp.theta, smp.c, smp.xi, smp.y)
+    shifted = states.Samples((smp.eps + 1) % FLIP.L, smp.theta, smp.c, smp.xi, smp.y)
     assert not np.array_equal(got, numpy_tokens(twin, shifted, 2, 4, FLIP.F, state.dof)[0])
 
 
@@ -92,7 +93,7 @@ def test_wishart_part_has_the_law_of_beta_G_beta(H: int, L: int) -> None:
     rng = np.random.default_rng(3)
     beta, dof, n = rng.standard_normal((H, L)), 7, 40_000
     p = min(H, L)
-    factors = sim.wishart_factor(rng, dof, (n,), p)
+    factors = states.wishart_factor(rng, dof, (n,), p)
     Y = np.stack([sgd_step_part(beta, B) for B in factors])
     YY = Y @ np.swapaxes(Y, -1, -2)
     Sig = beta @ beta.T

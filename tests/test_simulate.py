@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from theory_kit.dynamics import simulate as sim
+from theory_kit.dynamics import sgd_states as states
 from theory_kit.model.activations import custom_activation, get_activation
 from theory_kit.cli import main
 from theory_kit.expect.drift import MonteCarloDrift
@@ -75,7 +76,7 @@ def test_wrong_wishart_degrees_of_freedom_are_detected() -> None:
 def test_wishart_factor_moments() -> None:
     rng = np.random.default_rng(0)
     for dof in (9, 2):  # Bartlett and the direct Gaussian branch
-        A = sim.wishart_factor(rng, dof, (100_000,), 3)
+        A = states.wishart_factor(rng, dof, (100_000,), 3)
         W = A @ np.swapaxes(A, -1, -2)
         expected_var = dof * (1 + np.eye(3))  # Var W_ij = dof (1 + δ_ij)
         np.testing.assert_allclose(W.mean(0), dof * np.eye(3), atol=6 * np.sqrt(2 * dof / 1e5))
@@ -107,7 +108,7 @@ def test_compiled_step_coefficients_equal_the_hand_oracle(act: str) -> None:
     S, c, y = 2 * rng.standard_normal((R, H, L)), rng.standard_normal((R, L)), rng.standard_normal(R)
     a, b, Qd = rng.uniform(0.2, 2, (R, H)), rng.standard_normal((R, H)), rng.uniform(1, 2, (R, H))
     rates = np.array([0.3, 0.2, 0.1])
-    co = sim.step_coefficients(sim.step_kernels(activation), S, a, b, Qd, c, y, rates,
+    co = states.step_coefficients(states.step_kernels(activation), S, a, b, Qd, c, y, rates,
                                activation.offset == "bayes")
     for r in range(R):
         kern = hand_kernel(activation, S[r], a[r], b[r], Qd[r])
@@ -157,16 +158,16 @@ def test_compiled_block_equals_numpy_reference_steps(act: str, H: int) -> None:
     activation = activation_for(act)
     cfg = sim.SimConfig(FLIP, activation, H=H, D=40, times=(0.0, 5.0), runs=3, seed=3,
                         train_a=True, train_b=True, gamma=2.0)
-    run = sim._Run(cfg, sim.step_kernels(activation))
+    run = sim._Run(cfg, states.step_kernels(activation))
     st, sc = run.state, run.scalars
-    smp = sim.draw_samples(cfg.task, run.rng, 200, cfg.runs)
+    smp = states.draw_samples(cfg.task, run.rng, 200, cfg.runs)
     draws = st.draw_tokens(run.rng, 200, smp)
     ref = reference_block(activation, st.K, st.O, sc.a, sc.b, *draws.assembled(smp), smp.c,
                           smp.y, smp.eps, sc.rates, st.F, sc.delta)
     assert st.steps(run.kernels, smp, draws, sc)[1] == sim.FAULT_NONE
     for got, want in zip((st.K, st.O, sc.a, sc.b, sc.sq_sum), ref):
         np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
-    assert np.abs(sc.a - sim.Scalars.initial(cfg).a).max(-1).min() > 1e-3  # a really moved
+    assert np.abs(sc.a - states.Scalars.initial(cfg).a).max(-1).min() > 1e-3  # a really moved
 
 
 def test_psd_factor_cholesky_and_singular_branch() -> None:
@@ -219,7 +220,7 @@ def interrupt_after_save(monkeypatch, when) -> None:
 def test_resume_is_bit_identical(method: str, tmp_path, monkeypatch) -> None:
     """Killed right after a checkpoint taken between two blocks inside a unit of time, the
     rerun continues from there and reproduces the uninterrupted run bit for bit."""
-    monkeypatch.setattr(sim, "BLOCK_FLOATS", 3000)  # several blocks per unit of time
+    monkeypatch.setattr(states, "BLOCK_FLOATS", 3000)  # several blocks per unit of time
     cfg = config("softmax1", method=method, D=50, times=(0.0, 2.5, 6.0))
     full = sim.simulate(cfg)
     ckpt = Checkpoint(tmp_path / "out.json")
@@ -248,14 +249,14 @@ def test_checkpoint_is_saved_within_the_time_bound(tmp_path, monkeypatch) -> Non
         return clock["t"]
 
     monkeypatch.setattr(sim.time, "monotonic", tick)
-    monkeypatch.setattr(sim, "BLOCK_FLOATS", 2000)
+    monkeypatch.setattr(states, "BLOCK_FLOATS", 2000)
     saves = []
     real_save = Checkpoint.save
     monkeypatch.setattr(Checkpoint, "save", lambda self, p, prog: (
         saves.append(prog["step"]), real_save(self, p, prog)))
     cfg = config("softmax", runs=2, D=2000, times=(0.0, 1.0))
     sim.simulate(cfg, Checkpoint(tmp_path / "o.json"))
-    blocks = -(-2000 // sim.ReducedState.drawn(np.random.default_rng(0), 2, 2, 2, 2000, 1.0)
+    blocks = -(-2000 // states.ReducedState.drawn(np.random.default_rng(0), 2, 2, 2, 2000, 1.0)
                .block_steps(2, 4))
     assert blocks // 11 <= len(saves) <= blocks // 10 + 1
     assert saves == sorted(saves) and all(0 < s <= 2000 for s in saves)
@@ -268,7 +269,7 @@ def test_foreign_and_corrupt_checkpoints_are_set_aside(tmp_path) -> None:
     cfg = config("softmax", D=60, times=(0.0, 1.0, 2.0))
     clean = sim.simulate(cfg)
     ckpt = Checkpoint(tmp_path / "out.json")
-    good = sim._Run(cfg, sim.step_kernels(cfg.act)).snapshot()
+    good = sim._Run(cfg, states.step_kernels(cfg.act)).snapshot()
     faults = {
         "foreign": lambda: ckpt.save({**cfg.params(), "seed": 99}, good),
         "truncated": lambda: ckpt.path.write_text('{"params": {"method": "red'),

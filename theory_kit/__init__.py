@@ -39,7 +39,7 @@ _EXPORTS = {
         "Comparison", "Derivation", "Drift", "Escape", "FigureResult", "Result")},
     "ErrorValue": "theory_kit.expect.error",
     "Trajectory": "theory_kit.dynamics.trajectory",
-    "Simulation": "theory_kit.dynamics.simulate",
+    "Simulation": "theory_kit.dynamics.simulation",
     "EinfResult": "theory_kit.asymptotic.runs",
 }
 
@@ -49,7 +49,7 @@ if TYPE_CHECKING:  # the same names, seen by type checkers and editors
     from .api import (activation, bayes_error, compare, derive, drift, einf, error, escape,
                       figure, load, ode, simulate, task)
     from .asymptotic.runs import EinfResult
-    from .dynamics.simulate import Simulation
+    from .dynamics.simulation import Simulation
     from .dynamics.trajectory import Trajectory
     from .expect.error import ErrorValue
     from .io.result import Comparison, Derivation, Drift, Escape, FigureResult, Result

@@ -9,7 +9,7 @@ from ..dynamics import simulate as sgd
 from ..dynamics.escape import escape_law
 from ..dynamics.ode import (build_system, check_positive, check_step_resolved,
                             initial_condition, integrate_ode, output_times)
-from ..dynamics.simulate import Simulation
+from ..dynamics.simulation import Simulation
 from ..dynamics.trajectory import Trajectory
 from ..expect.engines import build_engine
 from ..io.limits import check_ode, check_simulation

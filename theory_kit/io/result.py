@@ -274,7 +274,7 @@ def kind_of(data: dict) -> type[Result]:
     """
     from ..asymptotic.runs import EinfResult
     from ..dynamics.ode import Trajectory
-    from ..dynamics.simulate import Simulation
+    from ..dynamics.simulation import Simulation
     from ..expect.error import ErrorValue
     if "dM" in data and "dQ" in data:
         return Drift

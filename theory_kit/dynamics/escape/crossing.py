@@ -19,7 +19,8 @@ import math
 
 import numpy as np
 
-from ..simulate import ReducedState, psd_factor
+from ..sgd_states import ReducedState
+from ..sgd_step import psd_factor
 from .linearisation import Linearisation
 
 E_LOG_ABS_NORMAL = -(np.euler_gamma + np.log(2.0)) / 2   # E ln|Z|, Z ~ N(0, 1)

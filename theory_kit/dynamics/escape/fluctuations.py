@@ -32,7 +32,7 @@ from ...kernels import codegen
 from ...model.activations import Activation
 from ...model.state import State
 from ...model.task import Task
-from ..simulate import psd_factor
+from ..sgd_step import psd_factor
 from .coordinates import Coordinates
 
 NOISE_BATCH = 4096
