@@ -12,8 +12,10 @@ import pytest
 
 import theory_kit as tk
 import theory_kit.api as api
+import theory_kit.api.asymptotic
 import theory_kit.api.dynamics
 import theory_kit.api.evaluate
+import theory_kit.api.userdata
 from theory_kit import options
 from theory_kit.cli import main
 from theory_kit.io import result as result_module
@@ -52,10 +54,12 @@ def numbers_equal(a, b):
     return a == b or (a != a and b != b)
 
 
-# the API's examples compile kernels and integrate (~1 min on 2 cores): slow run only
-@pytest.mark.parametrize("module", [pytest.param(api.dynamics, marks=pytest.mark.slow),
-                                    pytest.param(api.evaluate, marks=pytest.mark.slow),
-                                    result_module, options, api])
+# the API's examples compile kernels, integrate and make a quick figure (~2 min on 2 cores):
+# slow run only
+@pytest.mark.parametrize("module", [
+    *(pytest.param(m, marks=pytest.mark.slow)
+      for m in (api.dynamics, api.evaluate, api.asymptotic, api.userdata)),
+    result_module, options, api])
 def test_docstring_examples_run(module):
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0

@@ -66,6 +66,16 @@ def einf(activation: ActivationLike, *, H: int, L: int, nu: ArrayLike, prior: st
     EinfResult
         E∞ (the mean over runs) ± its error, each run's fixed point and certificate, the
         groups, the global minimum and E_Bayes.
+
+    Examples
+    --------
+    A short gradient-flow run (too short to converge, so without an error bar):
+
+    >>> res = einf("bsoftmax", H=2, L=5, nu=[2, 2], runs=1, gradient_flow=True,
+    ...            engine=Engine("mc", samples=100), stop=Stop(tol=1e-2, chunk=5, T_max=10),
+    ...            evaluation=Evaluation("mc", 5000), global_min=False, run=Run(progress=False))
+    >>> len(res.runs), 0 < res.value < 1
+    (1, True)
     """
     check_options(stop=(stop, Stop), solver=(solver, Solver), evaluation=(evaluation, Evaluation))
     with running(run):

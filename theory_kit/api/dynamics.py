@@ -245,6 +245,13 @@ def escape(activation: ActivationLike, *, L: int, nu: ArrayLike, gamma: float,
     -------
     Escape
         ``per_D``: the predicted law of τ at each D; the ``linearisation`` behind it.
+
+    Examples
+    --------
+    >>> esc = escape("softmax", L=2, nu=[2, 2], H=2, gamma=1.0, T=4, dt=1, points=16,
+    ...              runs=10, D=[100], run=Run(progress=False))
+    >>> [row["D"] for row in esc.per_D]
+    [100]
     """
     options = call_options(locals())
     if not np.isfinite(label_noise) or label_noise < 0:

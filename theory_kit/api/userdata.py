@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
+from typing import Callable
 
 from ..figures import runner
 from ..io.executor import check_scheduler, open_executor
@@ -65,6 +67,21 @@ def compare(data: str | Path, activation: ActivationLike, *, L: int, nu: ArrayLi
     -------
     Comparison
         The ``verdict``, the largest deviation in units of the spread and the series.
+
+    Examples
+    --------
+    A log made by the toolkit's own SGD, so the verdict should be consistent:
+
+    >>> import json, tempfile, pathlib
+    >>> from theory_kit.api import simulate
+    >>> sim = simulate("softmax", H=2, L=3, nu=[2, 2], D=400, runs=1, seed=5, T=2,
+    ...                times=[0, 0.5, 1, 1.5, 2], run=Run(progress=False))
+    >>> log = pathlib.Path(tempfile.mkdtemp()) / "log.json"
+    >>> _ = log.write_text(json.dumps({"t": sim.t.tolist(), "M": sim.M[0].tolist(),
+    ...                                "Q": sim.Q[0].tolist(), "D": 400, "gamma": 1.0}))
+    >>> compare(log, "softmax", L=3, nu=[2, 2], runs=8, samples=2000,
+    ...         run=Run(progress=False)).verdict
+    'consistent'
     """
     options = call_options(locals())
     with running(run):
@@ -101,8 +118,8 @@ def compare(data: str | Path, activation: ActivationLike, *, L: int, nu: ArrayLi
 
 
 def figure(number: int, *, quick: bool = False, out: str | Path = "figures",
-           data: str | Path | None = None, redraw: bool = False,
-           run: Run = FIGURE_RUN) -> FigureResult:
+           data: str | Path | None = None, redraw: bool = False, run: Run = FIGURE_RUN,
+           log: Callable[[str], None] | None = None) -> FigureResult:
     """Reproduce figure ``number`` of the paper: ``figN.png`` and ``figN.json`` in ``out``.
 
     Every input is validated before anything in ``out`` is read; a figure already made by
@@ -124,19 +141,37 @@ def figure(number: int, *, quick: bool = False, out: str | Path = "figures",
     run : Run
         Parallel pieces (default: the cores, at most 4), the scheduler, progress bars and
         limits; a figure estimated beyond an hour needs ``Limits(allow_long=True)``.
+    log : callable, optional
+        Receives the reference estimate before the run and the measured time after it
+        (default: stderr with ``run.progress``, nothing without).
 
     Returns
     -------
     FigureResult
         The plotted data (the JSON's content) and the ``files`` written.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> fig = figure(8, quick=True, out=tempfile.mkdtemp(), run=Run(progress=False, jobs=2))
+    >>> sorted(f.rsplit("/", 1)[1] for f in fig.files)
+    ['fig8_quick.json', 'fig8_quick.png']
     """
     with running(run):
         done = runner.reproduce(number, quick=quick, out=out, jobs=run.jobs,
                                 data=None if data is None else str(data),
-                                scheduler=run.scheduler, redraw_only=redraw)
+                                scheduler=run.scheduler, redraw_only=redraw,
+                                log=log if log is not None else progress_log(run))
     js = next((p for p in done.paths if p.suffix == ".json"), done.paths[0].with_suffix(".json"))
     result = figure_result(js, done.paths)
     return reused(result) if done.kept else result
+
+
+def progress_log(run: Run) -> Callable[[str], None]:
+    """Report lines on stderr when ``run`` shows progress, else nowhere."""
+    if not run.progress:
+        return lambda _line: None
+    return lambda line: print(line, file=sys.stderr)
 
 
 def figure_result(js: Path, files: list[Path]) -> FigureResult:

@@ -38,7 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     result = api.figure(args.number, quick=args.quick, out=args.out, data=args.data,
-                        redraw=args.redraw, run=run_options(args))
+                        redraw=args.redraw, run=run_options(args), log=print)
     done = "wrote" if args.redraw else done_word(result)
     for path in result.files:
         print(f"{done} {path}")

@@ -133,12 +133,6 @@ def run_options(args: argparse.Namespace) -> Run:
                limits=getattr(args, "limits", None) or Limits())
 
 
-def as_json_or_none(text: str | None, param: str, ndim: int) -> list | None:
-    """An optional JSON array option as nested lists (the API checks it)."""
-    arr = parse_json_array(text, param, ndim)
-    return None if arr is None else arr.tolist()
-
-
 def add_out_arg(parser: argparse.ArgumentParser, names: str, default: str | None = None,
                 required: bool = False) -> None:
     """--out with the one meaning every verb shares (:data:`OUT_RULE`); ``names`` says what
