@@ -121,7 +121,11 @@ def check_memory(nbytes: float, what: str, hint: str) -> None:
                             f"limit of {human(limit)} (--max-memory); {hint}")
 
 
-def check_time(seconds: float, what: str, hint: str, basis: str = "estimate") -> None:
+REFERENCE_BASIS = ("reference estimate from the cost model of a 2-core reference machine, not a "
+                   "measurement of this machine")
+
+
+def check_time(seconds: float, what: str, hint: str, basis: str = REFERENCE_BASIS) -> None:
     """Refuse ``what`` when estimated beyond :data:`MAX_SECONDS` unless the call's limits
     allow long runs (or THEORY_KIT_YES=1); ``basis`` says in the message what the number is."""
     if _ACTIVE.get().allow_long or os.environ.get("THEORY_KIT_YES") == "1":
@@ -133,7 +137,10 @@ def check_time(seconds: float, what: str, hint: str, basis: str = "estimate") ->
 
 
 # ----------------------------------------------------------------------------- estimates
-# seconds per elementary operation, measured on this project's 2-core machine (rounded up)
+# Reference cost model: seconds per elementary operation on a 2-core reference machine
+# (rounded up).  It only decides whether a request is refused as longer than an hour, and every
+# refusal calls its number a reference estimate; nothing printed as a time of this machine
+# comes from it.
 SECONDS_PER_SCORE = 5e-8  # one (sample, head, token) score with its weight
 SECONDS_PER_KEY_FLOP = 2e-9  # one multiply-add of a D-dimensional SGD step
 # One (sample, stratum, head, token) score of a sampled drift, per activation class, and the
