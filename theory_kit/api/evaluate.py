@@ -17,8 +17,17 @@ from ..model.task import Task
 from ..model.validation import ValidationError, check_int, fail
 from ..options import Rates, Run
 from ..symbolic import derive as symbolic
-from .inputs import (ActivationLike, ArrayLike, EngineLike, as_activation, as_engine, as_state,
-                     as_task, check_scales, running)
+from .inputs import (
+    ActivationLike,
+    ArrayLike,
+    EngineLike,
+    as_activation,
+    as_engine,
+    as_state,
+    as_task,
+    check_scales,
+    running,
+)
 
 FORMATS = ("markdown", "latex", "python")
 

@@ -57,10 +57,10 @@ import numpy as np
 from scipy import optimize
 
 from ..expect import laplace as lp
+from ..model.state import State
 from .certificate import BOUNDARY, Certificate, FixedPoint
 from .deterministic import KEY_CAP, KeyCap, PairwiseError
 from .gradient_flow import polish_gradient_flow
-from ..model.state import State
 from .saturation import LADDER_GAIN, bias_ladder, saturated_minimum
 
 # b of a revived head: min(live b, 0) − this.  The derivative route has no cancellation, so the

@@ -49,7 +49,6 @@ import numpy as np
 from ..model.state import State
 from .objectives import DRIFT_TOL, KeySpace, SampledError
 
-
 BOUNDARY = "boundary minimum"   # heads switched off at b = −∞ (``boundary``)
 STABLE_KINDS = ("minimum", "degenerate minimum", "stable", BOUNDARY)
 RUNOFF = "keys diverge"

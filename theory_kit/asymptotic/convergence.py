@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import integrate
 
-from ..dynamics.ode import METHODS as ODE_METHODS, integrate_ode
+from ..dynamics.ode import METHODS as ODE_METHODS
+from ..dynamics.ode import integrate_ode
 from ..expect.drift import ENGINES, SampleDrift
 from ..expect.engines import DEFAULT_QMC_POINTS, DriftEngine, build_engine
 from ..expect.error import METHODS as ERROR_METHODS
@@ -38,7 +39,6 @@ from ..model.state import State
 from ..model.task import Task
 from ..model.validation import check_int, fail
 from .objectives import POINTS, SampledError
-
 
 FLOWS = ("ode", "sampled")
 # RunSettings.polish: the deterministic solve after the sampled one — "pairwise" wherever a

@@ -42,7 +42,6 @@ from ..model.state import State
 from ..model.task import Task
 from .objectives import DRIFT_TOL, FD_STEP, KeySpace, max_key_norm
 
-
 # The deterministic E is evaluated only for key norms |k_h| ≤ KEY_CAP: the Laplace grids of a
 # pair grow like |k|⁴ (softmax, F = 4, ν = 10, level 0.5: 0.29 GB and 0.3 CPU s at |k| = 3,
 # 0.65 GB and 1.9 s at |k| = 10, > 10 GB at |k| = 20; two polishes of H = 8 seed 1 were
@@ -135,7 +134,7 @@ class PairwiseError(DeterministicError):
     engine: object = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        from ..expect import pairwise     # imports the Laplace engine (numba)
+        from ..expect import pairwise  # imports the Laplace engine (numba)
         self.engine = pairwise.PairwiseLaplace(self.task, self.act, self.H)
         if self.level is None:
             self.level = pairwise.DEFAULT_LEVEL

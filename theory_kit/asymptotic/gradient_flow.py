@@ -48,12 +48,24 @@ import numpy as np
 from scipy import optimize
 
 from ..model.state import State
-from .certificate import (PROBE_STEPS, RUNOFF, STABLE_KINDS, Certificate, FixedPoint, _certificate,
-                          _classify, _drift_tol, _eig_tol, _Local, _newton_ready, _probe,
-                          _runoff_certificate, step_scale)
+from .certificate import (
+    PROBE_STEPS,
+    RUNOFF,
+    STABLE_KINDS,
+    Certificate,
+    FixedPoint,
+    _certificate,
+    _classify,
+    _drift_tol,
+    _eig_tol,
+    _Local,
+    _newton_ready,
+    _probe,
+    _runoff_certificate,
+    step_scale,
+)
 from .deterministic import KEY_CAP, PairwiseError, ZeroOrthogonal
 from .objectives import DRIFT_TOL, KeySpace, SampledError, max_key_norm
-
 
 RUNOFF_FACTOR = 300.0   # a descent whose ‖x‖ grows past this factor has run off (runoff_bound)
 

@@ -53,7 +53,6 @@ from ..model.state import State
 from ..model.task import Task
 from ..model.validation import fail
 
-
 POINTS = ("sobol", "mc")
 DRIFT_TOL = 1e-8
 FD_STEP = 1e-6          # relative finite-difference step of the Hessian / Jacobian

@@ -36,8 +36,7 @@ from ..expect.error import ErrorValue
 from ..io.executor import run_sweep, runs_in_process
 from ..io.progress import progress_bar
 from ..io.result import PROVENANCE, Result, provenance_of, setting_text
-from ..io.results import (Checkpoint, read_json, read_piece, stamps, to_jsonable,
-                          write_json)
+from ..io.results import Checkpoint, read_json, read_piece, stamps, to_jsonable, write_json
 from ..model.activations import Activation, activation_from_params
 from ..model.initial import InitialCondition
 from ..model.state import State
@@ -48,7 +47,6 @@ from .certificate import Certificate, FixedPoint
 from .convergence import RunSettings, SampledFlow, _advance, flow_objective, relative_speed
 from .global_min import MinimumResult, global_minimum, group_runs
 from .solve import precise_error, sample_shift, solve_checked
-
 
 UNKNOWN_ERROR = "+/- unknown (not converged)"   # the text of a run without an error bar
 UNCONVERGED = ("not converged: E is evaluated at the run's last state, not at a fixed point, "

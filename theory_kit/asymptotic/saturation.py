@@ -46,10 +46,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..expect import laplace as lp
+from ..model.state import State
 from .certificate import BOUNDARY, Certificate, FixedPoint
 from .deterministic import PairwiseError
 from .gradient_flow import polish_gradient_flow
-from ..model.state import State
 
 SAT_START = 4.0        # a head with b_h below this is not taken for saturating
 B_SAT = 30.0           # b_h = +∞ represented here: κ_h = e^{−30} ≈ 9e-14

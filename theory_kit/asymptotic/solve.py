@@ -42,10 +42,14 @@ from .certificate import RUNOFF, FixedPoint, check_objective
 from .convergence import RunSettings, _advance, solver_objective
 from .deterministic import PairwiseError
 from .drift_root import DriftMap, solve_drift_root
-from .gradient_flow import (RUNOFF_GROWTH, RunoffCheck, polish_gradient_flow, runoff_check,
-                            solve_gradient_flow)
+from .gradient_flow import (
+    RUNOFF_GROWTH,
+    RunoffCheck,
+    polish_gradient_flow,
+    runoff_check,
+    solve_gradient_flow,
+)
 from .saturation import saturated_minimum, unsaturated_state
-
 
 HELD_OUT = 3            # seed offset of the held-out points of a run-off check (1, 2: sample_shift)
 

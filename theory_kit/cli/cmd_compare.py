@@ -7,8 +7,17 @@ from .. import api
 from ..io.stored import beside, out_json
 from ..userdata.comparison import THRESHOLD
 from ..userdata.logs import TIME_UNITS
-from .common import (add_activation_args, add_executor_args, add_out_arg, add_progress_arg,
-                     add_task_args, build_activation, done_word, parse_float_list, run_options)
+from .common import (
+    add_activation_args,
+    add_executor_args,
+    add_out_arg,
+    add_progress_arg,
+    add_task_args,
+    build_activation,
+    done_word,
+    parse_float_list,
+    run_options,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:

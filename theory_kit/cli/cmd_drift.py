@@ -13,9 +13,17 @@ import numpy as np
 
 from .. import api
 from .cmd_ode import add_engine_args, add_rate_args, engine_of, rates_of
-from .common import (add_activation_args, add_progress_arg, add_state_args, add_task_args,
-                     build_activation, parse_float_list, parse_json_array, print_json,
-                     run_options)
+from .common import (
+    add_activation_args,
+    add_progress_arg,
+    add_state_args,
+    add_task_args,
+    build_activation,
+    parse_float_list,
+    parse_json_array,
+    print_json,
+    run_options,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:

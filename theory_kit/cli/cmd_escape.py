@@ -8,8 +8,16 @@ from .. import api
 from ..api.dynamics import DEFAULT_ESCAPE_D
 from ..model.validation import fail
 from .cmd_ode import add_rate_args, rates_of
-from .common import (add_activation_args, add_out_arg, add_progress_arg, build_activation,
-                     parse_float_list, parse_json_array, print_json, run_options)
+from .common import (
+    add_activation_args,
+    add_out_arg,
+    add_progress_arg,
+    build_activation,
+    parse_float_list,
+    parse_json_array,
+    print_json,
+    run_options,
+)
 
 DEFAULT_D = ",".join(str(d) for d in DEFAULT_ESCAPE_D)
 

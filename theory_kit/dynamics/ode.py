@@ -45,25 +45,24 @@ whatever time that happens.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Sequence
+from typing import Sequence
 
 import numpy as np
 from scipy.integrate import DOP853, RK45
 
-from ..model.activations import Activation
 from ..expect.drift import DriftMeans, MonteCarloDrift
 from ..expect.engines import DriftEngine
+from ..io.progress import progress_bar
+from ..io.results import Checkpoint
+from ..model.activations import Activation
 from ..model.initial import InitialCondition
 from ..model.state import State, check_state_for_task
 from ..model.task import Task
 from ..model.validation import ValidationError, as_finite_array, check_int, check_psd, fail
-from ..io.progress import progress_bar
-from ..io.results import Checkpoint, read_json, write_json
 from .trajectory import ROW_KEYS, Trajectory
 
 METHODS = ("rk4", "rk45", "dop853", "solve_ivp")

@@ -61,18 +61,36 @@ from typing import Any, Callable, ClassVar, Sequence
 
 import numpy as np
 
-from ..kernels import codegen
-from ..model.activations import Activation
 from ..expect.error import squared_residual
-from ..model.initial import InitialCondition, keys_from_state
-from ..model.task import Task
-from ..model.validation import ValidationError, as_finite_array, check_int, fail
-from ..model.state import check_state_for_task
 from ..io.progress import progress_bar
 from ..io.result import OverlapPlots, Result, provenance_of, xarray_module
-from ..io.results import (Checkpoint, is_current, read_json, restore_non_finite, set_aside, stamps,
-                          to_jsonable, write_json)
-from .sgd_step import FAULT_NONE, FAULT_NONFINITE, FAULT_NORMALISER, VJP_SIG, WEIGHTS_SIG, coefficients_stack, psd_factor, reduced_block, tokens_stack
+from ..io.results import (
+    Checkpoint,
+    is_current,
+    read_json,
+    restore_non_finite,
+    set_aside,
+    stamps,
+    to_jsonable,
+    write_json,
+)
+from ..kernels import codegen
+from ..model.activations import Activation
+from ..model.initial import InitialCondition, keys_from_state
+from ..model.state import check_state_for_task
+from ..model.task import Task
+from ..model.validation import ValidationError, as_finite_array, check_int, fail
+from .sgd_step import (
+    FAULT_NONE,
+    FAULT_NONFINITE,
+    FAULT_NORMALISER,
+    VJP_SIG,
+    WEIGHTS_SIG,
+    coefficients_stack,
+    psd_factor,
+    reduced_block,
+    tokens_stack,
+)
 
 METHODS = ("reduced", "brute")
 # random numbers drawn at once for a block of reduced steps (bounds memory, amortises calls)

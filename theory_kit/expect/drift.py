@@ -36,8 +36,8 @@ import numpy as np
 from scipy import special, stats
 
 from ..kernels import codegen
-from ..model.activations import Activation
 from ..kernels.integrands import DriftSamples
+from ..model.activations import Activation
 from ..model.priors import FlippingPrior, GaussianPrior, Prior
 from ..model.task import Task
 from ..model.validation import check_int, fail

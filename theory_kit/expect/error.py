@@ -19,18 +19,18 @@ from typing import ClassVar
 import numpy as np
 from scipy import special
 
-from ..kernels import codegen
-from ..model.activations import Activation
-from . import montecarlo as mc
-from . import precise
-from . import quadrature as quad
-from ..model.priors import GaussianPrior, Prior
-from ..model.validation import ResourceError, check_int, fail
-from ..model.state import State, check_state_for_task
-from ..model.task import Task
 from ..io.limits import check_memory, check_monte_carlo
 from ..io.result import PROVENANCE, Result, provenance_of
 from ..io.results import stamps
+from ..kernels import codegen
+from ..model.activations import Activation
+from ..model.priors import GaussianPrior, Prior
+from ..model.state import State, check_state_for_task
+from ..model.task import Task
+from ..model.validation import ResourceError, check_int, fail
+from . import montecarlo as mc
+from . import precise
+from . import quadrature as quad
 
 METHODS = ("auto", "quad", "mc", "mpmath")
 AUTO_QUAD_TOL = 1e-8

@@ -50,9 +50,9 @@ from typing import Callable
 import numpy as np
 
 from ..model.activations import Activation
+from ..model.priors import make_prior
 from ..model.task import Task
 from ..model.validation import ValidationError
-from ..model.priors import make_prior
 from . import laplace as lp
 from .laplace.algebra import CompiledPattern, Slots, compile_patterns, drift_polynomial
 

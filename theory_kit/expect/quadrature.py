@@ -51,12 +51,12 @@ import numpy as np
 import sympy as sp
 from scipy import special
 
+from ..io.limits import check_memory
 from ..model.activations import S_SYMBOL, Activation
 from ..model.priors import GaussianPrior
 from ..model.state import State
 from ..model.task import Task
 from ..model.validation import ValidationError
-from ..io.limits import check_memory
 
 Z_RANGE = 8.5           # trapezoid truncation of the standard normal, e^{−Z²/2} ≈ 2e−16
 Z_RANGE_GL = 10.0       # composite Gauss–Legendre truncation (elementwise, polynomial growth)
@@ -236,7 +236,7 @@ def gaussian_nodes(A: np.ndarray, level: float, cost_per_node: float,
         return np.zeros((1, A.shape[0])), np.ones(1), False
     rules = tensor_rules(A, level)
     if tensor_cost(rules, cost_per_node) > MAX_GRID:
-        from scipy.stats import qmc   # here: scipy.stats costs ~1 CPU s to import, on this path only
+        from scipy.stats import qmc  # here: scipy.stats costs ~1 CPU s to import, on this path only
         seed = 0 if replicate is None else replicate
         pts = qmc.Sobol(d=r, scramble=True, seed=np.random.default_rng([seed, r])
                         ).random_base2(RQMC_POINTS_LOG2)

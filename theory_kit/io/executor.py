@@ -33,9 +33,9 @@ from __future__ import annotations
 import os
 import pickle
 import signal
+import threading
 import uuid
 from collections import Counter
-import threading
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager

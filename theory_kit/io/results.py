@@ -21,7 +21,6 @@ import math
 import os
 import socket
 import stat
-import sys
 import tempfile
 import time
 import warnings

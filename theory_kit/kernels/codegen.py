@@ -78,12 +78,12 @@ import sympy as sp
 from sympy.printing.numpy import SciPyPrinter
 
 from .. import __version__
-from . import codegen_numba as _nb
-from ..symbolic import derive as dv
-from ..model.activations import S_SYMBOL, Activation
-from .integrands import DriftSamples, conditional_projections, projection_matrix
-from ..model.validation import ValidationError, as_finite_array, fail
 from ..io.results import atomic_replace, sources_digest
+from ..model.activations import S_SYMBOL, Activation
+from ..model.validation import ValidationError, as_finite_array, fail
+from ..symbolic import derive as dv
+from . import codegen_numba as _nb
+from .integrands import DriftSamples, conditional_projections, projection_matrix
 
 PROJECTIONS = ("conditional", "stein")
 BACKENDS = ("numba", "numpy")

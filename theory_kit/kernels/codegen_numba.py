@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 import sympy as sp
 from sympy.printing.pycode import PythonCodePrinter
 
-from ..symbolic import derive as dv
 from ..model.activations import S_SYMBOL, Activation
+from ..symbolic import derive as dv
 
 ARRAYS = {dv.W_: "W", dv.D_: "D", dv.D2_: "D2", dv.a_: "a", dv.e_: "e"}
 # error_model='numpy': a float division has no zero check (which would stop the sample loops
@@ -256,7 +256,7 @@ def loop_function(name: str, outputs: dict[str, sp.Expr], free: dict[str, str], 
         lines += _loops([LOOP_NAME[v] for v in order] + inner, cse_lines + assign, 1)
     args = ", ".join(["W", "D", "D2", "e", "a", "work"] + list(outputs))
     head = [BLOCK_JIT if lanes else INLINE_JIT, f"def {name}({args}):", f'    """{doc}"""']
-    work = [f"@njit(cache=True)", f"def {name}_WORK(H, L):",
+    work = ["@njit(cache=True)", f"def {name}_WORK(H, L):",
             f'    """Length of the scratch vector of {name}."""', f"    return {size}", ""]
     return "\n".join(work + ["", ""] + head + lines + ["", ""])
 
@@ -409,8 +409,8 @@ def _fused_block_lines(act: Activation, log_domain: bool, derivatives: bool, phi
     per_head = act.norm == "per-head"
     row = "h" if per_head else "0"
     each = _Lanes(True).each
-    start = each([f"m[j] = -math.inf"] if log_domain else [f"total[{row}, j] = KAPPA"], "")
-    update = f"m[j] = max(m[j], W[h, l, j])" if log_domain else f"total[{row}, j] += W[h, l, j]"
+    start = each(["m[j] = -math.inf"] if log_domain else [f"total[{row}, j] = KAPPA"], "")
+    update = "m[j] = max(m[j], W[h, l, j])" if log_domain else f"total[{row}, j] += W[h, l, j]"
     lines = [] if per_head else start
     lines += ["for h in range(H):", f"    {_offset_line(act)}"]
     lines += [f"    {x}" for x in (start if per_head else [])]

@@ -3,7 +3,6 @@ non-isotropic Gaussian, discrete atoms and an empirical data set; E θ_f² = ν_
 from __future__ import annotations
 
 import itertools
-import reprlib
 from dataclasses import dataclass
 from typing import Sequence
 

@@ -5,10 +5,7 @@ style: ``<parameter>: <what is allowed> (got <value>)``.
 """
 from __future__ import annotations
 
-import itertools
 import reprlib
-from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 

@@ -43,17 +43,17 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ..model.activations import Activation, activation_from_params
-from ..io.executor import run_sweep, runs_in_process
+from ..dynamics.ode import integrate_ode
+from ..dynamics.simulate import SimConfig, simulate
 from ..expect.engines import build_engine
 from ..figures.compare import Comparison, comparison_figure
+from ..io.executor import run_sweep, runs_in_process
+from ..io.results import atomic_replace, read_json, read_piece, to_jsonable, write_json
+from ..model.activations import Activation, activation_from_params
 from ..model.initial import InitialCondition
+from ..model.state import check_state_for_task
 from ..model.task import Task
 from ..model.validation import check_int, fail
-from ..model.state import check_state_for_task
-from ..dynamics.ode import integrate_ode
-from ..io.results import atomic_replace, read_json, read_piece, to_jsonable, write_json
-from ..dynamics.simulate import SimConfig, simulate
 from .logs import TrainingLog
 
 THRESHOLD = 5.0

@@ -42,9 +42,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..io.results import read_json
 from ..model.state import State
 from ..model.validation import ValidationError, as_finite_array, check_int, check_psd, fail
-from ..io.results import read_json
 
 FORMATS = (".npz", ".json", ".csv")
 TIME_UNITS = ("t", "steps")
