@@ -77,8 +77,9 @@ def _minimise(obj: KeySpace, x0: np.ndarray, maxiter: int,
     """L-BFGS from x0: (the last iterate, whether it was stopped for ‖x‖ > ``bound`` or a key
     norm > ``key_bound``); ``gtol``: L-BFGS-B's bound on the largest gradient entry."""
     last = [x0]
-    outside = lambda y: bool(np.linalg.norm(y) > bound or (
-        np.isfinite(key_bound) and max_key_norm(obj, y) > key_bound))
+    def outside(y: np.ndarray) -> bool:
+        return bool(np.linalg.norm(y) > bound or (
+            np.isfinite(key_bound) and max_key_norm(obj, y) > key_bound))
 
     def watch(xk: np.ndarray) -> None:
         last[0] = xk.copy()
@@ -118,7 +119,8 @@ def _trust_step(eigs: np.ndarray, vecs: np.ndarray, gq: np.ndarray, radius: floa
     positive definite: p(μ) = −(Hq + μ I)⁻¹ g with μ = 0 (the Newton step) when it fits, else
     the μ > 0 with ‖p(μ)‖ = radius (Levenberg–Marquardt; ‖p(μ)‖ falls monotonically in μ)."""
     c = vecs.T @ gq
-    size = lambda mu: float(np.sqrt(np.sum((c / (eigs + mu)) ** 2)))
+    def size(mu: float) -> float:
+        return float(np.sqrt(np.sum((c / (eigs + mu)) ** 2)))
     mu = 0.0
     if size(0.0) > radius:
         hi = max(float(np.linalg.norm(c)) / radius, 1e-300)   # size(hi) ≤ radius
