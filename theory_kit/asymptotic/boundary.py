@@ -325,9 +325,9 @@ def revived_state(obj: PairwiseError, fixed: FixedPoint) -> State | None:
     the boundary state with its first pruned head at such a key and the bias that minimises
     E on the ladder b₀, b₀ + 1, … (``saturation.bias_ladder``), from b₀ where e^{b₀}|c| =
     ``saturation.LADDER_GAIN`` (a fall that E resolves); the keys with c < 0 are tried by increasing
-    norm until one lowers E.  Why: how far the linear fall holds depends on the key — at |k| = 4.2 c was
-    −19 at b = −36 and +1194 at b = −20 (its e^{s+b} reach 1 in the score tail), so E never
-    resolves the fall, while at |k| = 3.4 (F = 2, ν = 0.5, H = 4) it does."""
+    norm until one lowers E.  Why: how far the linear fall holds depends on the key — at
+    |k| = 4.2 c was −19 at b = −36 and +1194 at b = −20 (its e^{s+b} reach 1 in the score
+    tail), so E never resolves the fall, while at |k| = 3.4 (F = 2, ν = 0.5, H = 4) it does."""
     rec = fixed.boundary
     if (fixed.certificate.kind != "saddle" or rec is None
             or rec.get("revival", {}).get("verdict") != "negative"):

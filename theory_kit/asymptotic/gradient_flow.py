@@ -196,7 +196,7 @@ def _newton(obj: KeySpace, x: np.ndarray, Z: np.ndarray, Hq: np.ndarray,
     return x, exact
 
 
-# ----------------------------------------------------------------------------- sampled E (and the loop)
+# -------------------------------------------------------------------- sampled E (and the loop)
 def solve_gradient_flow(obj: SampledError, state: State, tol: float = DRIFT_TOL,
                         max_escapes: int = 4, maxiter: int = 3000,
                         coarse: SampledError | None = None,
@@ -399,7 +399,8 @@ def polish_gradient_flow(obj: PairwiseError, x0: np.ndarray, tol: float = DRIFT_
     space from there.  Each stage is L-BFGS at the coarser ``obj.descent_level``
     (:func:`_rough_descent`), then the loop of :func:`solve_gradient_flow` at ``obj.level``
     (:func:`_descend`: L-BFGS, Hessian by head-local finite differences of the exact gradient
-    with their error, saddles escaped, trust-region Newton).  Certificate: ``drift_norm`` = ½‖∂E/∂x‖ (full space)
+    with their error, saddles escaped, trust-region Newton).  Certificate:
+    ``drift_norm`` = ½‖∂E/∂x‖ (full space)
     against ½ ``tol`` (as the sampled solver's), ``drift_stderr`` = ½ its abs_err (two
     resolutions of every sub-model, ``PairwiseError.evaluate``); a gradient whose error exceeds
     ``tol`` cannot certify (kind "gradient unresolved"); the eigenvalue tolerance is the larger

@@ -224,7 +224,8 @@ class SampledError(KeySpace):
         shifted = choice >= 1.0 - self.tilt                      # (n, L)
         comp = np.minimum(((choice - (1.0 - self.tilt)) / self.tilt * len(mus)).astype(int),
                           len(mus) - 1)
-        g[:, :F, :] += np.where(shifted[:, None, :], mus[np.clip(comp, 0, None)].transpose(0, 2, 1), 0.0)
+        g[:, :F, :] += np.where(shifted[:, None, :],
+                                mus[np.clip(comp, 0, None)].transpose(0, 2, 1), 0.0)
         proj = np.einsum("cf,nfl->ncl", mus, g[:, :F, :]) - 0.5 * np.sum(mus ** 2, 1)[None, :, None]
         mix = (1.0 - self.tilt) + self.tilt * np.mean(np.exp(proj), axis=1)   # (n, L)
         return np.prod(1.0 / mix, axis=1)

@@ -296,7 +296,8 @@ class EinfResult(Result):
     @property
     def abs_err(self) -> float:
         """Numerical error of the mean (inf when a run is not certified) from the per-run
-        errors of E at the fixed points: the evaluation's error combined with each run's measured sample shift
+        errors of E at the fixed points: the evaluation's error combined with each run's
+        measured sample shift
         (``EinfRun.abs_err_total``).  It is not the spread of the runs (reported apart), nor
         does the shift estimate include the bias of the solver's objective that is common to
         independent sample sets (at a minimum any shift raises E, by O(1/n))."""

@@ -16,9 +16,9 @@ coordinate, b_h → −∞, is module ``boundary``.
 deterministic E (``deterministic.PairwiseError``):
 
 1. *Candidates* S: the heads with ∂E/∂b_h < 0 (the flow raises b_h) and b_h ≥ ``SAT_START``.
-2. *Saturated model*: b_h = ``B_SAT`` for h ∈ S, held fixed (``objectives.KeySpace.frozen_b``); every other
-   coordinate polished and certified (``gradient_flow.polish_gradient_flow``).  At B_SAT the
-   engine's E is E_sat to c_h e^{−B_SAT} (≈ 1e-13 c_h), which is added to abs_err.
+2. *Saturated model*: b_h = ``B_SAT`` for h ∈ S, held fixed (``objectives.KeySpace.frozen_b``);
+   every other coordinate polished and certified (``gradient_flow.polish_gradient_flow``).  At
+   B_SAT the engine's E is E_sat to c_h e^{−B_SAT} (≈ 1e-13 c_h), which is added to abs_err.
 3. *The corner* κ_S = 0 in the coordinates κ_h = e^{−b_h} ≥ 0, where E is smooth:
 
        E = E_sat + Σ_h c_h κ_h + κᵀ G δx + ½ δxᵀ H δx + ½ κᵀ K κ + …,
@@ -102,7 +102,8 @@ class Corner:
     def derivatives(self, probes: tuple[float, float], level: float
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(c, K, G) from κ differences at the two ``probes`` b, each linearly extrapolated to
-        κ = 0: a difference quotient D(κ) = D(0) + O(κ) gives D(0) = (κ₁D(κ₂) − κ₂D(κ₁))/(κ₁ − κ₂)."""
+        κ = 0: a difference quotient D(κ) = D(0) + O(κ) gives
+        D(0) = (κ₁D(κ₂) − κ₂D(κ₁))/(κ₁ − κ₂)."""
         (b1, b2), n = probes, len(self.heads)
         k1, k2 = np.exp(-b1), np.exp(-b2)
         c, Kmat, G = np.zeros(n), np.zeros((n, n)), np.zeros((self.sat.dim, n))

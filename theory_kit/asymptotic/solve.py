@@ -207,7 +207,8 @@ def pairwise_activation(task: Task, act: Activation, H: int) -> Activation | Non
 
 
 def pairwise_applies(task: Task, act: Activation, H: int) -> bool:
-    """Whether the deterministic pairwise engine covers (task, act, H) (:func:`pairwise_activation`)."""
+    """Whether the deterministic pairwise engine covers (task, act, H)
+    (:func:`pairwise_activation`)."""
     return pairwise_activation(task, act, H) is not None
 
 
@@ -269,7 +270,8 @@ def polish_pairwise(task: Task, act: Activation, start: State, sampled: FixedPoi
     (:func:`gradient_flow.polish_gradient_flow` on :func:`deterministic_objective`: the pairwise
     decomposition, or the drift engine's E for a joint normaliser with H ≤ 3): from the
     sampled solution, or from the hand-over ``start`` when that is not certified or far out
-    (:func:`polish_from_sampled`: a run-off or a sample artefact).  The sampled solve is kept in the result's
+    (:func:`polish_from_sampled`: a run-off or a sample artefact).  The sampled solve is kept in
+    the result's
     ``presolve`` (certificate, sampled E, run-off check); E and its abs_err are the
     deterministic engine's at the polished point.  A polish that does not certify because
     heads switch off (softmax-1: b_h → −∞) is handed to :func:`boundary.boundary_minimum`,

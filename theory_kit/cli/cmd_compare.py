@@ -24,7 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "compare", help="check a training log of your own code against the theory",
         description="Read a training log (overlaps t, M, Q[, a, b, loss] or raw keys K with the "
-                    "signal directions U; NPZ, JSON or long-format CSV), integrate the ODE from its "
+                    "signal directions U; NPZ, JSON or long-format CSV), integrate the ODE from "
+                    "its "
                     "first state over its time span, run the exact reduced simulation at its D "
                     "for the expected finite-D spread, and write compare.png (overlay) and "
                     "compare.json (largest deviation of each order parameter, when it occurs, "

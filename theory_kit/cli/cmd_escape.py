@@ -1,5 +1,6 @@
 """``theory-kit escape``: the predicted law of the specialisation time τ_f at finite D from the
-linearised escape from the plateau plus the finite-D fluctuations (``theory_kit.dynamics.escape``)."""
+linearised escape from the plateau plus the finite-D fluctuations
+(``theory_kit.dynamics.escape``)."""
 from __future__ import annotations
 
 import argparse

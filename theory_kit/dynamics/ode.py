@@ -70,7 +70,8 @@ ADAPTIVE = {"rk45": RK45, "dop853": DOP853, "solve_ivp": RK45}
 CHECKPOINT_SECONDS = 10.0  # at most this long between checkpoints of a long run
 PSD_BLOWUP_TOL = 1e-7
 DIVERGENCE_BOUND = 1e8  # |Q_hh'| beyond this is a divergence, long before overflow
-STAGE_RETRY_FACTOR = 0.25  # an adaptive step whose stages leave the admissible set: retry this much smaller
+# an adaptive step whose stages leave the admissible set: retry this much smaller
+STAGE_RETRY_FACTOR = 0.25
 STAGE_RETRY_FLOOR = 1e-9   # ... down to this fraction of max(1, |t|), then the blow-up is the ODE's
 
 

@@ -82,7 +82,8 @@ class _RankOneColumn:
         if load.shape[1] > 1:
             raise ValidationError("method: 'mpmath' needs every score column to have rank <= 1 "
                                   "for this activation (use quad)")
-        self.load = [mp.mpf(float(x)) for x in (load[:, 0] if load.shape[1] else np.zeros(len(heads)))]
+        self.load = [mp.mpf(float(x))
+                     for x in (load[:, 0] if load.shape[1] else np.zeros(len(heads)))]
         self.shift = [mp.mpf(float(col.mean[h] + c[h])) for h in heads]
         self.a = [mp.mpf(float(x)) for x in a]
         self.log_phi = _log_phi_mp(act)
@@ -306,7 +307,8 @@ def bayes_error_mp(task: Task, dps: int = DEFAULT_DPS) -> tuple[mp.mpf, mp.mpf]:
     with mp.workdps(dps):
         if isinstance(task.prior, GaussianPrior):
             if task.F != 1:
-                raise ValidationError("method: 'mpmath' Bayes error with a Gaussian prior needs F = 1")
+                raise ValidationError("method: 'mpmath' Bayes error with a Gaussian prior "
+                                      "needs F = 1")
             nu = float(task.prior.nu[0])
             beta = mp.mpf(nu) / (2 * (1 + mp.mpf(nu)))
             act = _quadratic_log_phi(beta)

@@ -22,7 +22,8 @@ The pair (s_h, s_h') is written as s_1 = μ_1 + σ_1 z_1, s_2 = μ_2 + β z_1 + 
 average is done once per (u', z_1) and the (u, u') tables are matrix products.
 Every factor is bounded (e^{x − e^x} ≤ 1/e), so huge scores cannot overflow.
 
-Elementwise activations need no t: E[w_0] = Σ_h a_h E[φ_h] and E[w_l²] = Σ_{hh'} a_h a_h' E[φ_h φ_h'].
+Elementwise activations need no t: E[w_0] = Σ_h a_h E[φ_h] and
+E[w_l²] = Σ_{hh'} a_h a_h' E[φ_h φ_h'].
 
 Rules (documented choices):
 * u: trapezoid with step h_u = 0.25/r on [−ψ_max − 32, −ψ_min + 4.5] (ψ = log φ over the
@@ -93,7 +94,8 @@ def signal_columns(task: Task, state: State) -> list[Column]:
         cov = state.Q + state.M @ np.diag(prior.nu) @ state.M.T
         return [Column(1.0, np.zeros(state.H), cov)]
     if not prior.is_discrete:
-        raise ValidationError(f"prior: quadrature needs a discrete or Gaussian prior (got '{prior.name}')")
+        raise ValidationError(f"prior: quadrature needs a discrete or Gaussian prior "
+                              f"(got '{prior.name}')")
     atoms, pi = prior.atoms()
     return [Column(float(p), state.M @ th, state.Q) for th, p in zip(atoms, pi) if p > 0]
 
@@ -117,7 +119,8 @@ def trapezoid_normal(sigma: float, level: float) -> tuple[np.ndarray, np.ndarray
     return z, w / w.sum()
 
 
-def piecewise_gauss_legendre_normal(cuts: np.ndarray, level: float) -> tuple[np.ndarray, np.ndarray]:
+def piecewise_gauss_legendre_normal(cuts: np.ndarray, level: float
+                                    ) -> tuple[np.ndarray, np.ndarray]:
     """E f(z), z ~ N(0,1), for f smooth between ``cuts`` (shape (..., K)); nodes (..., n).
 
     Composite Gauss–Legendre on [−10, 10] with the cuts as extra panel edges."""
@@ -346,7 +349,8 @@ class QuadEngine:
         return True
 
     # -- joint: one t, H-dim Gaussian column ---------------------------------------
-    def _column_nodes(self, col: Column, heads: list[int], n_u: int) -> tuple[np.ndarray, np.ndarray]:
+    def _column_nodes(self, col: Column, heads: list[int], n_u: int
+                      ) -> tuple[np.ndarray, np.ndarray]:
         """Scores s (G × |heads|) and weights (G,) for E over one column (tensor or RQMC)."""
         mean = col.mean[heads]
         z, w, rqmc = gaussian_nodes(whiten(col.cov[np.ix_(heads, heads)]), self.level,

@@ -1,5 +1,6 @@
 """The model: the task (data law, priors), the order-parameter state, the activations and
-the safe reader of a user's φ, initial conditions, and the one validation style (docs/theory.md §1–3)."""
+the safe reader of a user's φ, initial conditions, and the one validation style
+(docs/theory.md §1–3)."""
 from .priors import (
                      PRIOR_NAMES,
                      DiscretePrior,

@@ -51,7 +51,8 @@ _AST_NAMES = {ast.Attribute: "attribute access", ast.Subscript: "subscripts",
               ast.GeneratorExp: "comprehensions", ast.Compare: "comparisons",
               ast.BoolOp: "boolean operators", ast.IfExp: "conditional expressions",
               ast.List: "lists", ast.Tuple: "tuples", ast.Dict: "dicts", ast.Set: "sets",
-              ast.JoinedStr: "strings", ast.NamedExpr: "assignments", ast.Starred: "starred arguments",
+              ast.JoinedStr: "strings", ast.NamedExpr: "assignments",
+              ast.Starred: "starred arguments",
               ast.Await: "await", ast.Yield: "yield", ast.YieldFrom: "yield"}
 
 
@@ -182,7 +183,8 @@ class _Builder:
             self.refuse(f"uses the private name {ident!r}")
         if ident in self.functions:
             self.refuse(f"uses the function {ident!r} without calling it")
-        self.refuse(f"uses the unknown name {ident!r} (phi must be a function of the score s alone)")
+        self.refuse(f"uses the unknown name {ident!r} "
+                    "(phi must be a function of the score s alone)")
         raise AssertionError  # unreachable
 
     def binop(self, node: ast.BinOp) -> sp.Expr:

@@ -150,9 +150,11 @@ def _csv_index(cell: str, column: str, line: int) -> int | None:
     try:
         value = int(cell)
     except ValueError:
-        raise ValidationError(f"{column}: must be an integer index >= 0 (got {cell!r} on line {line})")
+        raise ValidationError(f"{column}: must be an integer index >= 0 "
+                              f"(got {cell!r} on line {line})")
     if value < 0:
-        raise ValidationError(f"{column}: must be an integer index >= 0 (got {value} on line {line})")
+        raise ValidationError(f"{column}: must be an integer index >= 0 "
+                              f"(got {value} on line {line})")
     return value
 
 
@@ -184,7 +186,8 @@ def _read_csv(path: Path) -> dict[str, object]:
                 continue
             if header is None:
                 header = [c.strip() for c in row]
-                if len(header) != 6 or header[0] not in TIME_UNITS or tuple(header[1:]) != CSV_HEADER[1:]:
+                if (len(header) != 6 or header[0] not in TIME_UNITS
+                        or tuple(header[1:]) != CSV_HEADER[1:]):
                     fail("header", "CSV header must be 't,quantity,h,h2,f,value' "
                                    "(or 'steps,...' for times in SGD steps)", ",".join(header))
                 continue
@@ -270,7 +273,8 @@ def _required(fields: dict, name: str, ndim: int, what: str) -> np.ndarray:
     return as_finite_array(fields[name], name, ndim=ndim)
 
 
-def _array(fields: dict, name: str, shape: tuple, what: str, required: bool = False) -> np.ndarray | None:
+def _array(fields: dict, name: str, shape: tuple, what: str, required: bool = False
+           ) -> np.ndarray | None:
     """A finite array of exactly ``shape`` (``what`` describes the axes), or None if absent."""
     if fields.get(name) is None:
         if required:

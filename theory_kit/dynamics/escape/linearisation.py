@@ -213,7 +213,8 @@ def check_step_rate(J: np.ndarray, times: np.ndarray, dt: float, gamma: float) -
     if not rate <= MAX_STEP_RATE:
         allowed = (f"<= {MAX_STEP_RATE / radius[worst]:.3g}" if np.isfinite(rate)
                    else "much smaller")
-        fail("dt", f"must be {allowed} at this gamma (or use a smaller gamma): the step does not resolve the "
+        fail("dt", f"must be {allowed} at this gamma (or use a smaller gamma): "
+             "the step does not resolve the "
              f"dynamics at t = {times[worst]:.4g}, where the fastest rate of the Jacobian is "
              f"{radius[worst]:.3g} at gamma = {gamma:g} (dt x rate = {rate:.3g} > "
              f"{MAX_STEP_RATE:g})", dt)

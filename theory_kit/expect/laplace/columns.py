@@ -48,7 +48,8 @@ class ColumnGroup:
     rbar: np.ndarray
 
 
-def column_groups(task: Task, M: np.ndarray, Q: np.ndarray) -> tuple[ColumnGroup, list[ColumnGroup]]:
+def column_groups(task: Task, M: np.ndarray, Q: np.ndarray
+                  ) -> tuple[ColumnGroup, list[ColumnGroup]]:
     """(noise column, signal groups) for the state (M, Q)."""
     H, F = M.shape
     B = projection_matrix(M, Q)
@@ -183,8 +184,8 @@ def _log_ratio_fn(act: Activation) -> Callable[[np.ndarray], np.ndarray]:
 
 
 def nested_factors(q: np.ndarray) -> tuple[int, int, float, float, float]:
-    """(f, g, σ_1, β, σ_c) with s_f = μ_f + σ_1 z_1, s_g = μ_g + β z_1 + σ_c z_2 for a 2×2 covariance,
-    f the head of larger variance (so |β| ≤ σ_1 and the z_1 rule resolves both)."""
+    """(f, g, σ_1, β, σ_c) with s_f = μ_f + σ_1 z_1, s_g = μ_g + β z_1 + σ_c z_2 for a 2×2
+    covariance, f the head of larger variance (so |β| ≤ σ_1 and the z_1 rule resolves both)."""
     first = 0 if q[0, 0] >= q[1, 1] else 1
     second = 1 - first
     s1 = float(np.sqrt(max(q[first, first], 0.0)))

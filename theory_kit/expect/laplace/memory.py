@@ -57,7 +57,8 @@ class _BoundedMemory:
         pattern, the others only those whose active set holds ``axis``, and the mass totals
         add up the same way.  Results differ from the one-window evaluation by the order of
         the float additions only (≤ ~1e−15 relative, measured).  A state whose nodes alone
-        do not fit raises :class:`~theory_kit.model.validation.ResourceError` naming its key norm."""
+        do not fit raises :class:`~theory_kit.model.validation.ResourceError` naming its key
+        norm."""
         budget = resources.engine_memory_budget()
         if not (self.norm == "per-head" and self.H == 2):
             self._check_memory(self._flat_bytes(pats), "")

@@ -120,7 +120,8 @@ class _PatternSums:
         for act_set, ug, heads in checks:
             Ts, Tn = self.plain("signal", act_set), self.plain("noise", act_set)
             total = 0.0
-            if kappa > 0:       # κ t e^{−κt} du: the weights hold du e^{−κt} (0 where it underflows)
+            # κ t e^{−κt} du: the weights hold du e^{−κt} (0 where it underflows)
+            if kappa > 0:
                 with np.errstate(over="ignore", invalid="ignore"):
                     kt = np.where(ug.w > 0, kappa * np.exp(ug.u) * ug.w, 0.0)
                 total = float(np.sum(kt * Ts * Tn ** (L - 1)))

@@ -24,7 +24,8 @@ from .columns import _NodeColumn
 from .sums import _cached_for
 
 INNER_BLOCK = 2 ** 16           # kernel entries (z_1 rows × U × z_2) per block of ``_batch_inner``
-WEIGHT_BLOCK = 2 ** 21           # weight entries (z_1 rows × z_2 × keys) per block of ``_batch_inner``
+WEIGHT_BLOCK = 2 ** 21           # weight entries (z_1 rows × z_2 × keys) per block of
+                                 # ``_batch_inner``
 FLAT_CHUNK = 4e6                 # kernel entries (u points × nodes) per chunk of the joint rule
 X_CLIP = 6.6                     # e^{−e^{6.6}} underflows: tφ beyond this contributes nothing
 TINY = 1e-280                    # |x| below this is set to 0 (see ``flush``)
@@ -226,7 +227,8 @@ class _Tables:
 
     def _batch_flat(self, col: _NodeColumn, items: list) -> None:
         """One shared t: T_m(u) = Σ_G K_k(u, G) v_m(G) for all monomials m of the column, in
-        node chunks (the kernel K_k = exp(k X − e^X), X = u + log Σ_h φ_h, is never stored whole)."""
+        node chunks (the kernel K_k = exp(k X − e^X), X = u + log Σ_h φ_h, is never stored
+        whole)."""
         by_k: dict[int, list] = {}
         for m, act_set in items:
             if not act_set:
