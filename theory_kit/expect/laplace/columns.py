@@ -81,6 +81,12 @@ class _NodeColumn:
 
     ``s[h]`` are score arrays broadcastable to ``shape``; ``w`` the node weights (``shape``)."""
 
+    # set on the nested per-head rule only (``engine._Engine._nested_nodes``, ``merged_column``;
+    # ``hasattr(col, "w1")`` tells the rules apart, so these are declarations, not defaults)
+    first: int
+    w1: np.ndarray
+    w2: np.ndarray
+
     def __init__(self, act: Activation, c: np.ndarray, group: ColumnGroup,
                  s: list[np.ndarray], w: np.ndarray) -> None:
         self.act, self.group, self.s, self.w = act, group, s, w
@@ -134,6 +140,7 @@ class _NodeColumn:
                 row = self.group.R[int(x[1:])]
                 out = out * sum(row[h] * s[h] for h in range(len(s)))
             elif x[0] == "r":
+                assert self.rnode is not None    # r atoms only on merged columns (``table``)
                 out = out * self.rnode[int(x[1:])][rows]
         return out
 
@@ -165,7 +172,7 @@ def merged_column(cols: list[_NodeColumn], c: np.ndarray) -> _NodeColumn:
             raise AssertionError("the signal groups of a discrete prior share the z_2 rule")
         w1 = np.concatenate([col.w1 * col.group.weight for col in cols])
         out = _NodeColumn(first.act, c, group, s, np.outer(w1, first.w2))
-        out.first, out.w1, out.w2 = first.first, w1, first.w2  # type: ignore[attr-defined]
+        out.first, out.w1, out.w2 = first.first, w1, first.w2
         rnode = [r[:, None] for r in rnode]
     out.rnode = rnode
     return out

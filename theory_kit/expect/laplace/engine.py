@@ -21,6 +21,7 @@ Notes
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 from scipy import special
@@ -129,11 +130,11 @@ class _Engine(_Tables, _PatternSums, _BoundedMemory):
         z1, w1 = trapezoid_normal(s1, Z_LEVEL * self.level)
         z2, w2 = trapezoid_normal(sc, Z_LEVEL * self.level)
         self._check_memory(8.0 * NODE_ARRAYS * len(z1) * len(z2), " for its score nodes")
-        s = [None, None]
+        s: list[Any] = [None, None]          # per head, both filled below
         s[first] = (group.mean[first] + s1 * z1)[:, None]
         s[second] = group.mean[second] + beta * z1[:, None] + sc * z2[None, :]
         col = _NodeColumn(self.act, self.c, group, s, np.outer(w1, w2))
-        col.first, col.w1, col.w2 = first, w1, w2  # type: ignore[attr-defined]
+        col.first, col.w1, col.w2 = first, w1, w2
         return col
 
     def _gl_nodes(self, group: ColumnGroup) -> _NodeColumn:
@@ -149,7 +150,7 @@ class _Engine(_Tables, _PatternSums, _BoundedMemory):
         z1, w1 = self._gl_1d(k, group.mean[first] + self.c[first], s1)
         base = group.mean[second] + beta * z1
         z2, w2 = self._gl_1d(k, base + self.c[second], sc, batch=len(z1))
-        s = [None, None]
+        s: list[Any] = [None, None]          # per head, both filled below
         s[first] = np.repeat((group.mean[first] + s1 * z1)[:, None], z2.shape[1], axis=1)
         s[second] = base[:, None] + sc * z2
         return _NodeColumn(self.act, self.c, group, [x.ravel() for x in s],
