@@ -71,7 +71,7 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import platformdirs
@@ -355,7 +355,7 @@ def load_module(act: Activation) -> types.ModuleType:
     module = types.ModuleType(f"theory_kit_generated_{key}")
     module.__file__ = str(path)
     exec(compile(source, str(path), "exec"), module.__dict__)
-    module.SOURCE = source
+    setattr(module, "SOURCE", source)   # (a ModuleType declares no attributes)
     _MODULES[key] = module
     return module
 
@@ -372,10 +372,11 @@ def load_numba_module(act: Activation) -> types.ModuleType:
         path = Path(tempfile.mkdtemp(prefix="theory_kit_numba_")) / path.name
         path.write_text(source)
     spec = importlib.util.spec_from_file_location(f"theory_kit_kernels_{key}", path)
+    assert spec is not None and spec.loader is not None     # a .py file has a source loader
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module   # numba's cache rebuilds its environment by module name
     spec.loader.exec_module(module)
-    module.SOURCE = source
+    setattr(module, "SOURCE", source)
     _MODULES[key] = module
     return module
 
@@ -443,7 +444,7 @@ def _normaliser_error(act: Activation) -> ValidationError:
                            "must be > 0 (phi must be non-negative and not all zero)")
 
 
-def _shared(H: int, *params: object) -> bool:
+def _shared(H: int, *params: Any) -> bool:
     """Whether every head parameter is one (H,) vector (or a scalar, or None) for all samples:
     then the numba batches run on lanes of samples (``weights_rows``/``vjp_rows``)."""
     return all(x is None or np.ndim(x) == 0 or np.shape(x) == (H,) for x in params)
@@ -498,7 +499,7 @@ class SampleKernels:
             w = np.empty((heads[0], L))
             b, qdiag, a = (_heads_array(x, (H,), name) for x, name in
                            ((b, "b"), (qdiag, "qdiag"), (a, "a")))
-            if run_ranges(lambda start, stop: self._numba.weights_rows(
+            if run_ranges(lambda start, stop: self.numba_module.weights_rows(
                     flat, b, qdiag, a, W, D, D2, w, start, stop), heads[0], self.MIN_ROWS):
                 raise _normaliser_error(self.act)
             return (W.reshape(S.shape), D.reshape(S.shape), D2.reshape(S.shape),
@@ -507,12 +508,13 @@ class SampleKernels:
                        for x, name in ((b, "b"), (qdiag, "qdiag"), (a, "a")))
         if self.backend == "numpy":
             mod = self._numpy
+            assert mod is not None                   # loaded in __init__ for this backend
             W, D, D2 = mod.normalised(flat + (b + mod.offsets(qdiag))[:, :, None])
             w = mod.token_weights(W, D, D2, None, a)["w"]
         else:
             W, D, D2 = (np.empty_like(flat) for _ in range(3))
             w = np.empty((heads[0], L))
-            if self._numba.weights_batch(flat, b, qdiag, a, W, D, D2, w):
+            if self.numba_module.weights_batch(flat, b, qdiag, a, W, D, D2, w):
                 raise _normaliser_error(self.act)
         return (W.reshape(S.shape), D.reshape(S.shape), D2.reshape(S.shape),
                 w.reshape(tuple(lead) + (L,)))
@@ -532,18 +534,19 @@ class SampleKernels:
             a = _heads_array(a, (H,), "a")
             Jv = np.empty((n, H, L))
             Av, Bv, Qv = (np.empty((n, H)) for _ in range(3))
-            run_ranges(lambda start, stop: self._numba.vjp_rows(
+            run_ranges(lambda start, stop: self.numba_module.vjp_rows(
                 W, D, D2, a, v, Jv, Av, Bv, Qv, start, stop), n, self.MIN_ROWS)
             return (Jv.reshape(tuple(lead) + (H, L)), Av.reshape(heads), Bv.reshape(heads),
                     Qv.reshape(heads))
         a = _heads_array(a, tuple(lead) + (H,), "a").reshape((n, H))
         if self.backend == "numpy":
+            assert self._numpy is not None           # loaded in __init__ for this backend
             out = self._numpy.vjp(W, D, D2, v, a)
             Jv, Av, Bv, Qv = (out[k] for k in VJP_OUTPUTS)
         else:
             Jv = np.empty((n, H, L))
             Av, Bv, Qv = (np.empty((n, H)) for _ in range(3))
-            self._numba.vjp_batch(W, D, D2, a, v, Jv, Av, Bv, Qv)
+            self.numba_module.vjp_batch(W, D, D2, a, v, Jv, Av, Bv, Qv)
         return (Jv.reshape(tuple(lead) + (H, L)), Av.reshape(heads), Bv.reshape(heads),
                 Qv.reshape(heads))
 
@@ -726,6 +729,8 @@ class CompiledIntegrand:
         θ_f → −θ_f symmetry is exact).  ``packed``: the same set from :meth:`pack` (then g,
         θ and the weights are not read).  Returns (sums, sums of squares, number of groups)."""
         if packed is None:
+            assert g is not None and theta is not None and weights is not None, \
+                "group_sums needs the sample set (g, theta, weights) or ``packed``"
             packed = self.pack(g, theta, weights, shape)
         elif packed.shape != tuple(shape) or packed.block != self.BLOCK:
             fail("packed", f"must be packed for shape {tuple(shape)}", packed.shape)

@@ -223,9 +223,8 @@ def loop_function(name: str, outputs: dict[str, sp.Expr], free: dict[str, str], 
     module constant) in structure-of-arrays layout — every per-sample array gets a trailing
     axis of length NB (W (H, L, NB), e (L, NB), work (size, NB), outputs (..., NB)); a stays
     (H,).  The sample loop ``for j in range(NB)`` is innermost, so the same arithmetic as the
-    per-sample form (in
-    the same order: bit-identical results) runs across samples and LLVM vectorises it without
-    reassociation.  Scalar-only outputs are not supported."""
+    per-sample form (in the same order: bit-identical results) runs across samples and LLVM
+    vectorises it without reassociation.  Scalar-only outputs are not supported."""
     lane = "j" if lanes else None
     low = _LoopLowering()
     lowered = {key: low.lower(expr) for key, expr in outputs.items()}
@@ -253,7 +252,7 @@ def loop_function(name: str, outputs: dict[str, sp.Expr], free: dict[str, str], 
     for letters, keys in groups.items():
         order = [v for v in FREE_ORDER if str(v) in letters]
         cse_lines, codes = _cse_body([lowered[k] for k in keys], printer)
-        target = ", ".join([LOOP_NAME[v][0] for v in order] + ([lane] if lanes else []))
+        target = ", ".join([LOOP_NAME[v][0] for v in order] + ([lane] if lane else []))
         assign = [f"{k}[{target}] = {c}" for k, c in zip(keys, codes)]
         lines += _loops([LOOP_NAME[v] for v in order] + inner, cse_lines + assign, 1)
     args = ", ".join(["W", "D", "D2", "e", "a", "work"] + list(outputs))
