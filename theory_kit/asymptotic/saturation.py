@@ -131,7 +131,7 @@ def corner_test(sat: PairwiseError, x: np.ndarray, heads: list[int]) -> dict:
     docstring, step 3); errors: the largest change under probes ``PROBE_SHIFT`` deeper and
     under the resolution ``SLOPE_LEVEL`` × ``laplace.COARSE``."""
     corner = Corner(sat, x, heads)
-    deep = tuple(b + PROBE_SHIFT for b in PROBES)
+    deep = (PROBES[0] + PROBE_SHIFT, PROBES[1] + PROBE_SHIFT)
     runs = [corner.derivatives(PROBES, SLOPE_LEVEL), corner.derivatives(deep, SLOPE_LEVEL),
             corner.derivatives(PROBES, SLOPE_LEVEL * lp.COARSE)]
     c, c_err = runs[0][0], np.max([np.abs(r[0] - runs[0][0]) for r in runs[1:]], axis=0)
@@ -178,6 +178,8 @@ def saturated_minimum(obj: PairwiseError, fixed: FixedPoint, tol: float) -> Fixe
         return None
     test = corner_test(sat, sat.pack_state(reduced.state), heads)
     kind, margin = corner_verdict(test)
+    # the deterministic polish sets error_abs_err
+    assert reduced.error_abs_err is not None and fixed.error_abs_err is not None
     value_err = (float(reduced.error_abs_err) + margin
                  + sum(abs(c) for c in test["slopes"]) * float(np.exp(-B_SAT)))
     lower = reduced.sampled_error <= fixed.sampled_error + value_err + float(fixed.error_abs_err)

@@ -67,8 +67,9 @@ def precise_error(task: Task, act: Activation, state: State, method: str = "auto
         return population_error(task, act, state, method="mc", n=mc_samples, seed=seed)
     if method == "deterministic":
         if pairwise_applies(task, act, state.H):
-            obj = PairwiseError.for_activation(task, pairwise_activation(task, act, state.H),
-                                               state.H)
+            pair_act = pairwise_activation(task, act, state.H)
+            assert pair_act is not None              # what pairwise_applies checks
+            obj = PairwiseError.for_activation(task, pair_act, state.H)
             value, err = obj.engine.error(*obj.unpack(obj.pack_state(state)))
             return ErrorValue(value, err, "laplace pairs")
         method = "auto"
@@ -300,6 +301,7 @@ def polish_pairwise(task: Task, act: Activation, start: State, sampled: FixedPoi
                 "state": sampled.state.to_dict(), "key_bound": polish_key_bound(start),
                 "polished_from": "hand-over" if origin is start else "sampled solution"}
     fixed = dataclasses.replace(fixed, presolve=presolve)
+    assert fixed.error_abs_err is not None       # the deterministic polish sets it
     return fixed, ErrorValue(fixed.sampled_error, float(fixed.error_abs_err),
                               "laplace pairs" if isinstance(obj, PairwiseError) else obj.n,
                               {"level": obj.level})
