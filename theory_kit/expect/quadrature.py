@@ -47,6 +47,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import cast
 
 import numpy as np
 import sympy as sp
@@ -359,7 +360,8 @@ class QuadEngine:
         return mean + z, w
 
     def _column_functions(self, s: np.ndarray, w: np.ndarray, heads: list[int], ug: UGrid,
-                          a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                          a: np.ndarray
+                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         return column_functions(log_phi(self.act, s + self.c[heads]), w, a, ug)
 
     def _joint_like(self, heads: list[int], a: np.ndarray) -> tuple[float, float]:
@@ -623,7 +625,7 @@ def _bayes_gaussian_moments(task: Task, level: float,
 
     The trapezoid step in each p_f is set by the slope of ψ (2 β σ² · 3) as well as σ,
     because e^{−t e^{βp²}} is not analytic in a uniform strip."""
-    nu = task.prior.nu
+    nu = cast(GaussianPrior, task.prior).nu        # the Gaussian prior's moments
     beta = nu / (2 * (1 + nu))
     psi_max = float(np.sum(beta * (1 + nu))) * Z_RANGE ** 2
     ug = u_grid(0.0, psi_max, 0.0, level)

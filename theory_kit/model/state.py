@@ -19,7 +19,7 @@ class State:
     M: np.ndarray
     Q: np.ndarray
     a: np.ndarray
-    b: np.ndarray = field(default=None)  # type: ignore[assignment]
+    b: np.ndarray = field(default=None)  # type: ignore[arg-type]  # None: zeros (__post_init__)
 
     def __post_init__(self) -> None:
         M = as_finite_array(self.M, "M", ndim=2)
