@@ -47,7 +47,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import cast
+from typing import Protocol, cast
 
 import numpy as np
 import sympy as sp
@@ -88,7 +88,21 @@ class Column:
     cov: np.ndarray
 
 
-def signal_columns(task: Task, state: State) -> list[Column]:
+class Overlaps(Protocol):
+    """What :func:`signal_columns` reads of a state: M (H × F), Q (H × H) and H (a
+    :class:`State`, or the one-column stand-in of ``precise``)."""
+
+    @property
+    def M(self) -> np.ndarray: ...
+
+    @property
+    def Q(self) -> np.ndarray: ...
+
+    @property
+    def H(self) -> int: ...
+
+
+def signal_columns(task: Task, state: Overlaps) -> list[Column]:
     """Signal-token columns: one per atom for a discrete prior, one folded Gaussian otherwise."""
     prior = task.prior
     if isinstance(prior, GaussianPrior):

@@ -39,6 +39,7 @@ import zipfile
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
@@ -293,6 +294,7 @@ def _dimension(fields: dict, D: int | None, K: np.ndarray | None) -> int | None:
         found["--D"] = check_int(D, "D", 1)
     if fields.get("D") is not None:
         value = _scalar(fields, "D")
+        assert value is not None                 # the field is there (checked above)
         if value != int(value) or value < 1:
             fail("D", "the file's D must be an integer >= 1", value)
         found["file field D"] = int(value)
@@ -381,6 +383,7 @@ def log_from_fields(fields: dict, D: int | None = None, time_unit: str | None = 
     t, unit = _times(fields, time_unit, D_eff)
     n = len(t)
     if has_keys:
+        assert K is not None                     # read above when has_keys
         if K.shape[0] != n:
             fail("K", f"must have shape (times, H, D) with times = {n}", K.shape)
         U = _required(fields, "U", 2, "D×F, with K")
@@ -393,7 +396,9 @@ def log_from_fields(fields: dict, D: int | None = None, time_unit: str | None = 
         M = _required(fields, "M", 3, "times×H×F; give M and Q, or K and U")
         if M.shape[0] != n:
             fail("M", f"must have shape (times, H, F) with times = {n}", M.shape)
-        Q = _array(fields, "Q", (n, M.shape[1], M.shape[1]), "(times, H, H)", required=True)
+        # required=True: never None (a missing Q raised)
+        Q = cast(np.ndarray, _array(fields, "Q", (n, M.shape[1], M.shape[1]), "(times, H, H)",
+                                    required=True))
         form = "overlaps"
     H = M.shape[1]
     check_int(H, "H (heads in the log)", 1)
