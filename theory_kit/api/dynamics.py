@@ -115,6 +115,7 @@ def ode(activation: ActivationLike, *, L: int, nu: ArrayLike, gamma: float, T: f
         path = out_json(out, "ode.json")
         request = request_of("ode", options)
         if stored_output(path, request) is not None:
+            assert path is not None              # a stored output has a path
             return reused(Trajectory.load(path))
         dt = integrator.dt
         if np.isfinite(T) and T > 0 and np.isfinite(dt) and dt > 0:

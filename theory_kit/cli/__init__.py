@@ -36,7 +36,7 @@ def _verb_parser_class():
         """Every option's default, "(required)" on required options, and nothing for an
         option whose absence its help explains (default None)."""
 
-        def _get_help_string(self, action: argparse.Action) -> str:
+        def _get_help_string(self, action: argparse.Action) -> str | None:
             text = action.help or ""
             if action.required:
                 return text + " (required)"

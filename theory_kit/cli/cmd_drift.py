@@ -62,7 +62,9 @@ def _table(out: dict) -> str:
     lines = [f"# drift at the state (engine: {out['engine']['engine']}; "
              f"largest error estimate {out['abs_err']:.2g})"]
     for key, label in (("dM", "dM/dt"), ("dQ", "dQ/dt"), ("da", "da/dt"), ("db", "db/dt")):
-        body = np.array2string(np.asarray(out[key]), formatter=fmt, separator=" ")
+        # numpy types ``formatter`` as a TypedDict of its kinds; "float_kind" is one
+        body = np.array2string(np.asarray(out[key]), formatter=fmt,  # type: ignore[arg-type]
+                               separator=" ")
         err = float(np.max(out["errors"][key]))
         lines.append(f"{label:6s} (+/- {err:.2g}):\n{body}")
     lines.append(f"E = {out['error']:.10g} +/- {out['errors']['error']:.2g}")

@@ -271,7 +271,8 @@ class StepWatch:
 
 
 # ----------------------------------------------------------------------------- validation
-def output_times(T: float, times: Sequence[float] | None, n_times: int = 101) -> np.ndarray:
+def output_times(T: float, times: Sequence[float] | np.ndarray | None, n_times: int = 101
+                 ) -> np.ndarray:
     """Requested times: given (non-decreasing, within [0, T]) or n_times evenly spaced on
     [0, T].  The integration starts at t = 0 whatever the first requested time is."""
     T = float(as_finite_array(T, "T"))
@@ -352,7 +353,8 @@ class _Recorder:
 
 
 def integrate_ode(task: Task, act: Activation, ic: InitialCondition, gamma: float, T: float,
-                  times: Sequence[float] | None = None, method: str = "rk4", dt: float = 0.2,
+                  times: Sequence[float] | np.ndarray | None = None, method: str = "rk4",
+                  dt: float = 0.2,
                   engine: DriftEngine | None = None, train_a: bool | None = None,
                   train_b: bool | None = None, gamma_a: float | None = None,
                   gamma_b: float | None = None, gradient_flow: bool = False,

@@ -58,9 +58,10 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Any, Callable, ClassVar
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from ..expect.error import squared_residual
 from ..io.progress import progress_bar
@@ -678,7 +679,8 @@ class _Run:
             m = min(block, n_steps - done)
             smp = draw_samples(cfg.task, self.rng, m, cfg.runs)
             tokens = state.draw_tokens(self.rng, m, smp)
-            bad, kind = state.steps(self.kernels, smp, tokens, self.scalars)
+            # each state class draws the tokens its own steps take (reduced: TokenDraws)
+            bad, kind = state.steps(self.kernels, smp, tokens, self.scalars)  # type: ignore[arg-type]
             if kind != FAULT_NONE:
                 self._fail(self.step_count + bad, kind)
             done += m
@@ -803,7 +805,7 @@ def simulate_to_file(cfg: SimConfig, out: str | os.PathLike) -> Simulation:
 DEFAULT_RECORDS = 31
 
 
-def recorded_times(T: float | None, times: Sequence[float] | np.ndarray | None) -> np.ndarray:
+def recorded_times(T: float | None, times: ArrayLike | None) -> np.ndarray:
     """The recorded times: ``times`` (checked against T), or equally spaced in [0, T]."""
     if times is None:
         if T is None:

@@ -14,7 +14,7 @@ cases), ``auto`` (the most accurate one that is fast for the case at hand).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import ClassVar
+from typing import ClassVar, cast
 
 import numpy as np
 from scipy import special
@@ -113,6 +113,7 @@ def check_samples(n: object, param: str = "n") -> int:
     if isinstance(n, float) and n.is_integer():
         n = int(n)
     check_int(n, param, MIN_SAMPLES)
+    n = cast(int, n)                             # check_int refused anything else
     if n > MAX_SAMPLES:
         fail(param, f"must be an integer in [{MIN_SAMPLES}, {MAX_SAMPLES:.0e}]", n)
     return int(n)

@@ -478,12 +478,12 @@ class SampleKernels:
         return self._numba
 
     @property
-    def weights1(self) -> Callable:
+    def weights1(self) -> Any:                   # a numba dispatcher (callable, .compile)
         """njit ``weights1(S, b, qdiag, a, W, D, D2, w) -> ok`` for one sample (S (H, L))."""
         return self.numba_module.weights1
 
     @property
-    def vjp1(self) -> Callable:
+    def vjp1(self) -> Any:                       # a numba dispatcher (callable, .compile)
         """njit ``vjp1(W, D, D2, a, v, Jv, Av, Bv, Qv)`` for one sample (v (L,))."""
         return self.numba_module.vjp1
 
