@@ -45,17 +45,40 @@ _EXPORTS = {
 
 __all__ = ["__version__", *_EXPORTS]
 
-if TYPE_CHECKING:  # the same names, seen by type checkers and editors
-    from .api import (activation, bayes_error, compare, derive, drift, einf, error, escape,
-                      figure, load, ode, simulate, task)
-    from .asymptotic.runs import EinfResult
-    from .dynamics.simulation import Simulation
-    from .dynamics.trajectory import Trajectory
-    from .expect.error import ErrorValue
-    from .io.result import Comparison, Derivation, Drift, Escape, FigureResult, Result
-    from .model.task import Task
-    from .options import Engine, Evaluation, Integrator, Limits, Rates, Run, Solver, Stop
-    from .model.validation import ValidationError
+if TYPE_CHECKING:  # the same names, seen by type checkers and editors (``X as X``: re-exported)
+    from .api import activation as activation
+    from .api import bayes_error as bayes_error
+    from .api import compare as compare
+    from .api import derive as derive
+    from .api import drift as drift
+    from .api import einf as einf
+    from .api import error as error
+    from .api import escape as escape
+    from .api import figure as figure
+    from .api import load as load
+    from .api import ode as ode
+    from .api import simulate as simulate
+    from .api import task as task
+    from .asymptotic.runs import EinfResult as EinfResult
+    from .dynamics.simulation import Simulation as Simulation
+    from .dynamics.trajectory import Trajectory as Trajectory
+    from .expect.error import ErrorValue as ErrorValue
+    from .io.result import Comparison as Comparison
+    from .io.result import Derivation as Derivation
+    from .io.result import Drift as Drift
+    from .io.result import Escape as Escape
+    from .io.result import FigureResult as FigureResult
+    from .io.result import Result as Result
+    from .model.task import Task as Task
+    from .model.validation import ValidationError as ValidationError
+    from .options import Engine as Engine
+    from .options import Evaluation as Evaluation
+    from .options import Integrator as Integrator
+    from .options import Limits as Limits
+    from .options import Rates as Rates
+    from .options import Run as Run
+    from .options import Solver as Solver
+    from .options import Stop as Stop
 
 
 def __getattr__(name: str) -> Any:

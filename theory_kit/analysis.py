@@ -236,6 +236,7 @@ def trajectory_arrays(data: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         raise ValidationError(f"data: a trajectory needs the fields t, M, Q (missing "
                               f"{', '.join(missing)})")
     t, M, Q = _check_trajectory(data["t"], data["M"], data["Q"])
+    assert Q is not None                         # Q was given
     return t, M, Q
 
 

@@ -33,12 +33,20 @@ VERBS = {
 }
 __all__ = list(VERBS)
 
-if TYPE_CHECKING:
-    from ..io.result import load
-    from .asymptotic import einf
-    from .dynamics import escape, ode, simulate
-    from .evaluate import activation, bayes_error, derive, drift, error, task
-    from .userdata import compare, figure
+if TYPE_CHECKING:  # the same names, seen by type checkers (``X as X``: re-exported)
+    from ..io.result import load as load
+    from .asymptotic import einf as einf
+    from .dynamics import escape as escape
+    from .dynamics import ode as ode
+    from .dynamics import simulate as simulate
+    from .evaluate import activation as activation
+    from .evaluate import bayes_error as bayes_error
+    from .evaluate import derive as derive
+    from .evaluate import drift as drift
+    from .evaluate import error as error
+    from .evaluate import task as task
+    from .userdata import compare as compare
+    from .userdata import figure as figure
 
 
 def __getattr__(name: str) -> Any:

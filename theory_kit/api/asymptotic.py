@@ -14,8 +14,16 @@ from ..model.activations import Activation
 from ..model.task import Task, strata_of
 from ..model.validation import OutputError, ValidationError, check_int, fail
 from ..options import Engine, Evaluation, Run, Solver, Stop
-from .inputs import (ActivationLike, ArrayLike, EngineLike, as_activation, as_engine, as_task,
-                     check_options, running)
+from .inputs import (
+    ActivationLike,
+    ArrayLike,
+    EngineLike,
+    as_activation,
+    as_engine,
+    as_task,
+    check_options,
+    running,
+)
 
 EINF_ENGINE = Engine("mc", samples=4000)
 

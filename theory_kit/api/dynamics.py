@@ -7,8 +7,14 @@ import numpy as np
 
 from ..dynamics import simulate as sgd
 from ..dynamics.escape import escape_law
-from ..dynamics.ode import (build_system, check_positive, check_step_resolved,
-                            initial_condition, integrate_ode, output_times)
+from ..dynamics.ode import (
+    build_system,
+    check_positive,
+    check_step_resolved,
+    initial_condition,
+    integrate_ode,
+    output_times,
+)
 from ..dynamics.simulation import Simulation
 from ..dynamics.trajectory import Trajectory
 from ..expect.engines import build_engine
@@ -16,12 +22,22 @@ from ..io.limits import check_ode, check_simulation
 from ..io.result import Escape
 from ..io.results import write_json
 from ..io.stored import out_json, request_of, reused, stamp_output, stored_output
-from ..model.task import Task, strata_of
+from ..model.task import strata_of
 from ..model.validation import ValidationError, as_finite_array, check_int, fail
-from ..options import Engine, Integrator, Rates, Run
-from .inputs import (ActivationLike, ArrayLike, EngineLike, as_activation, as_engine, as_task,
-                     call_options, check_options, check_scales, optional_array,
-                     running)
+from ..options import Integrator, Rates, Run
+from .inputs import (
+    ActivationLike,
+    ArrayLike,
+    EngineLike,
+    as_activation,
+    as_engine,
+    as_task,
+    call_options,
+    check_options,
+    check_scales,
+    optional_array,
+    running,
+)
 
 DEFAULT_ESCAPE_D = (250, 500, 1000, 2000, 4000)
 
@@ -101,6 +117,7 @@ def ode(activation: ActivationLike, *, L: int, nu: ArrayLike, gamma: float, T: f
         path = out_json(out, "ode.json")
         request = request_of("ode", options)
         if stored_output(path, request) is not None:
+            assert path is not None              # a stored output has a path
             return reused(Trajectory.load(path))
         dt = integrator.dt
         if np.isfinite(T) and T > 0 and np.isfinite(dt) and dt > 0:

@@ -17,8 +17,18 @@ from ..model.task import Task
 from ..model.validation import ValidationError, check_int, fail
 from ..options import Rates, Run
 from ..symbolic import derive as symbolic
-from .inputs import (ActivationLike, ArrayLike, EngineLike, as_activation, as_engine, as_state,
-                     as_task, check_options, check_scales, running)
+from .inputs import (
+    ActivationLike,
+    ArrayLike,
+    EngineLike,
+    as_activation,
+    as_engine,
+    as_state,
+    as_task,
+    check_options,
+    check_scales,
+    running,
+)
 
 FORMATS = ("markdown", "latex", "python")
 
@@ -230,10 +240,11 @@ def drift(activation: ActivationLike, *, L: int, nu: ArrayLike, M: ArrayLike, Q:
         state = as_state(act, the_task, M, Q, a, b)
         check_state_for_task(state, the_task)
         options = as_engine(engine)
-        # the rates are validated before the engine is built (auto's probe is not free)
-        system, resolved = build_system(the_task, act, state.H, None, gamma, rates.train_a,
-                                        rates.train_b, rates.gamma_a, rates.gamma_b,
-                                        gradient_flow, rescale_time=False)
+        # the rates are validated before the engine is built (auto's probe is not free): no
+        # engine yet, it is set just below
+        system, resolved = build_system(the_task, act, state.H, None,  # type: ignore[arg-type]
+                                        gamma, rates.train_a, rates.train_b, rates.gamma_a,
+                                        rates.gamma_b, gradient_flow, rescale_time=False)
         built = system.engine = build_engine(
             options.name, the_task, act, state.H, samples=options.samples,
             seed=check_int(options.seed, "mc-seed", 0), fresh=options.fresh,
@@ -243,8 +254,9 @@ def drift(activation: ActivationLike, *, L: int, nu: ArrayLike, M: ArrayLike, Q:
         refuse_non_finite(act, "the drift", out["dM"], out["dQ"], out["da"], out["db"],
                           out["error"])
     out["engine"] = built.params()
-    if getattr(built, "probe", None) is not None:
-        out["engine_probe"] = built.probe
+    probe = getattr(built, "probe", None)        # set by auto (``engines.SelectedEngine``)
+    if probe is not None:
+        out["engine_probe"] = probe
     out["params"] = {"activation": act.params(), "task": the_task.params(),
                      "state": state.to_dict(), **resolved}
     return Drift(out)

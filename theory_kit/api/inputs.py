@@ -9,7 +9,7 @@ range, with the command line's message.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Any, Iterator, Union
+from typing import Iterator, Union
 
 import numpy as np
 import numpy.typing as npt

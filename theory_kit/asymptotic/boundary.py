@@ -51,16 +51,17 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 from scipy import optimize
 
 from ..expect import laplace as lp
+from ..model.state import State
 from .certificate import BOUNDARY, Certificate, FixedPoint
 from .deterministic import KEY_CAP, KeyCap, PairwiseError
 from .gradient_flow import polish_gradient_flow
-from ..model.state import State
 from .saturation import LADDER_GAIN, bias_ladder, saturated_minimum
 
 # b of a revived head: min(live b, 0) − this.  The derivative route has no cancellation, so the
@@ -236,7 +237,7 @@ def revival_probes(reduced: State, width: int) -> list[np.ndarray]:
 
 
 def revival(slope: RevivalSlope, starts: list[np.ndarray], level: float, descent: float,
-            probes: list[np.ndarray] = ()) -> dict:
+            probes: Sequence[np.ndarray] = ()) -> dict:
     """The revival slopes found: each start minimised at ``descent`` level, then every start
     and every end checked at ``level`` (:meth:`RevivalSlope.checked`), and so is each
     search's first iterate with c < 0 (its "crossing") and each of ``probes``
@@ -325,9 +326,9 @@ def revived_state(obj: PairwiseError, fixed: FixedPoint) -> State | None:
     the boundary state with its first pruned head at such a key and the bias that minimises
     E on the ladder b₀, b₀ + 1, … (``saturation.bias_ladder``), from b₀ where e^{b₀}|c| =
     ``saturation.LADDER_GAIN`` (a fall that E resolves); the keys with c < 0 are tried by increasing
-    norm until one lowers E.  Why: how far the linear fall holds depends on the key — at |k| = 4.2 c was
-    −19 at b = −36 and +1194 at b = −20 (its e^{s+b} reach 1 in the score tail), so E never
-    resolves the fall, while at |k| = 3.4 (F = 2, ν = 0.5, H = 4) it does."""
+    norm until one lowers E.  Why: how far the linear fall holds depends on the key — at
+    |k| = 4.2 c was −19 at b = −36 and +1194 at b = −20 (its e^{s+b} reach 1 in the score
+    tail), so E never resolves the fall, while at |k| = 3.4 (F = 2, ν = 0.5, H = 4) it does."""
     rec = fixed.boundary
     if (fixed.certificate.kind != "saddle" or rec is None
             or rec.get("revival", {}).get("verdict") != "negative"):
@@ -352,6 +353,7 @@ def saddle_record(fixed: FixedPoint) -> dict:
     E there, the side, the negative slope(s) with their errors (the revival slope at b = −∞;
     the corner slopes c_h at b = +∞), and the state."""
     rec = fixed.boundary
+    assert rec is not None                       # a boundary point (``saddle_record``'s callers)
     if rec.get("side") == "+inf":
         slope, err = min(rec["slopes"]), rec["slope_errs"][int(np.argmin(rec["slopes"]))]
     else:
@@ -408,6 +410,8 @@ def boundary_minimum(obj: PairwiseError, fixed: FixedPoint, tol: float) -> Fixed
     reduced = sub_objective(obj, live)
     slope = RevivalSlope.for_reduced(reduced, reduced_fp.state, float(obj.a0[0]))
     pruned = [g for g in range(obj.H) if g not in live]
+    assert obj.level is not None and obj.descent_level is not None   # set in __post_init__
+    assert reduced_fp.error_abs_err is not None  # the deterministic polish sets it
     found_slope = revival(slope, revival_starts(fixed.state, pruned, reduced_fp.state,
                                                 slope.width), obj.level, obj.descent_level,
                           revival_probes(reduced_fp.state, slope.width))

@@ -47,8 +47,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..model.state import State
-from .objectives import DRIFT_TOL, KeySpace, SampledError
-
+from .objectives import DRIFT_TOL, Objective, SampledError
 
 BOUNDARY = "boundary minimum"   # heads switched off at b = −∞ (``boundary``)
 STABLE_KINDS = ("minimum", "degenerate minimum", "stable", BOUNDARY)
@@ -156,7 +155,7 @@ def step_scale(x: np.ndarray) -> float:
     return min(max(1.0, float(np.linalg.norm(x))) / np.sqrt(len(x)), MAX_STEP_SCALE)
 
 
-def _probe(obj: SampledError, x: np.ndarray, v: np.ndarray) -> bool:
+def _probe(obj: Objective, x: np.ndarray, v: np.ndarray) -> bool:
     """Whether E rises on both sides of x along v at every probe step."""
     e0 = obj.value_and_grad(x)[0]
     scale = step_scale(x)
@@ -188,7 +187,7 @@ def _newton_ready(local: _Local) -> bool:
     return bool(np.linalg.eigvalsh(0.5 * (local.Hq + local.Hq.T))[0] > 0)
 
 
-def _classify(obj: KeySpace, x: np.ndarray) -> _Local:
+def _classify(obj: Objective, x: np.ndarray) -> _Local:
     """Quotient Hessian at x (gauge removed) and the kind of stationary point it indicates."""
     Z = obj.quotient(x)
     Hq, fd_err = obj.hessian(x, Z)

@@ -28,8 +28,9 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import integrate
 
-from ..dynamics.ode import METHODS as ODE_METHODS, integrate_ode
-from ..expect.drift import ENGINES, SampleDrift
+from ..dynamics.ode import METHODS as ODE_METHODS
+from ..dynamics.ode import integrate_ode
+from ..expect.drift import ENGINES
 from ..expect.engines import DEFAULT_QMC_POINTS, DriftEngine, build_engine
 from ..expect.error import METHODS as ERROR_METHODS
 from ..model.activations import Activation
@@ -38,7 +39,6 @@ from ..model.state import State
 from ..model.task import Task
 from ..model.validation import check_int, fail
 from .objectives import POINTS, SampledError
-
 
 FLOWS = ("ode", "sampled")
 # RunSettings.polish: the deterministic solve after the sampled one — "pairwise" wherever a
@@ -126,7 +126,8 @@ def _flat(state: State) -> np.ndarray:
 def relative_speed(old: State, new: State, span: float) -> float:
     """‖y_new − y_old‖ / (span · max(1, ‖y_new‖)) for y = (M, Q, a, b) flattened."""
     y_old, y_new = _flat(old), _flat(new)
-    return float(np.linalg.norm(y_new - y_old) / (span * max(1.0, np.linalg.norm(y_new))))
+    return float(np.linalg.norm(y_new - y_old)
+                 / (span * max(1.0, float(np.linalg.norm(y_new)))))
 
 
 # ----------------------------------------------------------------------------- settings
@@ -259,7 +260,7 @@ def auto_tilt(task: Task, act: Activation) -> float:
 
 # ----------------------------------------------------------------------------- the flow
 def _advance(task: Task, act: Activation, state: State, span: float, settings: RunSettings,
-             engine: SampleDrift) -> tuple[State, float]:
+             engine: DriftEngine) -> tuple[State, float]:
     """Integrate one chunk; (state at its end, the ODE engine's E there)."""
     traj = integrate_ode(task, act, InitialCondition(state), settings.gamma, span,
                          times=[0.0, span], method=settings.method, dt=settings.dt,

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -42,6 +43,8 @@ from ..model.state import State
 from ..model.task import Task
 from .objectives import DRIFT_TOL, FD_STEP, KeySpace, max_key_norm
 
+if TYPE_CHECKING:
+    from ..expect.pairwise import PairwiseLaplace
 
 # The deterministic E is evaluated only for key norms |k_h| ≤ KEY_CAP: the Laplace grids of a
 # pair grow like |k|⁴ (softmax, F = 4, ν = 10, level 0.5: 0.29 GB and 0.3 CPU s at |k| = 3,
@@ -90,7 +93,7 @@ class DeterministicError(KeySpace):
     evaluations: int = field(default=0, init=False)
 
     @contextlib.contextmanager
-    def at_level(self, level: float):
+    def at_level(self, level: float | None):
         """``level`` set to ``level`` inside the block."""
         fine = self.level
         self.level = level
@@ -132,10 +135,10 @@ class PairwiseError(DeterministicError):
     the sub-models that contain that coordinate's head (H − 1 pairs and one single of the
     H(H−1)/2 + H), bit for bit the same columns as differencing the whole gradient."""
 
-    engine: object = field(init=False, repr=False)
+    engine: PairwiseLaplace = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        from ..expect import pairwise     # imports the Laplace engine (numba)
+        from ..expect import pairwise  # imports the Laplace engine (numba)
         self.engine = pairwise.PairwiseLaplace(self.task, self.act, self.H)
         if self.level is None:
             self.level = pairwise.DEFAULT_LEVEL
@@ -144,6 +147,7 @@ class PairwiseError(DeterministicError):
 
     def finer_levels(self) -> list[float]:
         from ..expect.pairwise import LEVELS
+        assert self.level is not None            # set in __post_init__
         return [lv for lv in LEVELS if lv > self.level]
 
     @classmethod
@@ -168,6 +172,7 @@ class PairwiseError(DeterministicError):
         self.evaluations += 1
         K, a, b = self.unpack(x)
         cap = KeyCap(K)
+        assert self.level is not None            # set in __post_init__
         f = self.engine.fields(cap.clipped, a, b, level=self.level)
         return cap.value(f.value), self.pack(cap.gradient(f.dK), f.da, f.db)
 
@@ -194,6 +199,7 @@ class PairwiseError(DeterministicError):
 
     def partial_grad(self, x: np.ndarray, head: int) -> np.ndarray:
         """∂/∂x of the decomposition's terms that involve ``head`` (fixed resolution)."""
+        assert self.level is not None            # set in __post_init__
         return self._pack_fields(self.engine.fields(*self.unpack(x), level=self.level,
                                                     heads=[head]))
 

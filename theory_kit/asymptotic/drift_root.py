@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 from scipy import optimize
@@ -30,6 +31,9 @@ from scipy import optimize
 from ..model.state import State
 from .certificate import PROBE_STEPS, Certificate, FixedPoint, _drift_tol, _eig_tol, step_scale
 from .objectives import DRIFT_TOL, FD_STEP
+
+if TYPE_CHECKING:
+    from ..dynamics.ode import OdeSystem
 
 
 @dataclass
@@ -40,7 +44,7 @@ class DriftMap:
     coordinates the drift moves (untrained a, b would be exact zero rows of the Jacobian).
     ``system`` is an ``ode.OdeSystem`` (fixed-sample engine: a smooth deterministic map)."""
 
-    system: object
+    system: OdeSystem
     a0: np.ndarray
     b0: np.ndarray
     train_a: bool

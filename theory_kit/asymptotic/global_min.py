@@ -38,7 +38,6 @@ from ..model.validation import check_int
 from .objectives import SampledError
 from .solve import precise_error
 
-
 MAX_SIGN_PATTERNS = 256
 
 

@@ -43,30 +43,45 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 from scipy import optimize
 
 from ..model.state import State
-from .certificate import (PROBE_STEPS, RUNOFF, STABLE_KINDS, Certificate, FixedPoint, _certificate,
-                          _classify, _drift_tol, _eig_tol, _Local, _newton_ready, _probe,
-                          _runoff_certificate, step_scale)
+from .certificate import (
+    PROBE_STEPS,
+    RUNOFF,
+    STABLE_KINDS,
+    Certificate,
+    FixedPoint,
+    _certificate,
+    _classify,
+    _drift_tol,
+    _eig_tol,
+    _Local,
+    _newton_ready,
+    _probe,
+    _runoff_certificate,
+    step_scale,
+)
 from .deterministic import KEY_CAP, PairwiseError, ZeroOrthogonal
-from .objectives import DRIFT_TOL, KeySpace, SampledError, max_key_norm
-
+from .objectives import DRIFT_TOL, KeySpace, Objective, SampledError, max_key_norm
 
 RUNOFF_FACTOR = 300.0   # a descent whose ‖x‖ grows past this factor has run off (runoff_bound)
 
 
 # ----------------------------------------------------------------------------- descent
-def _minimise(obj: KeySpace, x0: np.ndarray, maxiter: int,
+def _minimise(obj: Objective, x0: np.ndarray, maxiter: int,
               bound: float = np.inf, gtol: float = 1e-12, key_bound: float = np.inf
               ) -> tuple[np.ndarray, bool]:
     """L-BFGS from x0: (the last iterate, whether it was stopped for ‖x‖ > ``bound`` or a key
     norm > ``key_bound``); ``gtol``: L-BFGS-B's bound on the largest gradient entry."""
     last = [x0]
-    outside = lambda y: bool(np.linalg.norm(y) > bound or (
-        np.isfinite(key_bound) and max_key_norm(obj, y) > key_bound))
+    def outside(y: np.ndarray) -> bool:
+        # a finite ``key_bound`` comes with KeySpace objectives only (``solve_gradient_flow``)
+        return bool(np.linalg.norm(y) > bound or (
+            np.isfinite(key_bound) and max_key_norm(cast(KeySpace, obj), y) > key_bound))
 
     def watch(xk: np.ndarray) -> None:
         last[0] = xk.copy()
@@ -106,7 +121,8 @@ def _trust_step(eigs: np.ndarray, vecs: np.ndarray, gq: np.ndarray, radius: floa
     positive definite: p(μ) = −(Hq + μ I)⁻¹ g with μ = 0 (the Newton step) when it fits, else
     the μ > 0 with ‖p(μ)‖ = radius (Levenberg–Marquardt; ‖p(μ)‖ falls monotonically in μ)."""
     c = vecs.T @ gq
-    size = lambda mu: float(np.sqrt(np.sum((c / (eigs + mu)) ** 2)))
+    def size(mu: float) -> float:
+        return float(np.sqrt(np.sum((c / (eigs + mu)) ** 2)))
     mu = 0.0
     if size(0.0) > radius:
         hi = max(float(np.linalg.norm(c)) / radius, 1e-300)   # size(hi) ≤ radius
@@ -136,7 +152,7 @@ def _bfgs_update(eigs: np.ndarray, vecs: np.ndarray, s: np.ndarray, y: np.ndarra
     return np.linalg.eigh(0.5 * (B + B.T))
 
 
-def _newton(obj: KeySpace, x: np.ndarray, Z: np.ndarray, Hq: np.ndarray,
+def _newton(obj: Objective, x: np.ndarray, Z: np.ndarray, Hq: np.ndarray,
             tol: float, steps: int = NEWTON_STEPS) -> tuple[np.ndarray, bool]:
     """Trust-region Newton steps on the quotient from the Hessian Hq (positive definite at a
     minimum) until ‖∇E‖ ≤ tol: (last point, whether every step was the full Newton step of
@@ -182,7 +198,7 @@ def _newton(obj: KeySpace, x: np.ndarray, Z: np.ndarray, Hq: np.ndarray,
     return x, exact
 
 
-# ----------------------------------------------------------------------------- sampled E (and the loop)
+# -------------------------------------------------------------------- sampled E (and the loop)
 def solve_gradient_flow(obj: SampledError, state: State, tol: float = DRIFT_TOL,
                         max_escapes: int = 4, maxiter: int = 3000,
                         coarse: SampledError | None = None,
@@ -260,7 +276,7 @@ def _descend(obj, x: np.ndarray, tol: float, max_escapes: int, maxiter: int,
             # 4 heads, λ_min = 3.3e-5 against a tolerance 3.7e-5)
             if _newton_ready(local):
                 y, exact = _newton(obj, x, local.Z, local.Hq, tol)
-                moved = np.linalg.norm(y - x) > RECLASSIFY_MOVE * max(1.0, np.linalg.norm(x))
+                moved = np.linalg.norm(y - x) > RECLASSIFY_MOVE * max(1.0, float(np.linalg.norm(x)))
                 x = y
                 if moved or not exact:
                     if rounds < NEWTON_ROUNDS:
@@ -312,7 +328,7 @@ def _stalled(saddles: list[dict], rtol: float = 1e-9) -> bool:
     return before - after <= rtol * max(1.0, abs(before))
 
 
-def escape(obj: SampledError, x: np.ndarray, v: np.ndarray) -> np.ndarray:
+def escape(obj: Objective, x: np.ndarray, v: np.ndarray) -> np.ndarray:
     """The lower of x ± h v for the largest probe step h (``PROBE_STEPS`` × :func:`step_scale`)
     that lowers E (the smallest step if none does)."""
     e0 = obj.value_and_grad(x)[0]
@@ -325,7 +341,7 @@ def escape(obj: SampledError, x: np.ndarray, v: np.ndarray) -> np.ndarray:
     return x + PROBE_STEPS[-1] * scale * v
 
 
-def _saddle_record(obj: KeySpace, x: np.ndarray, min_eigenvalue: float, points: object
+def _saddle_record(obj: Objective, x: np.ndarray, min_eigenvalue: float, points: object
                    ) -> dict:
     """What a run reports of a saddle it escaped: E there, the negative curvature, the
     objective's points and the state."""
@@ -337,7 +353,7 @@ def _saddle_record(obj: KeySpace, x: np.ndarray, min_eigenvalue: float, points: 
 GRADIENT_UNRESOLVED = "gradient unresolved"
 
 
-def _rough_descent(obj: PairwiseError, view: object, x: np.ndarray, maxiter: int,
+def _rough_descent(obj: PairwiseError, view: Objective, x: np.ndarray, maxiter: int,
                    bound: float) -> np.ndarray:
     """L-BFGS on ``view`` (``obj`` or its face) at ``obj.descent_level`` to ``POLISH_GTOL``:
     the long way from the start at 0.75x the cost per gradient of the certificate's level
@@ -385,13 +401,16 @@ def polish_gradient_flow(obj: PairwiseError, x0: np.ndarray, tol: float = DRIFT_
     space from there.  Each stage is L-BFGS at the coarser ``obj.descent_level``
     (:func:`_rough_descent`), then the loop of :func:`solve_gradient_flow` at ``obj.level``
     (:func:`_descend`: L-BFGS, Hessian by head-local finite differences of the exact gradient
-    with their error, saddles escaped, trust-region Newton).  Certificate: ``drift_norm`` = ½‖∂E/∂x‖ (full space)
+    with their error, saddles escaped, trust-region Newton).  Certificate:
+    ``drift_norm`` = ½‖∂E/∂x‖ (full space)
     against ½ ``tol`` (as the sampled solver's), ``drift_stderr`` = ½ its abs_err (two
     resolutions of every sub-model, ``PairwiseError.evaluate``); a gradient whose error exceeds
     ``tol`` cannot certify (kind "gradient unresolved"); the eigenvalue tolerance is the larger
     of :func:`_eig_tol` and the finite-difference errors.  ``sampled_error`` of the result holds
     the deterministic E (no samples), ``error_abs_err`` its abs_err."""
     start, evals0 = time.perf_counter(), obj.evaluations
+    saddles: list[dict]
+    view: Objective                                       # obj or its face
     local, saddles, where = None, [], "full key space"
     x, view = x0, obj
     if face:
@@ -426,7 +445,7 @@ def polish_gradient_flow(obj: PairwiseError, x0: np.ndarray, tol: float = DRIFT_
                       time.perf_counter() - start, error_abs_err=value_err)
 
 
-def _at_finer_levels(obj: PairwiseError, view: object, x: np.ndarray, local: "_Local | None",
+def _at_finer_levels(obj: PairwiseError, view: Objective, x: np.ndarray, local: "_Local | None",
                      tol: float) -> tuple[np.ndarray, tuple]:
     """(x, ``obj.evaluate(x)``) after trust-region Newton at each finer level of the ladder
     (``pairwise.LEVELS`` above ``obj.level``, on ``view``: ``obj`` or its face, with the
@@ -446,8 +465,9 @@ def _at_finer_levels(obj: PairwiseError, view: object, x: np.ndarray, local: "_L
                 or not _newton_ready(local):
             break
         with obj.at_level(level):
-            y, _ = _newton(view, view.restrict(x) if face else x, local.Z, local.Hq, tol)
-        x = view.embed(y) if face else y
+            y, _ = _newton(view, cast(ZeroOrthogonal, view).restrict(x) if face else x,
+                           local.Z, local.Hq, tol)
+        x = cast(ZeroOrthogonal, view).embed(y) if face else y
         evaluated = obj.evaluate(x, tol)
     return x, evaluated
 

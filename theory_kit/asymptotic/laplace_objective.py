@@ -70,6 +70,7 @@ class LaplaceError(DeterministicError):
         return "laplace drift"
 
     def finer_levels(self) -> list[float]:
+        assert self.level is not None            # set in __post_init__
         return [lv for lv in LEVELS if lv > self.level]
 
     def _fields(self, x: np.ndarray, level: float) -> tuple[dict, float]:
@@ -86,6 +87,7 @@ class LaplaceError(DeterministicError):
     def value_and_grad(self, x: np.ndarray) -> tuple[float, np.ndarray]:
         """(E, ∂E/∂x) at the fixed resolution ``level``."""
         self.evaluations += 1
+        assert self.level is not None            # set in __post_init__
         fields, _ = self._fields(x, self.level)
         return float(fields["error"]), self._grad(x, fields)
 
@@ -102,6 +104,7 @@ class LaplaceError(DeterministicError):
         ``LEVELS`` in turn against level × COARSE, the first whose errors are below ``tol``
         (else the finest); errors floored by the mass defect as the drift engine's."""
         below = None                # (level, fields) of the rung below: its coarse partner
+        assert self.level is not None            # set in __post_init__
         for level in [self.level] + self.finer_levels():
             if below is not None and np.isclose(below[0], level * COARSE, rtol=1e-12):
                 coarse = below[1]

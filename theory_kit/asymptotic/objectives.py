@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 from scipy import special
@@ -52,7 +53,6 @@ from ..model.priors import Prior
 from ..model.state import State
 from ..model.task import Task
 from ..model.validation import fail
-
 
 POINTS = ("sobol", "mc")
 DRIFT_TOL = 1e-8
@@ -76,6 +76,11 @@ class KeySpace:
     train_a: bool
     train_b: bool
     frozen_b: tuple[int, ...] = ()
+
+    if TYPE_CHECKING:  # every objective defines these (SampledError, DeterministicError's)
+        def value_and_grad(self, x: np.ndarray) -> tuple[float, np.ndarray]: ...
+
+        def hessian(self, x: np.ndarray, Z: np.ndarray) -> tuple[np.ndarray, float]: ...
 
     @property
     def free_b(self) -> np.ndarray:
@@ -121,6 +126,22 @@ class KeySpace:
     def quotient(self, x: np.ndarray) -> np.ndarray:
         """Z: orthonormal columns orthogonal to the gauge orbit at x (:func:`gauge_directions`)."""
         return quotient_basis(gauge_directions(self, x), self.dim)
+
+
+class Objective(Protocol):
+    """What the descent and certificate routines (``gradient_flow``, ``certificate``) call: a
+    :class:`KeySpace` objective, or E on the face P = 0 (``deterministic.ZeroOrthogonal``)."""
+
+    @property
+    def dim(self) -> int: ...
+
+    def value_and_grad(self, x: np.ndarray, /) -> tuple[float, np.ndarray]: ...
+
+    def hessian(self, x: np.ndarray, Z: np.ndarray, /) -> tuple[np.ndarray, float]: ...
+
+    def quotient(self, x: np.ndarray, /) -> np.ndarray: ...
+
+    def state(self, x: np.ndarray, /) -> State: ...
 
 
 def max_key_norm(obj: KeySpace, x: np.ndarray) -> float:
@@ -225,7 +246,8 @@ class SampledError(KeySpace):
         shifted = choice >= 1.0 - self.tilt                      # (n, L)
         comp = np.minimum(((choice - (1.0 - self.tilt)) / self.tilt * len(mus)).astype(int),
                           len(mus) - 1)
-        g[:, :F, :] += np.where(shifted[:, None, :], mus[np.clip(comp, 0, None)].transpose(0, 2, 1), 0.0)
+        g[:, :F, :] += np.where(shifted[:, None, :],
+                                mus[np.clip(comp, 0, None)].transpose(0, 2, 1), 0.0)
         proj = np.einsum("cf,nfl->ncl", mus, g[:, :F, :]) - 0.5 * np.sum(mus ** 2, 1)[None, :, None]
         mix = (1.0 - self.tilt) + self.tilt * np.mean(np.exp(proj), axis=1)   # (n, L)
         return np.prod(1.0 / mix, axis=1)
@@ -366,7 +388,7 @@ def sobol_normals(n: int, dim: int, seed: int) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------- the quotient
-def gauge_directions(obj: SampledError, x: np.ndarray) -> np.ndarray:
+def gauge_directions(obj: KeySpace, x: np.ndarray) -> np.ndarray:
     """Orthonormal rows spanning the tangent space of the orbit {[M | P R] : R ∈ O(H)} at x.
 
     The generators are δK = [0 | P A_ij] with A_ij = e_i e_jᵀ − e_j e_iᵀ (i < j); rank-deficient

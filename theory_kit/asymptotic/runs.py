@@ -33,11 +33,10 @@ import numpy as np
 
 from ..dynamics.ode import BoundaryError
 from ..expect.error import ErrorValue
-from ..io.executor import run_sweep, runs_in_process
+from ..io.executor import Store, run_sweep, runs_in_process
 from ..io.progress import progress_bar
 from ..io.result import PROVENANCE, Result, provenance_of, setting_text
-from ..io.results import (Checkpoint, read_json, read_piece, stamps, to_jsonable,
-                          write_json)
+from ..io.results import Checkpoint, read_json, read_piece, stamps, to_jsonable, write_json
 from ..model.activations import Activation, activation_from_params
 from ..model.initial import InitialCondition
 from ..model.state import State
@@ -48,7 +47,6 @@ from .certificate import Certificate, FixedPoint
 from .convergence import RunSettings, SampledFlow, _advance, flow_objective, relative_speed
 from .global_min import MinimumResult, global_minimum, group_runs
 from .solve import precise_error, sample_shift, solve_checked
-
 
 UNKNOWN_ERROR = "+/- unknown (not converged)"   # the text of a run without an error bar
 UNCONVERGED = ("not converged: E is evaluated at the run's last state, not at a fixed point, "
@@ -232,6 +230,7 @@ def run_to_convergence(task: Task, act: Activation, ic: InitialCondition,
                   rule.tail(hist["speed"]), fixed, shift)
     if out is not None:
         write_json(out, {"params": params, "run": run.to_dict()})
+        assert checkpoint is not None            # made whenever out is given
         checkpoint.clear()
     return run
 
@@ -298,7 +297,8 @@ class EinfResult(Result):
     @property
     def abs_err(self) -> float:
         """Numerical error of the mean (inf when a run is not certified) from the per-run
-        errors of E at the fixed points: the evaluation's error combined with each run's measured sample shift
+        errors of E at the fixed points: the evaluation's error combined with each run's
+        measured sample shift
         (``EinfRun.abs_err_total``).  It is not the spread of the runs (reported apart), nor
         does the shift estimate include the bias of the solver's objective that is common to
         independent sample sets (at a minimum any shift raises E, by O(1/n))."""
@@ -427,6 +427,7 @@ def asymptotic_error(task: Task, act: Activation, H: int, settings: RunSettings,
     check_int(jobs, "jobs", 1)
     wd = None if workdir is None else Path(workdir).absolute()
     inside = progress and runs_in_process(executor, jobs, runs)
+    params: dict[str, Any]                      # each run's, then the sweep's
     jobs_list, keys, params = [], [], {}
     for r in range(runs):
         ic = InitialCondition.draw(act, H, task.F, task.L, D, eta, seed + r)
@@ -450,7 +451,7 @@ def asymptotic_error(task: Task, act: Activation, H: int, settings: RunSettings,
 
 def map_jobs(fn: Callable, items: list, jobs: int, desc: str = "jobs",
              executor: object | None = None, keys: list[str] | None = None,
-             store: object | None = None) -> list:
+             store: Store | None = None) -> list:
     """[fn(x) for x in items] as one sweep (:func:`theory_kit.io.executor.run_sweep`): ``jobs``
     local processes or ``executor``; with a ``store`` (and stable ``keys``) finished items
     are kept and skipped on a rerun.  One progress bar counting items."""

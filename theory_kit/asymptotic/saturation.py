@@ -16,9 +16,9 @@ coordinate, b_h → −∞, is module ``boundary``.
 deterministic E (``deterministic.PairwiseError``):
 
 1. *Candidates* S: the heads with ∂E/∂b_h < 0 (the flow raises b_h) and b_h ≥ ``SAT_START``.
-2. *Saturated model*: b_h = ``B_SAT`` for h ∈ S, held fixed (``objectives.KeySpace.frozen_b``); every other
-   coordinate polished and certified (``gradient_flow.polish_gradient_flow``).  At B_SAT the
-   engine's E is E_sat to c_h e^{−B_SAT} (≈ 1e-13 c_h), which is added to abs_err.
+2. *Saturated model*: b_h = ``B_SAT`` for h ∈ S, held fixed (``objectives.KeySpace.frozen_b``);
+   every other coordinate polished and certified (``gradient_flow.polish_gradient_flow``).  At
+   B_SAT the engine's E is E_sat to c_h e^{−B_SAT} (≈ 1e-13 c_h), which is added to abs_err.
 3. *The corner* κ_S = 0 in the coordinates κ_h = e^{−b_h} ≥ 0, where E is smooth:
 
        E = E_sat + Σ_h c_h κ_h + κᵀ G δx + ½ δxᵀ H δx + ½ κᵀ K κ + …,
@@ -46,10 +46,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..expect import laplace as lp
+from ..model.state import State
 from .certificate import BOUNDARY, Certificate, FixedPoint
 from .deterministic import PairwiseError
 from .gradient_flow import polish_gradient_flow
-from ..model.state import State
 
 SAT_START = 4.0        # a head with b_h below this is not taken for saturating
 B_SAT = 30.0           # b_h = +∞ represented here: κ_h = e^{−30} ≈ 9e-14
@@ -102,7 +102,8 @@ class Corner:
     def derivatives(self, probes: tuple[float, float], level: float
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(c, K, G) from κ differences at the two ``probes`` b, each linearly extrapolated to
-        κ = 0: a difference quotient D(κ) = D(0) + O(κ) gives D(0) = (κ₁D(κ₂) − κ₂D(κ₁))/(κ₁ − κ₂)."""
+        κ = 0: a difference quotient D(κ) = D(0) + O(κ) gives
+        D(0) = (κ₁D(κ₂) − κ₂D(κ₁))/(κ₁ − κ₂)."""
         (b1, b2), n = probes, len(self.heads)
         k1, k2 = np.exp(-b1), np.exp(-b2)
         c, Kmat, G = np.zeros(n), np.zeros((n, n)), np.zeros((self.sat.dim, n))
@@ -130,7 +131,7 @@ def corner_test(sat: PairwiseError, x: np.ndarray, heads: list[int]) -> dict:
     docstring, step 3); errors: the largest change under probes ``PROBE_SHIFT`` deeper and
     under the resolution ``SLOPE_LEVEL`` × ``laplace.COARSE``."""
     corner = Corner(sat, x, heads)
-    deep = tuple(b + PROBE_SHIFT for b in PROBES)
+    deep = (PROBES[0] + PROBE_SHIFT, PROBES[1] + PROBE_SHIFT)
     runs = [corner.derivatives(PROBES, SLOPE_LEVEL), corner.derivatives(deep, SLOPE_LEVEL),
             corner.derivatives(PROBES, SLOPE_LEVEL * lp.COARSE)]
     c, c_err = runs[0][0], np.max([np.abs(r[0] - runs[0][0]) for r in runs[1:]], axis=0)
@@ -177,6 +178,8 @@ def saturated_minimum(obj: PairwiseError, fixed: FixedPoint, tol: float) -> Fixe
         return None
     test = corner_test(sat, sat.pack_state(reduced.state), heads)
     kind, margin = corner_verdict(test)
+    # the deterministic polish sets error_abs_err
+    assert reduced.error_abs_err is not None and fixed.error_abs_err is not None
     value_err = (float(reduced.error_abs_err) + margin
                  + sum(abs(c) for c in test["slopes"]) * float(np.exp(-B_SAT)))
     lower = reduced.sampled_error <= fixed.sampled_error + value_err + float(fixed.error_abs_err)

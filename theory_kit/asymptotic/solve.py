@@ -42,10 +42,14 @@ from .certificate import RUNOFF, FixedPoint, check_objective
 from .convergence import RunSettings, _advance, solver_objective
 from .deterministic import PairwiseError
 from .drift_root import DriftMap, solve_drift_root
-from .gradient_flow import (RUNOFF_GROWTH, RunoffCheck, polish_gradient_flow, runoff_check,
-                            solve_gradient_flow)
+from .gradient_flow import (
+    RUNOFF_GROWTH,
+    RunoffCheck,
+    polish_gradient_flow,
+    runoff_check,
+    solve_gradient_flow,
+)
 from .saturation import saturated_minimum, unsaturated_state
-
 
 HELD_OUT = 3            # seed offset of the held-out points of a run-off check (1, 2: sample_shift)
 
@@ -63,8 +67,9 @@ def precise_error(task: Task, act: Activation, state: State, method: str = "auto
         return population_error(task, act, state, method="mc", n=mc_samples, seed=seed)
     if method == "deterministic":
         if pairwise_applies(task, act, state.H):
-            obj = PairwiseError.for_activation(task, pairwise_activation(task, act, state.H),
-                                               state.H)
+            pair_act = pairwise_activation(task, act, state.H)
+            assert pair_act is not None              # what pairwise_applies checks
+            obj = PairwiseError.for_activation(task, pair_act, state.H)
             value, err = obj.engine.error(*obj.unpack(obj.pack_state(state)))
             return ErrorValue(value, err, "laplace pairs")
         method = "auto"
@@ -203,7 +208,8 @@ def pairwise_activation(task: Task, act: Activation, H: int) -> Activation | Non
 
 
 def pairwise_applies(task: Task, act: Activation, H: int) -> bool:
-    """Whether the deterministic pairwise engine covers (task, act, H) (:func:`pairwise_activation`)."""
+    """Whether the deterministic pairwise engine covers (task, act, H)
+    (:func:`pairwise_activation`)."""
     return pairwise_activation(task, act, H) is not None
 
 
@@ -265,7 +271,8 @@ def polish_pairwise(task: Task, act: Activation, start: State, sampled: FixedPoi
     (:func:`gradient_flow.polish_gradient_flow` on :func:`deterministic_objective`: the pairwise
     decomposition, or the drift engine's E for a joint normaliser with H ≤ 3): from the
     sampled solution, or from the hand-over ``start`` when that is not certified or far out
-    (:func:`polish_from_sampled`: a run-off or a sample artefact).  The sampled solve is kept in the result's
+    (:func:`polish_from_sampled`: a run-off or a sample artefact).  The sampled solve is kept in
+    the result's
     ``presolve`` (certificate, sampled E, run-off check); E and its abs_err are the
     deterministic engine's at the polished point.  A polish that does not certify because
     heads switch off (softmax-1: b_h → −∞) is handed to :func:`boundary.boundary_minimum`,
@@ -294,6 +301,7 @@ def polish_pairwise(task: Task, act: Activation, start: State, sampled: FixedPoi
                 "state": sampled.state.to_dict(), "key_bound": polish_key_bound(start),
                 "polished_from": "hand-over" if origin is start else "sampled solution"}
     fixed = dataclasses.replace(fixed, presolve=presolve)
+    assert fixed.error_abs_err is not None       # the deterministic polish sets it
     return fixed, ErrorValue(fixed.sampled_error, float(fixed.error_abs_err),
                               "laplace pairs" if isinstance(obj, PairwiseError) else obj.n,
                               {"level": obj.level})

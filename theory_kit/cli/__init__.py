@@ -36,7 +36,7 @@ def _verb_parser_class():
         """Every option's default, "(required)" on required options, and nothing for an
         option whose absence its help explains (default None)."""
 
-        def _get_help_string(self, action: argparse.Action) -> str:
+        def _get_help_string(self, action: argparse.Action) -> str | None:
             text = action.help or ""
             if action.required:
                 return text + " (required)"
@@ -90,7 +90,8 @@ def build_parser(verb: str | None = None):
                "exceeded, 1 internal error, 130 interrupted.")
     parser.add_argument("--version", action="version", version=f"theory-kit {__version__}")
     parser.add_argument("--debug", action="store_true",
-                        help="show the Python traceback of any error (also anywhere after the verb)")
+                        help="show the Python traceback of any error "
+                             "(also anywhere after the verb)")
     parser.add_argument("--max-memory", metavar="SIZE",
                         help="refuse runs estimated to need more memory (8G, 512M, 30%%; "
                              "default 50%% of RAM; also anywhere after the verb)")

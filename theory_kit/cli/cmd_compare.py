@@ -7,15 +7,25 @@ from .. import api
 from ..io.stored import beside, out_json
 from ..userdata.comparison import THRESHOLD
 from ..userdata.logs import TIME_UNITS
-from .common import (add_activation_args, add_executor_args, add_out_arg, add_progress_arg,
-                     add_task_args, build_activation, done_word, parse_float_list, run_options)
+from .common import (
+    add_activation_args,
+    add_executor_args,
+    add_out_arg,
+    add_progress_arg,
+    add_task_args,
+    build_activation,
+    done_word,
+    parse_float_list,
+    run_options,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "compare", help="check a training log of your own code against the theory",
         description="Read a training log (overlaps t, M, Q[, a, b, loss] or raw keys K with the "
-                    "signal directions U; NPZ, JSON or long-format CSV), integrate the ODE from its "
+                    "signal directions U; NPZ, JSON or long-format CSV), integrate the ODE from "
+                    "its "
                     "first state over its time span, run the exact reduced simulation at its D "
                     "for the expected finite-D spread, and write compare.png (overlay) and "
                     "compare.json (largest deviation of each order parameter, when it occurs, "

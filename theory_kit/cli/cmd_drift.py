@@ -13,9 +13,17 @@ import numpy as np
 
 from .. import api
 from .cmd_ode import add_engine_args, add_rate_args, engine_of, rates_of
-from .common import (add_activation_args, add_progress_arg, add_state_args, add_task_args,
-                     build_activation, parse_float_list, parse_json_array, print_json,
-                     run_options)
+from .common import (
+    add_activation_args,
+    add_progress_arg,
+    add_state_args,
+    add_task_args,
+    build_activation,
+    parse_float_list,
+    parse_json_array,
+    print_json,
+    run_options,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -54,7 +62,9 @@ def _table(out: dict) -> str:
     lines = [f"# drift at the state (engine: {out['engine']['engine']}; "
              f"largest error estimate {out['abs_err']:.2g})"]
     for key, label in (("dM", "dM/dt"), ("dQ", "dQ/dt"), ("da", "da/dt"), ("db", "db/dt")):
-        body = np.array2string(np.asarray(out[key]), formatter=fmt, separator=" ")
+        # numpy types ``formatter`` as a TypedDict of its kinds; "float_kind" is one
+        body = np.array2string(np.asarray(out[key]), formatter=fmt,  # type: ignore[arg-type]
+                               separator=" ")
         err = float(np.max(out["errors"][key]))
         lines.append(f"{label:6s} (+/- {err:.2g}):\n{body}")
     lines.append(f"E = {out['error']:.10g} +/- {out['errors']['error']:.2g}")

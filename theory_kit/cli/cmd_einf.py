@@ -2,11 +2,20 @@
 from __future__ import annotations
 
 import argparse
+
 from .. import api
 from ..asymptotic import runs as einf
 from ..options import Engine, Evaluation, Solver, Stop
-from .common import (add_activation_args, add_executor_args, add_progress_arg, add_task_args,
-                     build_activation, parse_float_list, print_json, run_options)
+from .common import (
+    add_activation_args,
+    add_executor_args,
+    add_progress_arg,
+    add_task_args,
+    build_activation,
+    parse_float_list,
+    print_json,
+    run_options,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -5,8 +5,16 @@ import argparse
 
 from .. import api
 from ..expect.error import ErrorValue
-from .common import (add_activation_args, add_state_args, add_task_args, build_activation,
-                     parse_float_list, parse_json_array, print_json, run_options)
+from .common import (
+    add_activation_args,
+    add_state_args,
+    add_task_args,
+    build_activation,
+    parse_float_list,
+    parse_json_array,
+    print_json,
+    run_options,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:

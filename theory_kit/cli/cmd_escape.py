@@ -1,5 +1,6 @@
 """``theory-kit escape``: the predicted law of the specialisation time τ_f at finite D from the
-linearised escape from the plateau plus the finite-D fluctuations (``theory_kit.dynamics.escape``)."""
+linearised escape from the plateau plus the finite-D fluctuations
+(``theory_kit.dynamics.escape``)."""
 from __future__ import annotations
 
 import argparse
@@ -8,8 +9,16 @@ from .. import api
 from ..api.dynamics import DEFAULT_ESCAPE_D
 from ..model.validation import fail
 from .cmd_ode import add_rate_args, rates_of
-from .common import (add_activation_args, add_out_arg, add_progress_arg, build_activation,
-                     parse_float_list, parse_json_array, print_json, run_options)
+from .common import (
+    add_activation_args,
+    add_out_arg,
+    add_progress_arg,
+    build_activation,
+    parse_float_list,
+    parse_json_array,
+    print_json,
+    run_options,
+)
 
 DEFAULT_D = ",".join(str(d) for d in DEFAULT_ESCAPE_D)
 

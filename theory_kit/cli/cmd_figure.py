@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+
 from .. import api
 from ..api.userdata import default_jobs
 from .common import add_executor_args, add_out_arg, add_progress_arg, done_word, run_options

@@ -12,9 +12,17 @@ from ..dynamics.trajectory import Trajectory
 from ..expect.engines import ENGINE_NAMES
 from ..io.stored import out_json
 from ..options import Engine, Integrator, Rates
-from .common import (add_activation_args, add_out_arg, add_progress_arg, add_task_args,
-                     build_activation, done_word, parse_float_list, parse_json_array,
-                     run_options)
+from .common import (
+    add_activation_args,
+    add_out_arg,
+    add_progress_arg,
+    add_task_args,
+    build_activation,
+    done_word,
+    parse_float_list,
+    parse_json_array,
+    run_options,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -7,8 +7,16 @@ from .. import api
 from ..dynamics.simulate import DEFAULT_RECORDS, METHODS
 from ..io.stored import out_json
 from .cmd_ode import rates_of
-from .common import (add_activation_args, add_out_arg, add_progress_arg, add_task_args,
-                     build_activation, parse_float_list, parse_json_array, run_options)
+from .common import (
+    add_activation_args,
+    add_out_arg,
+    add_progress_arg,
+    add_task_args,
+    build_activation,
+    parse_float_list,
+    parse_json_array,
+    run_options,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:

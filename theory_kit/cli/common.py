@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import overload
 
 import numpy as np
 
@@ -14,6 +15,14 @@ from ..model.activations import NORMS, OFFSETS, Activation, custom_activation, g
 from ..model.priors import PRIOR_NAMES
 from ..model.validation import ValidationError, as_finite_array
 from ..options import Run
+
+
+@overload
+def parse_json_array(text: str, param: str, ndim: int) -> np.ndarray: ...
+@overload
+def parse_json_array(text: None, param: str, ndim: int) -> None: ...
+@overload
+def parse_json_array(text: str | None, param: str, ndim: int) -> np.ndarray | None: ...
 
 
 def parse_json_array(text: str | None, param: str, ndim: int) -> np.ndarray | None:

@@ -49,28 +49,32 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 from scipy.integrate import DOP853, RK45
 
-from ..model.activations import Activation
 from ..expect.drift import DriftMeans, MonteCarloDrift
 from ..expect.engines import DriftEngine
+from ..io.progress import progress_bar
+from ..io.results import Checkpoint
+from ..model.activations import Activation
 from ..model.initial import InitialCondition
 from ..model.state import State, check_state_for_task
 from ..model.task import Task
 from ..model.validation import ValidationError, as_finite_array, check_int, check_psd, fail
-from ..io.progress import progress_bar
-from ..io.results import Checkpoint
 from .trajectory import ROW_KEYS, Trajectory
+
+if TYPE_CHECKING:
+    from tqdm import tqdm
 
 METHODS = ("rk4", "rk45", "dop853", "solve_ivp")
 ADAPTIVE = {"rk45": RK45, "dop853": DOP853, "solve_ivp": RK45}
 CHECKPOINT_SECONDS = 10.0  # at most this long between checkpoints of a long run
 PSD_BLOWUP_TOL = 1e-7
 DIVERGENCE_BOUND = 1e8  # |Q_hh'| beyond this is a divergence, long before overflow
-STAGE_RETRY_FACTOR = 0.25  # an adaptive step whose stages leave the admissible set: retry this much smaller
+# an adaptive step whose stages leave the admissible set: retry this much smaller
+STAGE_RETRY_FACTOR = 0.25
 STAGE_RETRY_FLOOR = 1e-9   # ... down to this fraction of max(1, |t|), then the blow-up is the ODE's
 
 
@@ -267,7 +271,8 @@ class StepWatch:
 
 
 # ----------------------------------------------------------------------------- validation
-def output_times(T: float, times: Sequence[float] | None, n_times: int = 101) -> np.ndarray:
+def output_times(T: float, times: Sequence[float] | np.ndarray | None, n_times: int = 101
+                 ) -> np.ndarray:
     """Requested times: given (non-decreasing, within [0, T]) or n_times evenly spaced on
     [0, T].  The integration starts at t = 0 whatever the first requested time is."""
     T = float(as_finite_array(T, "T"))
@@ -343,12 +348,13 @@ class _Recorder:
             self.rows[key].append(np.asarray(val).tolist())
 
     def trajectory(self, params: dict, stats: dict) -> Trajectory:
-        arrays = {k: np.asarray(v, dtype=float) for k, v in self.rows.items()}
+        arrays: dict[str, Any] = {k: np.asarray(v, dtype=float) for k, v in self.rows.items()}
         return Trajectory(**arrays, params=params, stats=stats)
 
 
 def integrate_ode(task: Task, act: Activation, ic: InitialCondition, gamma: float, T: float,
-                  times: Sequence[float] | None = None, method: str = "rk4", dt: float = 0.2,
+                  times: Sequence[float] | np.ndarray | None = None, method: str = "rk4",
+                  dt: float = 0.2,
                   engine: DriftEngine | None = None, train_a: bool | None = None,
                   train_b: bool | None = None, gamma_a: float | None = None,
                   gamma_b: float | None = None, gradient_flow: bool = False,
@@ -391,10 +397,12 @@ def integrate_ode(task: Task, act: Activation, ic: InitialCondition, gamma: floa
     if saved is not None:
         run.restore(saved)
     traj = run.go()
-    if getattr(engine, "probe", None) is not None:
-        traj.stats["engine_probe"] = engine.probe  # how auto chose (timings: not a parameter)
+    probe = getattr(engine, "probe", None)       # set by auto (``engines.SelectedEngine``)
+    if probe is not None:
+        traj.stats["engine_probe"] = probe  # how auto chose (timings: not a parameter)
     if out is not None:
         traj.save(out)
+        assert checkpoint is not None            # made whenever out is given
         checkpoint.clear()
     return traj
 
@@ -407,6 +415,8 @@ class _Run:
 
     Subclasses implement ``advance`` (run to the end, recording on the way) and say which
     position they save (``position``/``set_position``)."""
+
+    off_grid_records: bool                       # set by each subclass
 
     def __init__(self, system: OdeSystem, t_out: np.ndarray, y: np.ndarray,
                  checkpoint: Checkpoint | None, params: dict, every: int, progress: bool) -> None:
@@ -434,7 +444,8 @@ class _Run:
         if self.checkpoint is None:
             return
         engine = self.system.engine
-        rng = engine.rng_state() if getattr(engine, "fresh", False) else None
+        # fresh engines sample (``SampleDrift.rng_state``, also through auto's wrapper)
+        rng = engine.rng_state() if getattr(engine, "fresh", False) else None  # type: ignore[attr-defined]
         self.checkpoint.save(self.params, {"y": self.y.tolist(), "position": self.position(),
                                            "rows": self.rec.rows, "stats": self.counted(),
                                            "rng": rng})
@@ -484,7 +495,7 @@ class _Run:
     def current_time(self) -> float:
         raise NotImplementedError
 
-    def advance(self, bar: object) -> None:
+    def advance(self, bar: tqdm | None) -> None:
         raise NotImplementedError
 
 
@@ -516,11 +527,11 @@ class _FixedRun(_Run):
         t0, t1 = self.grid[self.interval], self.grid[self.interval + 1]
         return float(t0 + (t1 - t0) * self.step / max(1, self.n_steps(t0, t1)))
 
-    def advance(self, bar: object) -> None:
+    def advance(self, bar: tqdm | None) -> None:
         while self.interval < len(self.grid) - 1:
             self.advance_interval(bar)
 
-    def advance_interval(self, bar: object = None) -> None:
+    def advance_interval(self, bar: tqdm | None = None) -> None:
         t0, t1 = float(self.grid[self.interval]), float(self.grid[self.interval + 1])
         n = self.n_steps(t0, t1)
         h = (t1 - t0) / n if n else 0.0
@@ -583,7 +594,7 @@ class _AdaptiveRun(_Run):
             return self.system.rhs(t, y)
         return rhs
 
-    def advance(self, bar: object) -> None:
+    def advance(self, bar: tqdm | None) -> None:
         if self.record_start and self.next_out == 0:
             self.next_out = 1  # the start was recorded by go()
         if self.t >= float(self.grid[-1]):
@@ -594,7 +605,7 @@ class _AdaptiveRun(_Run):
         with per_step() if per_step is not None else contextlib.nullcontext():
             self.steps(self.solver(), bar)
 
-    def steps(self, solver: RK45 | DOP853, bar: object) -> None:
+    def steps(self, solver: RK45 | DOP853, bar: tqdm | None) -> None:
         """Step to the end, recording and checkpointing on the way."""
         begin_step = getattr(self.system.engine, "begin_step", None)
         while solver.status == "running":

@@ -18,8 +18,17 @@ from ..kernels import codegen
 from ..model.activations import Activation
 from ..model.initial import InitialCondition, keys_from_state
 from ..model.task import Task
-from .sgd_step import (FAULT_NONE, FAULT_NONFINITE, FAULT_NORMALISER, VJP_SIG, WEIGHTS_SIG,
-                       coefficients_stack, psd_factor, reduced_block, tokens_stack)
+from .sgd_step import (
+    FAULT_NONE,
+    FAULT_NONFINITE,
+    FAULT_NORMALISER,
+    VJP_SIG,
+    WEIGHTS_SIG,
+    coefficients_stack,
+    psd_factor,
+    reduced_block,
+    tokens_stack,
+)
 
 # random numbers drawn at once for a block of reduced steps (bounds memory, amortises calls)
 BLOCK_FLOATS = 400_000

@@ -38,8 +38,9 @@ Methods (both vectorised over runs, same law at every D):
   (m, R), [p | q] (m, R, L, F + H) standard normals, then the Wishart_p factor's
   N(0, 1) (m, R, p(p−1)/2) and χ²(D − F − H − i) (m, R, p) (or N(0, 1) (m, R, p, D − F − H)
   when D − F − H < p).  This is stream layout STREAM_LAYOUT = 3 (recorded in the parameters):
-  layouts 1–2 drew the L × L factor of G, so their numbers differ (same law).  Blocks start at fixed step indices (see :func:`simulate`), so a seed fixes
-  every number and a resumed run continues the same stream.
+  layouts 1–2 drew the L × L factor of G, so their numbers differ (same law).  Blocks start at
+  fixed step indices (see :func:`simulate`), so a seed fixes every number and a resumed run
+  continues the same stream.
 
 The step coefficients of both methods come from the generated per-sample kernels of the
 activation (:func:`codegen.sample_kernels`), the same code for presets and a user's φ.
@@ -56,21 +57,41 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import numpy as np
+from numpy.typing import ArrayLike
 
-from ..model.activations import Activation
 from ..expect.error import squared_residual
+from ..io.progress import progress_bar
+from ..io.results import (
+    Checkpoint,
+    is_current,
+    read_json,
+    set_aside,
+    to_jsonable,
+    write_json,
+)
+from ..model.activations import Activation
 from ..model.initial import InitialCondition
+from ..model.state import check_state_for_task
 from ..model.task import Task
 from ..model.validation import ValidationError, as_finite_array, check_int, fail
-from ..model.state import check_state_for_task
-from ..io.progress import progress_bar
-from ..io.results import (Checkpoint, is_current, read_json, set_aside, to_jsonable, write_json)
-from .sgd_step import FAULT_NONE, FAULT_NONFINITE, FAULT_NORMALISER, psd_factor
-from .sgd_states import (BruteState, CorruptCheckpoint, ReducedState, Scalars, _checked_array,
-                         draw_samples, step_kernels)
+from .sgd_states import (
+    BruteState,
+    CorruptCheckpoint,
+    ReducedState,
+    Scalars,
+    _checked_array,
+    draw_samples,
+    step_kernels,
+)
+from .sgd_step import (
+    FAULT_NONE,
+    FAULT_NONFINITE,
+    FAULT_NORMALISER,
+    psd_factor,
+)
 from .simulation import Simulation
 
 METHODS = ("reduced", "brute")
@@ -125,7 +146,8 @@ class SimConfig:
         if self.initial is not None:
             check_state_for_task(self.initial.state, self.task)
             if self.initial.state.H != self.H:
-                fail("H", f"must match the initial condition's {self.initial.state.H} heads", self.H)
+                fail("H", f"must match the initial condition's {self.initial.state.H} heads",
+                     self.H)
         if self.wishart_dof is not None and self.wishart_dof < 0:
             fail("wishart_dof", "must be >= 0", self.wishart_dof)
 
@@ -157,7 +179,8 @@ class SimConfig:
 
     def params(self) -> dict:
         ta, tb = self.trained
-        return {"method": self.method, "stream": STREAM_LAYOUT, "D": self.D, "H": self.H, "runs": self.runs,
+        return {"method": self.method, "stream": STREAM_LAYOUT, "D": self.D, "H": self.H,
+                "runs": self.runs,
                 "seed": self.seed, "gamma": self.gamma, "eta": self.eta,
                 "gamma_a": self.gamma if self.gamma_a is None else self.gamma_a,
                 "gamma_b": self.gamma if self.gamma_b is None else self.gamma_b,
@@ -224,7 +247,8 @@ class _Run:
         step, records, count = int(saved["step"]), saved["records"], int(saved["sq_count"])
         n_rec = len(records) if isinstance(records, list) else -1
         lo = int(targets[n_rec - 1]) if n_rec > 0 else 0
-        if not (0 <= n_rec <= len(targets) and lo <= step <= int(targets[min(n_rec, len(targets) - 1)])
+        if not (0 <= n_rec <= len(targets)
+                and lo <= step <= int(targets[min(n_rec, len(targets) - 1)])
                 and 0 <= count <= step):
             raise CorruptCheckpoint(f"step {step} with {n_rec} records does not fit the times")
         self.state.load(saved["state"])
@@ -270,7 +294,8 @@ class _Run:
             m = min(block, n_steps - done)
             smp = draw_samples(cfg.task, self.rng, m, cfg.runs)
             tokens = state.draw_tokens(self.rng, m, smp)
-            bad, kind = state.steps(self.kernels, smp, tokens, self.scalars)
+            # each state class draws the tokens its own steps take (reduced: TokenDraws)
+            bad, kind = state.steps(self.kernels, smp, tokens, self.scalars)  # type: ignore[arg-type]
             if kind != FAULT_NONE:
                 self._fail(self.step_count + bad, kind)
             done += m
@@ -395,7 +420,7 @@ def simulate_to_file(cfg: SimConfig, out: str | os.PathLike) -> Simulation:
 DEFAULT_RECORDS = 31
 
 
-def recorded_times(T: float | None, times: Sequence[float] | np.ndarray | None) -> np.ndarray:
+def recorded_times(T: float | None, times: ArrayLike | None) -> np.ndarray:
     """The recorded times: ``times`` (checked against T), or equally spaced in [0, T]."""
     if times is None:
         if T is None:

@@ -10,7 +10,6 @@ import numpy as np
 from ..io.result import OverlapPlots, Result, provenance_of, xarray_module
 from ..io.results import read_json, restore_non_finite, stamps
 
-
 SIM_KEYS = ("t", "M", "Q", "a", "b", "error", "error_running")
 
 

@@ -8,7 +8,14 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..io.result import OverlapPlots, Result, engine_text, provenance_of, setting_text, xarray_module
+from ..io.result import (
+    OverlapPlots,
+    Result,
+    engine_text,
+    provenance_of,
+    setting_text,
+    xarray_module,
+)
 from ..io.results import read_json, restore_non_finite, stamps
 from ..model.state import State
 

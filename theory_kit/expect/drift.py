@@ -30,14 +30,14 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, cast
 
 import numpy as np
 from scipy import special, stats
 
 from ..kernels import codegen
-from ..model.activations import Activation
 from ..kernels.integrands import DriftSamples
+from ..model.activations import Activation
 from ..model.priors import FlippingPrior, GaussianPrior, Prior
 from ..model.task import Task
 from ..model.validation import check_int, fail
@@ -155,6 +155,7 @@ class SampleDrift:
             smp = self.sample_set(task, H)
             self._cache = mc.with_head_permutations(smp) if self.symmetric_heads(task, H) else smp
             self._cache_key = key
+        assert self._cache is not None           # drawn for this key
         return self._cache
 
     def symmetric_heads(self, task: Task, H: int) -> bool:
@@ -181,11 +182,14 @@ class SampleDrift:
         generated = self.generated(act) if self.integrand is None else None
         acc = _Accumulator()
         if hasattr(generated, "group_sums"):
-            acc.total, acc.square, acc.groups = generated.group_sums(
+            compiled = cast(codegen.CompiledIntegrand, generated)   # the fused numba pass
+            acc.total, acc.square, acc.groups = compiled.group_sums(
                 None, None, None, mc.sqrtm_psd(Q), M, Q, a, b, task.delta, shape,
-                packed=self._packed(generated, smp, shape))
+                packed=self._packed(compiled, smp, shape))
         else:
-            integrand = self.integrand or (lambda _act, *args: generated(*args))
+            # ``generated`` is set exactly when there is no custom integrand
+            integrand = self.integrand or (
+                lambda _act, *args: cast(Callable[..., DriftSamples], generated)(*args))
             self._chunked(acc, integrand, smp, reps, shape, task, act, M, Q, a, b)
         w_group = 1.0 / smp.n_groups if self.has_stderr() else None
         stderr = acc.stderrs(DRIFT_FIELDS, w_group)
@@ -260,7 +264,7 @@ class MonteCarloDrift(SampleDrift):
 
     def rng_state(self) -> dict:
         """The generator state (used only by fresh sampling), for checkpoints."""
-        return self.rng.bit_generator.state
+        return cast(dict, self.rng.bit_generator.state)   # a new dict (numpy: a Mapping)
 
     def set_rng_state(self, state: dict) -> None:
         self.rng.bit_generator.state = state

@@ -46,7 +46,8 @@ DEFAULT_QMC_POINTS = 2 ** 15  # Sobol points of ``quad`` when the caller has no 
 class DriftEngine(Protocol):
     """The duck type every engine has (see ``expect.drift.SampleDrift``)."""
 
-    fresh: bool
+    @property
+    def fresh(self) -> bool: ...               # an attribute, or auto's read-only property
 
     def evaluate(self, task: Task, act: Activation, M: np.ndarray, Q: np.ndarray,
                  a: np.ndarray, b: np.ndarray) -> DriftMeans: ...
@@ -188,7 +189,9 @@ def _auto(task: Task | None, act: Activation | None, H: int | None, samples: int
     ok, reason = laplace_applies(task, act, H)
     if not ok:
         return SelectedEngine(fallback, {"engine": "mc", "reason": reason})
-    laplace = laplace_class()()
+    cls = laplace_class()
+    assert cls is not None                       # laplace_applies found it
+    laplace = cls()
     probe = compare_at_equal_accuracy(laplace, fallback, task, act,
                                       probe_state(task, act, H) if state is None else state, seed)
     if probe["laplace_seconds"] <= probe["sample_seconds_at_equal_accuracy"]:

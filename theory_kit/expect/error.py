@@ -14,23 +14,23 @@ cases), ``auto`` (the most accurate one that is fast for the case at hand).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import ClassVar
+from typing import ClassVar, cast
 
 import numpy as np
 from scipy import special
 
-from ..kernels import codegen
-from ..model.activations import Activation
-from . import montecarlo as mc
-from . import precise
-from . import quadrature as quad
-from ..model.priors import GaussianPrior, Prior
-from ..model.validation import ResourceError, check_int, fail
-from ..model.state import State, check_state_for_task
-from ..model.task import Task
 from ..io.limits import check_memory, check_monte_carlo
 from ..io.result import PROVENANCE, Result, provenance_of
 from ..io.results import stamps
+from ..kernels import codegen
+from ..model.activations import Activation
+from ..model.priors import GaussianPrior, Prior
+from ..model.state import State, check_state_for_task
+from ..model.task import Task
+from ..model.validation import ResourceError, check_int, fail
+from . import montecarlo as mc
+from . import precise
+from . import quadrature as quad
 
 METHODS = ("auto", "quad", "mc", "mpmath")
 AUTO_QUAD_TOL = 1e-8
@@ -113,6 +113,7 @@ def check_samples(n: object, param: str = "n") -> int:
     if isinstance(n, float) and n.is_integer():
         n = int(n)
     check_int(n, param, MIN_SAMPLES)
+    n = cast(int, n)                             # check_int refused anything else
     if n > MAX_SAMPLES:
         fail(param, f"must be an integer in [{MIN_SAMPLES}, {MAX_SAMPLES:.0e}]", n)
     return int(n)

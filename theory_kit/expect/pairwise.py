@@ -50,9 +50,9 @@ from typing import Callable
 import numpy as np
 
 from ..model.activations import Activation
+from ..model.priors import make_prior
 from ..model.task import Task
 from ..model.validation import ValidationError
-from ..model.priors import make_prior
 from . import laplace as lp
 from .laplace.algebra import CompiledPattern, Slots, compile_patterns, drift_polynomial
 
@@ -235,8 +235,9 @@ class PairwiseLaplace:
                                               dict(zip(PARTS, coarse[:4])), fine[4])
                 value += coef * fine[0]
                 value_err += abs(coef) * float(err["E"])
+                fine_grads = fine[1:4]           # ∂E/∂K, ∂E/∂a, ∂E/∂b (arrays)
                 for j, name in enumerate(PARTS[1:]):
-                    grads[j][idx] += coef * fine[1 + j]
+                    grads[j][idx] += coef * fine_grads[j]
                     errs[j][idx] += abs(coef) * err[name]
             grad_err = float(np.linalg.norm(counted(*errs) if counted else
                                             np.concatenate([e.ravel() for e in errs])))

@@ -29,7 +29,7 @@ from ..model.priors import DiscretePrior, GaussianPrior
 from ..model.state import State
 from ..model.task import Task
 from ..model.validation import ValidationError
-from .quadrature import Column, kinks, signal_columns, whiten
+from .quadrature import Column, Overlaps, kinks, signal_columns, whiten
 
 DEFAULT_DPS = 30
 
@@ -82,7 +82,8 @@ class _RankOneColumn:
         if load.shape[1] > 1:
             raise ValidationError("method: 'mpmath' needs every score column to have rank <= 1 "
                                   "for this activation (use quad)")
-        self.load = [mp.mpf(float(x)) for x in (load[:, 0] if load.shape[1] else np.zeros(len(heads)))]
+        self.load = [mp.mpf(float(x))
+                     for x in (load[:, 0] if load.shape[1] else np.zeros(len(heads)))]
         self.shift = [mp.mpf(float(col.mean[h] + c[h])) for h in heads]
         self.a = [mp.mpf(float(x)) for x in a]
         self.log_phi = _log_phi_mp(act)
@@ -156,8 +157,9 @@ def _u_nodes(cols: list[_RankOneColumn], degree: int) -> list:
             for x, w in rule.get_nodes(a, b, degree, mp.mp.prec)]
 
 
-def _joint_moments(task: Task, act: Activation, state: State, heads: list[int], a: np.ndarray,
-                   c: np.ndarray, degree: int = 3) -> tuple[mp.mpf, mp.mpf, mp.mpf]:
+def _joint_moments(task: Task, act: Activation, state: Overlaps, heads: list[int],
+                   a: np.ndarray, c: np.ndarray, degree: int = 3
+                   ) -> tuple[mp.mpf, mp.mpf, mp.mpf]:
     """(E[w_0], E[Σ_l w_l²], E[w_1]) for ``heads`` jointly normalised, at mp precision.
 
     Both the u-integral and the Gaussian averages use fixed composite Gauss–Legendre rules
@@ -196,7 +198,7 @@ def _per_head_conditional(task: Task, act: Activation, state: State, h: int,
     return e0, e1, e2
 
 
-def _single_column_task(task: Task, col: Column) -> tuple[Task, State]:
+def _single_column_task(task: Task, col: Column) -> tuple[Task, _ColumnState]:
     """A task/state pair whose only signal column is ``col`` (a one-atom prior)."""
     # one atom θ = 1 and M = mean, so that Mθ = mean; the covariance is Q (discrete priors)
     H = len(col.mean)
@@ -303,10 +305,12 @@ def bayes_error_mp(task: Task, dps: int = DEFAULT_DPS) -> tuple[mp.mpf, mp.mpf]:
     Discrete priors of rank ≤ 1 (B-softmax at the atoms), or a Gaussian prior with F = 1,
     where p_l ∝ exp(β p_l²), β = ν/(2(1+ν)), and the signal projection is N(0, 1 + ν)."""
     from .quadrature import bayes_setup
+    state: Overlaps
     with mp.workdps(dps):
         if isinstance(task.prior, GaussianPrior):
             if task.F != 1:
-                raise ValidationError("method: 'mpmath' Bayes error with a Gaussian prior needs F = 1")
+                raise ValidationError("method: 'mpmath' Bayes error with a Gaussian prior "
+                                      "needs F = 1")
             nu = float(task.prior.nu[0])
             beta = mp.mpf(nu) / (2 * (1 + mp.mpf(nu)))
             act = _quadratic_log_phi(beta)

@@ -22,7 +22,8 @@ The pair (s_h, s_h') is written as s_1 = μ_1 + σ_1 z_1, s_2 = μ_2 + β z_1 + 
 average is done once per (u', z_1) and the (u, u') tables are matrix products.
 Every factor is bounded (e^{x − e^x} ≤ 1/e), so huge scores cannot overflow.
 
-Elementwise activations need no t: E[w_0] = Σ_h a_h E[φ_h] and E[w_l²] = Σ_{hh'} a_h a_h' E[φ_h φ_h'].
+Elementwise activations need no t: E[w_0] = Σ_h a_h E[φ_h] and
+E[w_l²] = Σ_{hh'} a_h a_h' E[φ_h φ_h'].
 
 Rules (documented choices):
 * u: trapezoid with step h_u = 0.25/r on [−ψ_max − 32, −ψ_min + 4.5] (ψ = log φ over the
@@ -46,17 +47,18 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Protocol, cast
 
 import numpy as np
 import sympy as sp
 from scipy import special
 
+from ..io.limits import check_memory
 from ..model.activations import S_SYMBOL, Activation
 from ..model.priors import GaussianPrior
 from ..model.state import State
 from ..model.task import Task
 from ..model.validation import ValidationError
-from ..io.limits import check_memory
 
 Z_RANGE = 8.5           # trapezoid truncation of the standard normal, e^{−Z²/2} ≈ 2e−16
 Z_RANGE_GL = 10.0       # composite Gauss–Legendre truncation (elementwise, polynomial growth)
@@ -86,14 +88,29 @@ class Column:
     cov: np.ndarray
 
 
-def signal_columns(task: Task, state: State) -> list[Column]:
+class Overlaps(Protocol):
+    """What :func:`signal_columns` reads of a state: M (H × F), Q (H × H) and H (a
+    :class:`State`, or the one-column stand-in of ``precise``)."""
+
+    @property
+    def M(self) -> np.ndarray: ...
+
+    @property
+    def Q(self) -> np.ndarray: ...
+
+    @property
+    def H(self) -> int: ...
+
+
+def signal_columns(task: Task, state: Overlaps) -> list[Column]:
     """Signal-token columns: one per atom for a discrete prior, one folded Gaussian otherwise."""
     prior = task.prior
     if isinstance(prior, GaussianPrior):
         cov = state.Q + state.M @ np.diag(prior.nu) @ state.M.T
         return [Column(1.0, np.zeros(state.H), cov)]
     if not prior.is_discrete:
-        raise ValidationError(f"prior: quadrature needs a discrete or Gaussian prior (got '{prior.name}')")
+        raise ValidationError(f"prior: quadrature needs a discrete or Gaussian prior "
+                              f"(got '{prior.name}')")
     atoms, pi = prior.atoms()
     return [Column(float(p), state.M @ th, state.Q) for th, p in zip(atoms, pi) if p > 0]
 
@@ -117,7 +134,8 @@ def trapezoid_normal(sigma: float, level: float) -> tuple[np.ndarray, np.ndarray
     return z, w / w.sum()
 
 
-def piecewise_gauss_legendre_normal(cuts: np.ndarray, level: float) -> tuple[np.ndarray, np.ndarray]:
+def piecewise_gauss_legendre_normal(cuts: np.ndarray, level: float
+                                    ) -> tuple[np.ndarray, np.ndarray]:
     """E f(z), z ~ N(0,1), for f smooth between ``cuts`` (shape (..., K)); nodes (..., n).
 
     Composite Gauss–Legendre on [−10, 10] with the cuts as extra panel edges."""
@@ -236,7 +254,7 @@ def gaussian_nodes(A: np.ndarray, level: float, cost_per_node: float,
         return np.zeros((1, A.shape[0])), np.ones(1), False
     rules = tensor_rules(A, level)
     if tensor_cost(rules, cost_per_node) > MAX_GRID:
-        from scipy.stats import qmc   # here: scipy.stats costs ~1 CPU s to import, on this path only
+        from scipy.stats import qmc  # here: scipy.stats costs ~1 CPU s to import, on this path only
         seed = 0 if replicate is None else replicate
         pts = qmc.Sobol(d=r, scramble=True, seed=np.random.default_rng([seed, r])
                         ).random_base2(RQMC_POINTS_LOG2)
@@ -346,7 +364,8 @@ class QuadEngine:
         return True
 
     # -- joint: one t, H-dim Gaussian column ---------------------------------------
-    def _column_nodes(self, col: Column, heads: list[int], n_u: int) -> tuple[np.ndarray, np.ndarray]:
+    def _column_nodes(self, col: Column, heads: list[int], n_u: int
+                      ) -> tuple[np.ndarray, np.ndarray]:
         """Scores s (G × |heads|) and weights (G,) for E over one column (tensor or RQMC)."""
         mean = col.mean[heads]
         z, w, rqmc = gaussian_nodes(whiten(col.cov[np.ix_(heads, heads)]), self.level,
@@ -355,7 +374,8 @@ class QuadEngine:
         return mean + z, w
 
     def _column_functions(self, s: np.ndarray, w: np.ndarray, heads: list[int], ug: UGrid,
-                          a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                          a: np.ndarray
+                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         return column_functions(log_phi(self.act, s + self.c[heads]), w, a, ug)
 
     def _joint_like(self, heads: list[int], a: np.ndarray) -> tuple[float, float]:
@@ -619,7 +639,7 @@ def _bayes_gaussian_moments(task: Task, level: float,
 
     The trapezoid step in each p_f is set by the slope of ψ (2 β σ² · 3) as well as σ,
     because e^{−t e^{βp²}} is not analytic in a uniform strip."""
-    nu = task.prior.nu
+    nu = cast(GaussianPrior, task.prior).nu        # the Gaussian prior's moments
     beta = nu / (2 * (1 + nu))
     psi_max = float(np.sum(beta * (1 + nu))) * Z_RANGE ** 2
     ug = u_grid(0.0, psi_max, 0.0, level)

@@ -33,9 +33,9 @@ from __future__ import annotations
 import os
 import pickle
 import signal
+import threading
 import uuid
 from collections import Counter
-import threading
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
@@ -96,21 +96,21 @@ def run_sweep(fn: Callable[..., Any], items: Sequence[Any], keys: Sequence[objec
     ``executor``: None (``jobs`` local processes), a ``concurrent.futures.Executor`` or a
     ``distributed.Client``.  An exception raised by ``fn`` stops the sweep (finished pieces
     stay saved); a worker that dies only costs the pieces it was running."""
-    keys = [str(k) for k in keys]
-    if len(keys) != len(items):
-        raise ValueError(f"run_sweep: {len(items)} items but {len(keys)} keys")
-    if len(set(keys)) != len(keys):
-        dup = [k for k, n in Counter(keys).items() if n > 1]
+    names = [str(k) for k in keys]               # the keys as the store sees them
+    if len(names) != len(items):
+        raise ValueError(f"run_sweep: {len(items)} items but {len(names)} keys")
+    if len(set(names)) != len(names):
+        dup = [k for k, n in Counter(names).items() if n > 1]
         raise ValueError(f"run_sweep: keys must be unique (repeated: {dup[:3]})")
     check_int(max_attempts, "max_attempts", 1)
     results: dict[str, Any] = {}
     if store is not None:
-        for key in keys:
+        for key in names:
             value = store.load(key)
             if value is not None:
                 results[key] = value
-    todo = {k: item for k, item in zip(keys, items) if k not in results}
-    with progress_bar(len(keys), desc, unit=unit, initial=len(results)) as bar:
+    todo = {k: item for k, item in zip(names, items) if k not in results}
+    with progress_bar(len(names), desc, unit=unit, initial=len(results)) as bar:
         def arrived(key: str, value: Any) -> None:
             results[key] = store.save(key, value) if store is not None else value
             bar.update(1)
@@ -119,7 +119,7 @@ def run_sweep(fn: Callable[..., Any], items: Sequence[Any], keys: Sequence[objec
             beat = not runs_in_process(executor, jobs, len(todo))
             with heartbeat(bar if beat else None):
                 backend(executor, jobs, len(todo), max_attempts).run(fn, todo, shared, arrived)
-    return [results[k] for k in keys]
+    return [results[k] for k in names]
 
 
 HEARTBEAT_SECONDS = 5.0

@@ -251,7 +251,8 @@ def check_einf(runs: int, jobs: int, samples: int, H: int, L: int, strata: int, 
                   drift_bytes(solver_points, H, L, strata) if solve or minimum_starts else 0.0)
     check_memory(biggest * min(jobs, runs), f"einf with {samples} drift samples and "
                  f"{solver_points} solver points x {strata} theta strata x H = {H} x L = {L} "
-                 f"({min(jobs, runs)} job(s) at once)", "lower --samples, --solver-points or --jobs")
+                 f"({min(jobs, runs)} job(s) at once)",
+                 "lower --samples, --solver-points or --jobs")
     seconds = einf_seconds(runs, samples, H, L, strata, T_min, T_max, solver_points, solve,
                            shift_check, minimum_starts) / max(1, min(jobs, runs, cores()))
     check_time(seconds, f"einf with {runs} run(s) of H = {H}, L = {L}",

@@ -150,6 +150,7 @@ class OverlapPlots:
         from ..figures.style import label_axes, new_figure, series_colors
         series = panel_series(self.to_dict(), self.runs_axis)  # type: ignore[attr-defined]
         names = [p for p in PANELS if p in series]
+        fig: Any                                 # a Figure (or the SubFigure ``ax`` is on)
         if ax is None:
             fig, axes = new_figure(1, len(names))
         else:

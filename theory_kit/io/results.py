@@ -21,7 +21,6 @@ import math
 import os
 import socket
 import stat
-import sys
 import tempfile
 import time
 import warnings
@@ -280,7 +279,8 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
     out = dict(pairs)
     if len(out) != len(pairs):
         seen: set = set()
-        dup = next(k for k, _ in pairs if k in seen or seen.add(k))
+        # set.add returns None (falsy), so this finds the first key seen twice
+        dup = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
         raise ValueError(f"the key {dup[:40]!r} appears twice in one object")
     return out
 
@@ -328,7 +328,9 @@ def write_npz(path: str | os.PathLike, params: dict, **arrays: np.ndarray) -> Pa
     path = Path(path)
     meta = json.dumps(strict_payload({**stamps(), "params": params}),
                       allow_nan=False)
-    atomic_replace(path, lambda h: np.savez(h, __meta__=np.array(meta), **arrays), ".npz")
+    # numpy's stub types **kwds as if they could be its allow_pickle flag: they are array names
+    atomic_replace(path, lambda h: np.savez(h, __meta__=np.array(meta), **arrays),  # type: ignore[arg-type]
+                   ".npz")
     return path
 
 

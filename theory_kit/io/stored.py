@@ -12,7 +12,7 @@ import dataclasses
 import hashlib
 import os
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import numpy as np
 
@@ -23,6 +23,14 @@ R = TypeVar("R")
 
 OUT_RULE = ("a name ending in .json is the result file itself (other outputs go beside it, "
             "named after it); any other name is a folder, created if needed")
+
+
+@overload
+def out_json(out: str | os.PathLike, name: str) -> Path: ...
+@overload
+def out_json(out: None, name: str) -> None: ...
+@overload
+def out_json(out: str | os.PathLike | None, name: str) -> Path | None: ...
 
 
 def out_json(out: str | os.PathLike | None, name: str) -> Path | None:

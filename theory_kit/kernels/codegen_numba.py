@@ -1,4 +1,5 @@
-"""numba backend of :mod:`theory_kit.kernels.codegen`: per-sample scalar loops from the structured derivation.
+"""numba backend of :mod:`theory_kit.kernels.codegen`: per-sample scalar loops from the
+structured derivation.
 
 The structured expressions of :mod:`theory_kit.symbolic.derive` carry free indices h, g (heads), l
 (token) and sums over dummy indices.  Here they are lowered to *scalar loop code* for one
@@ -31,8 +32,8 @@ from dataclasses import dataclass, field
 import sympy as sp
 from sympy.printing.pycode import PythonCodePrinter
 
-from ..symbolic import derive as dv
 from ..model.activations import S_SYMBOL, Activation
+from ..symbolic import derive as dv
 
 ARRAYS = {dv.W_: "W", dv.D_: "D", dv.D2_: "D2", dv.a_: "a", dv.e_: "e"}
 # error_model='numpy': a float division has no zero check (which would stop the sample loops
@@ -221,9 +222,9 @@ def loop_function(name: str, outputs: dict[str, sp.Expr], free: dict[str, str], 
     ``lanes=True``: ``name(W, D, D2, e, a, work, *outputs)`` for a block of NB samples (a
     module constant) in structure-of-arrays layout — every per-sample array gets a trailing
     axis of length NB (W (H, L, NB), e (L, NB), work (size, NB), outputs (..., NB)); a stays
-    (H,).  The sample loop ``for j in range(NB)`` is innermost, so the same arithmetic as the per-sample form (in
-    the same order: bit-identical results) runs across samples and LLVM vectorises it without
-    reassociation.  Scalar-only outputs are not supported."""
+    (H,).  The sample loop ``for j in range(NB)`` is innermost, so the same arithmetic as the
+    per-sample form (in the same order: bit-identical results) runs across samples and LLVM
+    vectorises it without reassociation.  Scalar-only outputs are not supported."""
     lane = "j" if lanes else None
     low = _LoopLowering()
     lowered = {key: low.lower(expr) for key, expr in outputs.items()}
@@ -251,12 +252,12 @@ def loop_function(name: str, outputs: dict[str, sp.Expr], free: dict[str, str], 
     for letters, keys in groups.items():
         order = [v for v in FREE_ORDER if str(v) in letters]
         cse_lines, codes = _cse_body([lowered[k] for k in keys], printer)
-        target = ", ".join([LOOP_NAME[v][0] for v in order] + ([lane] if lanes else []))
+        target = ", ".join([LOOP_NAME[v][0] for v in order] + ([lane] if lane else []))
         assign = [f"{k}[{target}] = {c}" for k, c in zip(keys, codes)]
         lines += _loops([LOOP_NAME[v] for v in order] + inner, cse_lines + assign, 1)
     args = ", ".join(["W", "D", "D2", "e", "a", "work"] + list(outputs))
     head = [BLOCK_JIT if lanes else INLINE_JIT, f"def {name}({args}):", f'    """{doc}"""']
-    work = [f"@njit(cache=True)", f"def {name}_WORK(H, L):",
+    work = ["@njit(cache=True)", f"def {name}_WORK(H, L):",
             f'    """Length of the scratch vector of {name}."""', f"    return {size}", ""]
     return "\n".join(work + ["", ""] + head + lines + ["", ""])
 
@@ -271,8 +272,10 @@ def _scalar_source(act: Activation) -> str:
     cse_lines, codes = _cse_body(exprs, printer)
     body = [f"    {line}" for line in cse_lines]
     return "\n".join([INLINE_JIT, "def _phi012(t):",
-                      '    """The three scalar functions of the biased score t (see module doc)."""']
-                     + body + [f"    return float({codes[0]}), float({codes[1]}), float({codes[2]})",
+                      '    """The three scalar functions of the biased score t '
+                      '(see module doc)."""']
+                     + body + [f"    return float({codes[0]}), float({codes[1]}), "
+                               f"float({codes[2]})",
                                "", ""])
 
 
@@ -330,7 +333,8 @@ def _normalise_lines(act: Activation, log_domain: bool, lanes: bool = False,
             [f"{W('h')} = math.exp({W('h')})", f"{D('h')} *= {W('h')}",
              f"{D2('h')} *= {W('h')}"], "        ")
     per_head = act.norm == "per-head"
-    head, heads = ("for h in range(H):", "range(h, h + 1)") if per_head else ("if True:", "range(H)")
+    head, heads = (("for h in range(H):", "range(h, h + 1)") if per_head
+                   else ("if True:", "range(H)"))
     pad, loop = "    ", [f"    for hh in {heads}:", "        for l in range(L):"]
     if log_domain:
         body = x.each([f"{m} = -math.inf"], pad) + loop + x.each(
@@ -359,7 +363,8 @@ def weights_source(act: Activation, st: "dv.Structured", name: str = "weights1",
     """``name(S, b, qdiag, a, W, D, D2, w) -> ok`` for one sample (module doc); ``inline``: the
     twin inlined into per-sample loops (a call boundary costs more than the arithmetic).
     ``lanes``: ``name(S, b, qdiag, a, W, D, D2, w, m, total) -> ok`` for a block of NB samples
-    in structure-of-arrays layout (S, W, D, D2 (H, L, NB), w (L, NB), m (NB,), total (H, NB) scratch;
+    in structure-of-arrays layout (S, W, D, D2 (H, L, NB), w (L, NB), m (NB,), total (H, NB)
+    scratch;
     b, qdiag, a (H,) shared by the block); ok is False if any normaliser is <= 0.
     ``derivatives=False`` (φ = e^s only, see :func:`plain_exp`): D and D2 are left unset."""
     sc = dv.scalar_functions(act)
@@ -379,7 +384,8 @@ def weights_source(act: Activation, st: "dv.Structured", name: str = "weights1",
     if lanes and act.norm != "elementwise":
         return "\n".join(lines + _fused_block_lines(act, sc.log_domain, derivatives, phi, term)
                          + ["    return ok", "", ""])
-    lines += ["    for h in range(H):", f"        {_offset_line(act)}", "        for l in range(L):"]
+    lines += ["    for h in range(H):", f"        {_offset_line(act)}",
+              "        for l in range(L):"]
     lines += x.each([phi], "            ")
     lines += [f"    {line}" for line in _normalise_lines(act, sc.log_domain, lanes, derivatives)]
     w = x.arr("w", "l")
@@ -409,8 +415,8 @@ def _fused_block_lines(act: Activation, log_domain: bool, derivatives: bool, phi
     per_head = act.norm == "per-head"
     row = "h" if per_head else "0"
     each = _Lanes(True).each
-    start = each([f"m[j] = -math.inf"] if log_domain else [f"total[{row}, j] = KAPPA"], "")
-    update = f"m[j] = max(m[j], W[h, l, j])" if log_domain else f"total[{row}, j] += W[h, l, j]"
+    start = each(["m[j] = -math.inf"] if log_domain else [f"total[{row}, j] = KAPPA"], "")
+    update = "m[j] = max(m[j], W[h, l, j])" if log_domain else f"total[{row}, j] += W[h, l, j]"
     lines = [] if per_head else start
     lines += ["for h in range(H):", f"    {_offset_line(act)}"]
     lines += [f"    {x}" for x in (start if per_head else [])]
@@ -443,7 +449,8 @@ def _fused_block_lines(act: Activation, log_domain: bool, derivatives: bool, phi
 
 
 # ----------------------------------------------------------------------------- module
-_HEADER = '''"""Generated by theory_kit.kernels.codegen (numba backend) from the SymPy derivation; DO NOT EDIT.
+_HEADER = '''"""Generated by theory_kit.kernels.codegen (numba backend) from the SymPy \
+derivation; DO NOT EDIT.
 
 Activation: {name}; phi(s) = {phi}; norm = {norm}; kappa = {kappa}; offsets = {offset};
 fingerprint = {fingerprint}.  All functions are numba ``@njit(cache=True, fastmath=False)``.
@@ -464,7 +471,8 @@ Batches (leading sample axis n, every array C-contiguous or broadcast views):
       the same for rows start..stop-1 when b, qdiag, a are (H,), shared by every row:
       vectorised over lanes of NB rows (nogil; results do not depend on the split).
   drift_rows(S, zeta, theta, M, Q, B, a, b, qdiag, delta, stein, start, stop, out) -> bad
-      rows start..stop-1 of out (n, K), K = H F + 2 H^2 + 2 H + 1: per-sample [dM (H,F) | dQ_lin (H,H) |
+      rows start..stop-1 of out (n, K), K = H F + 2 H^2 + 2 H + 1: per-sample \
+[dM (H,F) | dQ_lin (H,H) |
       dQ_noise (H,H) | da (H) | db (H) | |e|^2], row-major blocks.
   drift_blocks(gP, thP, wP, R, M, Q, B, a, b, qdiag, delta, stein, shape, block, per, subs,
                n_groups, start, stop, tot, sqr) -> bad.  gP, thP, wP: whitened noise, theta
@@ -946,7 +954,8 @@ def drift_blocks(gP, thP, wP, R, M, Q, B, a, b, qdiag, delta, stein, shape, bloc
     return bad
 '''
 
-LANES = 128   # measured (softmax, one thread, CPU): 7-13 % less per row than 64 at H = 2, equal at H = 8
+# measured (softmax, one thread, CPU): 7-13 % less per row than 64 at H = 2, equal at H = 8
+LANES = 128
 
 
 def plain_exp(act: Activation) -> bool:

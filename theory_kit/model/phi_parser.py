@@ -26,7 +26,7 @@ or a fractional power / ``log`` of something negative.
 from __future__ import annotations
 
 import ast
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, NoReturn, TypeVar, cast
 
 import numpy as np
 import sympy as sp
@@ -51,18 +51,20 @@ _AST_NAMES = {ast.Attribute: "attribute access", ast.Subscript: "subscripts",
               ast.GeneratorExp: "comprehensions", ast.Compare: "comparisons",
               ast.BoolOp: "boolean operators", ast.IfExp: "conditional expressions",
               ast.List: "lists", ast.Tuple: "tuples", ast.Dict: "dicts", ast.Set: "sets",
-              ast.JoinedStr: "strings", ast.NamedExpr: "assignments", ast.Starred: "starred arguments",
+              ast.JoinedStr: "strings", ast.NamedExpr: "assignments",
+              ast.Starred: "starred arguments",
               ast.Await: "await", ast.Yield: "yield", ast.YieldFrom: "yield"}
+T = TypeVar("T")
 
 
-def _refuse(reason: str, text: str, functions: Mapping[str, object]) -> None:
+def _refuse(reason: str, text: str, functions: Mapping[str, object]) -> NoReturn:
     shown = text if len(text) <= 120 else text[:117] + "..."
     names = ", ".join(sorted(functions))
     fail("phi", f"{reason}; allowed: numbers, s, pi, E, + - * / ** and the functions {names}",
          shown)
 
 
-def _not_real(text: str) -> None:
+def _not_real(text: str) -> NoReturn:
     fail("phi", "must be real and finite (no I, oo, zoo or nan constants)", text)
 
 
@@ -152,7 +154,7 @@ class _Builder:
     def __init__(self, text: str, symbol: sp.Symbol, functions: Mapping[str, object]) -> None:
         self.text, self.symbol, self.functions = text, symbol, functions
 
-    def refuse(self, reason: str) -> None:
+    def refuse(self, reason: str) -> NoReturn:
         _refuse(reason, self.text, self.functions)
 
     def build(self, node: ast.expr) -> sp.Expr:
@@ -182,7 +184,8 @@ class _Builder:
             self.refuse(f"uses the private name {ident!r}")
         if ident in self.functions:
             self.refuse(f"uses the function {ident!r} without calling it")
-        self.refuse(f"uses the unknown name {ident!r} (phi must be a function of the score s alone)")
+        self.refuse(f"uses the unknown name {ident!r} "
+                    "(phi must be a function of the score s alone)")
         raise AssertionError  # unreachable
 
     def binop(self, node: ast.BinOp) -> sp.Expr:
@@ -206,7 +209,8 @@ class _Builder:
             self.refuse(f"calls {name!r} without arguments")
         args = [self.build(a) for a in node.args]
         try:
-            return self.functions[name](*args)
+            # the caller's table maps each name to a callable building its SymPy expression
+            return cast(Callable[..., sp.Expr], self.functions[name])(*args)
         except (TypeError, ValueError, ArithmeticError) as exc:
             self.refuse(f"calls {name!r} with bad arguments ({' '.join(str(exc).split())})")
         raise AssertionError  # unreachable
@@ -245,12 +249,12 @@ class _SreprBuilder(_Builder):
         self.refuse(f"is not a SymPy srepr of phi ({type(node).__name__} found)")
         raise AssertionError  # unreachable
 
-    def literal(self, node: ast.expr, kind: type) -> object:
+    def literal(self, node: ast.expr, kind: type[T]) -> T:
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and kind is int:
-            return -self.literal(node.operand, int)
+            return cast(T, -self.literal(node.operand, int))
         if not (isinstance(node, ast.Constant) and type(node.value) is kind):
             self.refuse(f"is not a SymPy srepr of phi (expected a {kind.__name__} literal)")
-        return node.value
+        return cast(T, node.value)              # of type ``kind``, checked above
 
     def constructor(self, name: str, node: ast.Call) -> sp.Expr:
         args, kw = node.args, {k.arg: k.value for k in node.keywords}

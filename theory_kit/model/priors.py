@@ -3,11 +3,11 @@ non-isotropic Gaussian, discrete atoms and an empirical data set; E θ_f² = ν_
 from __future__ import annotations
 
 import itertools
-import reprlib
 from dataclasses import dataclass
-from typing import Sequence
+from typing import cast
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from .validation import ValidationError, as_finite_array, check_nu, fail
 
@@ -100,7 +100,9 @@ class FlippingPrior(DiscretePrior):
 
     It has 2^{F−1} equally weighted atoms."""
 
-    def __init__(self, nu: Sequence[float]) -> None:
+    nu: np.ndarray                # set in __init__ (the dataclass fields are DiscretePrior's)
+
+    def __init__(self, nu: ArrayLike | None) -> None:
         nu_arr = check_nu(nu)
         signs = np.array(list(itertools.product([1.0, -1.0], repeat=len(nu_arr) - 1)))
         signs = np.hstack([np.ones((len(signs), 1)), signs]) if len(nu_arr) > 1 else np.ones((1, 1))
@@ -142,7 +144,9 @@ class GaussianPrior(Prior):
 class EmpiricalPrior(DiscretePrior):
     """θ drawn uniformly from the rows of a data array (n × F), e.g. images."""
 
-    def __init__(self, data: np.ndarray, label: str = "empirical") -> None:
+    label: str                    # set in __init__ (the dataclass fields are DiscretePrior's)
+
+    def __init__(self, data: ArrayLike | None, label: str = "empirical") -> None:
         arr = as_finite_array(data, "data", ndim=2)
         if arr.shape[0] < 1:
             fail("data", "needs at least one row", arr.shape)
@@ -162,7 +166,7 @@ class EmpiricalPrior(DiscretePrior):
 PRIOR_NAMES = ("flipping", "gaussian", "discrete", "empirical")
 
 
-def make_prior(name: str, nu: Sequence[float] | None = None, atoms: object = None,
+def make_prior(name: str, nu: ArrayLike | None = None, atoms: object = None,
                weights: object = None, data: object = None) -> Prior:
     """Build a prior by name: ``flipping``/``gaussian`` take ν, ``discrete`` atoms+weights,
     ``empirical`` a data array."""
@@ -175,7 +179,7 @@ def make_prior(name: str, nu: Sequence[float] | None = None, atoms: object = Non
         w = np.full(len(atoms_arr), 1.0 / len(atoms_arr)) if weights is None else weights
         return DiscretePrior(atoms_arr, np.asarray(w, dtype=float))
     if name == "empirical":
-        return EmpiricalPrior(data)
+        return EmpiricalPrior(cast(ArrayLike, data))     # validated there
     fail("prior", f"must be one of {', '.join(PRIOR_NAMES)}", name)
     raise AssertionError  # unreachable
 
@@ -185,5 +189,6 @@ def prior_from_params(params: dict) -> Prior:
     name = params.get("prior")
     if name == "empirical":
         raise ValidationError("prior: an empirical prior cannot be rebuilt from params alone")
-    return make_prior(name, nu=params.get("nu"), atoms=params.get("atoms"),
+    # (make_prior refuses anything but a prior's name)
+    return make_prior(cast(str, name), nu=params.get("nu"), atoms=params.get("atoms"),
                       weights=params.get("weights"))

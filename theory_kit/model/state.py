@@ -19,7 +19,7 @@ class State:
     M: np.ndarray
     Q: np.ndarray
     a: np.ndarray
-    b: np.ndarray = field(default=None)  # type: ignore[assignment]
+    b: np.ndarray = field(default=None)  # type: ignore[arg-type]  # None: zeros (__post_init__)
 
     def __post_init__(self) -> None:
         M = as_finite_array(self.M, "M", ndim=2)
@@ -35,7 +35,8 @@ class State:
         a = as_finite_array(np.broadcast_to(self.a, (H,)) if np.ndim(self.a) == 0 else self.a,
                             "a", ndim=1)
         b_in = np.zeros(H) if self.b is None else self.b
-        b = as_finite_array(np.broadcast_to(b_in, (H,)) if np.ndim(b_in) == 0 else b_in, "b", ndim=1)
+        b = as_finite_array(np.broadcast_to(b_in, (H,)) if np.ndim(b_in) == 0 else b_in, "b",
+                            ndim=1)
         for arr, name in ((a, "a"), (b, "b")):
             if arr.shape != (H,):
                 fail(name, f"must have length H = {H}", arr)

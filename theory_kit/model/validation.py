@@ -5,10 +5,8 @@ style: ``<parameter>: <what is allowed> (got <value>)``.
 """
 from __future__ import annotations
 
-import itertools
 import reprlib
-from dataclasses import dataclass, field
-from typing import Sequence
+from typing import NoReturn
 
 import numpy as np
 
@@ -28,7 +26,7 @@ class ResourceError(Exception):
     estimate, the limit and the option that raises it."""
 
 
-def fail(param: str, allowed: str, got: object) -> None:
+def fail(param: str, allowed: str, got: object) -> NoReturn:
     """Raise the toolkit's one error style: ``param: allowed (got value)``."""
     try:
         text = np.array2string(np.asarray(got), precision=4, threshold=12) if isinstance(

@@ -3,15 +3,15 @@
 Given a validated :class:`~theory_kit.userdata.logs.TrainingLog` recorded at dimension D with step
 size γ, the comparison
 
-1. starts the ODE of docs/theory.md §5 from the log's first state (M, Q, a, b at t_0) and integrates it
-   over the log's time span, once per Monte Carlo seed (``ode_seeds`` independent sample sets);
-   the theory curve x_ODE(t) is their mean and its Monte Carlo error σ_MC(t) the running
-   maximum over t' ≤ t of their standard error (std over seeds / √seeds): with samples held
-   fixed the MC error accumulates along the trajectory, and the running maximum steadies an
-   estimate made from few seeds;
-2. runs the exact reduced simulation of docs/theory.md §7 at the log's D, ``runs`` times from the same
-   start, and takes the run-to-run standard deviation σ_D(t) (ddof = 1): the fluctuations that
-   one training run at this D is expected to show around the D → ∞ limit;
+1. starts the ODE of docs/theory.md §5 from the log's first state (M, Q, a, b at t_0) and
+   integrates it over the log's time span, once per Monte Carlo seed (``ode_seeds``
+   independent sample sets); the theory curve x_ODE(t) is their mean and its Monte Carlo
+   error σ_MC(t) the running maximum over t' ≤ t of their standard error (std over seeds /
+   √seeds): with samples held fixed the MC error accumulates along the trajectory, and the
+   running maximum steadies an estimate made from few seeds;
+2. runs the exact reduced simulation of docs/theory.md §7 at the log's D, ``runs`` times from
+   the same start, and takes the run-to-run standard deviation σ_D(t) (ddof = 1): the
+   fluctuations that one training run at this D is expected to show around the D → ∞ limit;
 3. for every order parameter x (each m_{hf}, each Q_{hh'} with h ≤ h', each element of the
    orthogonal part Q − M Mᵀ, and a_h, b_h when the log records them) forms the deviation
    x_data(t) − x_ODE(t) and the score
@@ -43,17 +43,17 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ..model.activations import Activation, activation_from_params
-from ..io.executor import run_sweep, runs_in_process
+from ..dynamics.ode import integrate_ode
+from ..dynamics.simulate import SimConfig, simulate
 from ..expect.engines import build_engine
 from ..figures.compare import Comparison, comparison_figure
+from ..io.executor import run_sweep, runs_in_process
+from ..io.results import atomic_replace, read_json, read_piece, to_jsonable, write_json
+from ..model.activations import Activation, activation_from_params
 from ..model.initial import InitialCondition
+from ..model.state import check_state_for_task
 from ..model.task import Task
 from ..model.validation import check_int, fail
-from ..model.state import check_state_for_task
-from ..dynamics.ode import integrate_ode
-from ..io.results import atomic_replace, read_json, read_piece, to_jsonable, write_json
-from ..dynamics.simulate import SimConfig, simulate
 from .logs import TrainingLog
 
 THRESHOLD = 5.0
@@ -307,7 +307,8 @@ def compare_log(log: TrainingLog, task: Task, act: Activation, settings: Compare
         "quantities": rows,
         "null_max_z": null_max_z(b, list(data)),
         "notes": notes(log, act, settings),
-        "series": {"t": log.t, "data": {**data, **({"loss": log.loss} if log.loss is not None else {})},
+        "series": {"t": log.t,
+                   "data": {**data, **({"loss": log.loss} if log.loss is not None else {})},
                    "data_err": {"loss": log.loss_err} if log.loss_err is not None else {},
                    "theory": b.theory, "theory_mc_err": b.mc_err, "spread_D": b.spread_D},
         "params": {"task": task.params(), "activation": act.params(), "settings": settings.params(),

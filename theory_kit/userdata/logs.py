@@ -39,12 +39,13 @@ import zipfile
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
+from ..io.results import read_json
 from ..model.state import State
 from ..model.validation import ValidationError, as_finite_array, check_int, check_psd, fail
-from ..io.results import read_json
 
 FORMATS = (".npz", ".json", ".csv")
 TIME_UNITS = ("t", "steps")
@@ -150,9 +151,11 @@ def _csv_index(cell: str, column: str, line: int) -> int | None:
     try:
         value = int(cell)
     except ValueError:
-        raise ValidationError(f"{column}: must be an integer index >= 0 (got {cell!r} on line {line})")
+        raise ValidationError(f"{column}: must be an integer index >= 0 "
+                              f"(got {cell!r} on line {line})")
     if value < 0:
-        raise ValidationError(f"{column}: must be an integer index >= 0 (got {value} on line {line})")
+        raise ValidationError(f"{column}: must be an integer index >= 0 "
+                              f"(got {value} on line {line})")
     return value
 
 
@@ -184,7 +187,8 @@ def _read_csv(path: Path) -> dict[str, object]:
                 continue
             if header is None:
                 header = [c.strip() for c in row]
-                if len(header) != 6 or header[0] not in TIME_UNITS or tuple(header[1:]) != CSV_HEADER[1:]:
+                if (len(header) != 6 or header[0] not in TIME_UNITS
+                        or tuple(header[1:]) != CSV_HEADER[1:]):
                     fail("header", "CSV header must be 't,quantity,h,h2,f,value' "
                                    "(or 'steps,...' for times in SGD steps)", ",".join(header))
                 continue
@@ -270,7 +274,8 @@ def _required(fields: dict, name: str, ndim: int, what: str) -> np.ndarray:
     return as_finite_array(fields[name], name, ndim=ndim)
 
 
-def _array(fields: dict, name: str, shape: tuple, what: str, required: bool = False) -> np.ndarray | None:
+def _array(fields: dict, name: str, shape: tuple, what: str, required: bool = False
+           ) -> np.ndarray | None:
     """A finite array of exactly ``shape`` (``what`` describes the axes), or None if absent."""
     if fields.get(name) is None:
         if required:
@@ -289,6 +294,7 @@ def _dimension(fields: dict, D: int | None, K: np.ndarray | None) -> int | None:
         found["--D"] = check_int(D, "D", 1)
     if fields.get("D") is not None:
         value = _scalar(fields, "D")
+        assert value is not None                 # the field is there (checked above)
         if value != int(value) or value < 1:
             fail("D", "the file's D must be an integer >= 1", value)
         found["file field D"] = int(value)
@@ -377,6 +383,7 @@ def log_from_fields(fields: dict, D: int | None = None, time_unit: str | None = 
     t, unit = _times(fields, time_unit, D_eff)
     n = len(t)
     if has_keys:
+        assert K is not None                     # read above when has_keys
         if K.shape[0] != n:
             fail("K", f"must have shape (times, H, D) with times = {n}", K.shape)
         U = _required(fields, "U", 2, "D×F, with K")
@@ -389,7 +396,9 @@ def log_from_fields(fields: dict, D: int | None = None, time_unit: str | None = 
         M = _required(fields, "M", 3, "times×H×F; give M and Q, or K and U")
         if M.shape[0] != n:
             fail("M", f"must have shape (times, H, F) with times = {n}", M.shape)
-        Q = _array(fields, "Q", (n, M.shape[1], M.shape[1]), "(times, H, H)", required=True)
+        # required=True: never None (a missing Q raised)
+        Q = cast(np.ndarray, _array(fields, "Q", (n, M.shape[1], M.shape[1]), "(times, H, H)",
+                                    required=True))
         form = "overlaps"
     H = M.shape[1]
     check_int(H, "H (heads in the log)", 1)

@@ -23,8 +23,14 @@ This front re-exports the names the rest of the toolkit, its tests and benchmark
 from __future__ import annotations
 
 from .coordinates import Coordinates, symmetric_state
-from .crossing import (E_LOG_ABS_NORMAL, closed_forms, drawn_xi0, first_crossing,
-                       sample_spreads, tau_summary)
+from .crossing import (
+                       E_LOG_ABS_NORMAL,
+                       closed_forms,
+                       drawn_xi0,
+                       first_crossing,
+                       sample_spreads,
+                       tau_summary,
+)
 from .fluctuations import initial_covariance, noise_covariance, propagators
 from .law import escape_law, predict
 from .linearisation import Drift, Linearisation, check_step_rate, default_engine, linearise

@@ -84,6 +84,7 @@ def continue_escape(lin: Linearisation, system: OdeSystem, second_moment: np.nda
         taus.append(first_crossing(times, spreads[None], delta)[0])
         if curve is None:
             curve = (times, spreads)
+    assert curve is not None                     # t1_nodes is not empty (``escape_law``)
     return EscapeMap(np.asarray(t1_nodes, float), np.array(taus), switch, delta, *curve)
 
 

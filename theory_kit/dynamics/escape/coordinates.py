@@ -70,7 +70,7 @@ class Coordinates:
 
     def permutation(self, perm: tuple[int, ...]) -> np.ndarray:
         """The n × n matrix relabelling the heads h → perm[h] in x."""
-        H, F = self.H, self.F
+        H = self.H
         idx = np.arange(self.n, dtype=float)
         M, Q, a, b = self.unpack(idx, np.zeros(H), np.zeros(H))
         p = list(perm)

@@ -84,8 +84,9 @@ def noise_covariance(task: Task, act: Activation, coords: Coordinates, state: St
         Z = increments(task, act, coords, state, rates, rng, size)
         covs.append(np.cov(Z, rowvar=False))
         means.append(Z.mean(axis=0))
-    covs = np.array(covs)
-    return covs.mean(axis=0), covs.std(axis=0, ddof=1) / np.sqrt(n_batches), np.mean(means, 0)
+    stacked = np.array(covs)
+    return (stacked.mean(axis=0), stacked.std(axis=0, ddof=1) / np.sqrt(n_batches),
+            np.mean(means, 0))
 
 
 def initial_covariance(coords: Coordinates, eta: float) -> np.ndarray:

@@ -13,6 +13,7 @@ linearisation (t, λ(t), X_sym, J/Σ/Φ at the nodes, error estimates) and the p
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -81,7 +82,7 @@ def prediction_row(lin: Linearisation, D: int, spreads: np.ndarray, xi0: np.ndar
                    rel_lam: float) -> dict:
     """One D of :func:`predict`."""
     T = float(lin.t[-1])
-    row = {"D": D, "tau": tau_summary(first_crossing(lin.t, spreads, delta))}
+    row: dict[str, Any] = {"D": D, "tau": tau_summary(first_crossing(lin.t, spreads, delta))}
     for key, emap in maps.items():
         tau = emap(first_crossing(lin.t, spreads, emap.switch), spreads[:, 0])
         tau[tau > T] = np.inf

@@ -23,6 +23,7 @@ E ξ(t_{k+1}) = A_k E ξ(t_k) and Cov ξ(t_{k+1}) = A_k Cov ξ(t_k) A_kᵀ + Q_k
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
@@ -122,7 +123,9 @@ class Linearisation:
 def default_engine(n_points: int = 4096, seed: int = 1) -> SampleDrift:
     """Scrambled Sobol points paired with their head permutations: an exactly head-equivariant,
     smooth drift (so X_sym stays symmetric and J has exact block structure)."""
-    return build_engine("sobol", samples=n_points, seed=seed, head_symmetric=True)
+    # "sobol" builds a sample engine (``engines.sample_engine``)
+    return cast(SampleDrift, build_engine("sobol", samples=n_points, seed=seed,
+                                          head_symmetric=True))
 
 
 def jacobian_nodes(T: float, dt: float, every: float) -> np.ndarray:
@@ -168,18 +171,20 @@ def linearise(task: Task, act: Activation, start: State, gamma: float, T: float,
     step_rates = (rates["gamma"], rates["gamma_a"] * rates["train_a"],
                   rates["gamma_b"] * rates["train_b"])
     bar = progress_bar(len(idx), "escape: Jacobian and noise", unit="node") if progress else None
-    Jn, Sn, Sse = [], [], []
+    Jn_rows: list[np.ndarray] = []
+    Sn_rows: list[np.ndarray] = []
+    Sse: list[np.ndarray] = []
     for k, i in enumerate(idx):
-        Jn.append(jacobian(drift, x[i]))
+        Jn_rows.append(jacobian(drift, x[i]))
         S, se, _ = noise_covariance(task, act, coords, traj.state(i), step_rates, noise_samples,
                                     seed=seed + k)
-        Sn.append(S)
+        Sn_rows.append(S)
         Sse.append(se)
         if bar is not None:
             bar.update(1)
     if bar is not None:
         bar.close()
-    Jn, Sn = np.array(Jn), np.array(Sn)
+    Jn, Sn = np.array(Jn_rows), np.array(Sn_rows)
     check_step_rate(Jn, t[idx], dt, rates["gamma"])
     J, Sigma = interpolate_nodes(t, t[idx], Jn), interpolate_nodes(t, t[idx], Sn)
     A, Qstep, Phi = propagators(t, J, Sigma)
@@ -213,7 +218,8 @@ def check_step_rate(J: np.ndarray, times: np.ndarray, dt: float, gamma: float) -
     if not rate <= MAX_STEP_RATE:
         allowed = (f"<= {MAX_STEP_RATE / radius[worst]:.3g}" if np.isfinite(rate)
                    else "much smaller")
-        fail("dt", f"must be {allowed} at this gamma (or use a smaller gamma): the step does not resolve the "
+        fail("dt", f"must be {allowed} at this gamma (or use a smaller gamma): "
+             "the step does not resolve the "
              f"dynamics at t = {times[worst]:.4g}, where the fastest rate of the Jacobian is "
              f"{radius[worst]:.3g} at gamma = {gamma:g} (dt x rate = {rate:.3g} > "
              f"{MAX_STEP_RATE:g})", dt)

@@ -1,4 +1,5 @@
-"""Deterministic drift expectations by the Laplace reduction (docs/theory.md §5, "Expectation engines").
+"""Deterministic drift expectations by the Laplace reduction (docs/theory.md §5, "Expectation
+engines").
 
 The per-sample drift integrands (``integrands.py``, conditional-mean projections) are
 polynomials in per-token quantities: W_{hl} = φ(t_{hl})/N, D_{hl} = φ′(t_{hl})/N, the scores

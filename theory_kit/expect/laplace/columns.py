@@ -48,7 +48,8 @@ class ColumnGroup:
     rbar: np.ndarray
 
 
-def column_groups(task: Task, M: np.ndarray, Q: np.ndarray) -> tuple[ColumnGroup, list[ColumnGroup]]:
+def column_groups(task: Task, M: np.ndarray, Q: np.ndarray
+                  ) -> tuple[ColumnGroup, list[ColumnGroup]]:
     """(noise column, signal groups) for the state (M, Q)."""
     H, F = M.shape
     B = projection_matrix(M, Q)
@@ -79,6 +80,12 @@ class _NodeColumn:
     """Gaussian (or Gauss–Legendre) nodes of one column and the atom values at them.
 
     ``s[h]`` are score arrays broadcastable to ``shape``; ``w`` the node weights (``shape``)."""
+
+    # set on the nested per-head rule only (``engine._Engine._nested_nodes``, ``merged_column``;
+    # ``hasattr(col, "w1")`` tells the rules apart, so these are declarations, not defaults)
+    first: int
+    w1: np.ndarray
+    w2: np.ndarray
 
     def __init__(self, act: Activation, c: np.ndarray, group: ColumnGroup,
                  s: list[np.ndarray], w: np.ndarray) -> None:
@@ -133,6 +140,7 @@ class _NodeColumn:
                 row = self.group.R[int(x[1:])]
                 out = out * sum(row[h] * s[h] for h in range(len(s)))
             elif x[0] == "r":
+                assert self.rnode is not None    # r atoms only on merged columns (``table``)
                 out = out * self.rnode[int(x[1:])][rows]
         return out
 
@@ -164,7 +172,7 @@ def merged_column(cols: list[_NodeColumn], c: np.ndarray) -> _NodeColumn:
             raise AssertionError("the signal groups of a discrete prior share the z_2 rule")
         w1 = np.concatenate([col.w1 * col.group.weight for col in cols])
         out = _NodeColumn(first.act, c, group, s, np.outer(w1, first.w2))
-        out.first, out.w1, out.w2 = first.first, w1, first.w2  # type: ignore[attr-defined]
+        out.first, out.w1, out.w2 = first.first, w1, first.w2
         rnode = [r[:, None] for r in rnode]
     out.rnode = rnode
     return out
@@ -183,8 +191,8 @@ def _log_ratio_fn(act: Activation) -> Callable[[np.ndarray], np.ndarray]:
 
 
 def nested_factors(q: np.ndarray) -> tuple[int, int, float, float, float]:
-    """(f, g, σ_1, β, σ_c) with s_f = μ_f + σ_1 z_1, s_g = μ_g + β z_1 + σ_c z_2 for a 2×2 covariance,
-    f the head of larger variance (so |β| ≤ σ_1 and the z_1 rule resolves both)."""
+    """(f, g, σ_1, β, σ_c) with s_f = μ_f + σ_1 z_1, s_g = μ_g + β z_1 + σ_c z_2 for a 2×2
+    covariance, f the head of larger variance (so |β| ≤ σ_1 and the z_1 rule resolves both)."""
     first = 0 if q[0, 0] >= q[1, 1] else 1
     second = 1 - first
     s1 = float(np.sqrt(max(q[first, first], 0.0)))

@@ -14,13 +14,14 @@ Notes
    variable (``_stretch_low``); together with flushing subnormal kernel values to 0 this made
    the Fig. 1 drifts 10–15× cheaper at unchanged values (≤ 1.3e−14).  Gaussian columns: trapezoid in
    whitened variables (only the range of the covariance, so singular Q and M = Q = 0 work);
-   per-head H = 2 uses nested conditioning s_1 = μ_1 + σ_1 z_1, s_2 = μ_2 + β z_1 + σ_c z_2 so that a
-   2-D (u_1, u_2) table is one matrix product over z_1.  Elementwise φ (which may have kinks) uses
-   composite Gauss–Legendre with the kinks as panel edges, nested for two heads.
+   per-head H = 2 uses nested conditioning s_1 = μ_1 + σ_1 z_1, s_2 = μ_2 + β z_1 + σ_c z_2 so
+   that a 2-D (u_1, u_2) table is one matrix product over z_1.  Elementwise φ (which may have
+   kinks) uses composite Gauss–Legendre with the kinks as panel edges, nested for two heads.
 """
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 from scipy import special
@@ -61,8 +62,10 @@ from .tables import X_CLIP, _Tables
 U_STEP = 0.3                     # trapezoid step in u = log t
 U_LOW = 32.0                     # lower u margin: the cut tail is ≤ e^{−32} ≈ 1e−14
 Z_LEVEL = 1.25                   # whitened-score step 0.24/σ (``trapezoid_normal``)
-GL_LEVEL = 1.6                   # Gauss–Legendre order 16 per panel (elementwise fields reach O(10–100))
-JOINT3_Z = 0.64                  # joint H = 3: 3-D grid, step 0.375/σ (coarse-run error ~5e−10, measured)
+GL_LEVEL = 1.6                   # Gauss–Legendre order 16 per panel
+                                 # (elementwise fields reach O(10–100))
+JOINT3_Z = 0.64                  # joint H = 3: 3-D grid, step 0.375/σ
+                                 # (coarse-run error ~5e−10, measured)
 LOG_PATTERN_BOUND = 80.0         # log of a bound on a pattern's factors other than plain tokens
 STRETCH = 3.0                    # lower u tail: steps 1 + STRETCH times wider (``_stretch_low``)
 STRETCH_GAP = 6.0                # ... below u = −ψ_max − STRETCH_GAP, where tφ ≤ e^{−6}
@@ -127,11 +130,11 @@ class _Engine(_Tables, _PatternSums, _BoundedMemory):
         z1, w1 = trapezoid_normal(s1, Z_LEVEL * self.level)
         z2, w2 = trapezoid_normal(sc, Z_LEVEL * self.level)
         self._check_memory(8.0 * NODE_ARRAYS * len(z1) * len(z2), " for its score nodes")
-        s = [None, None]
+        s: list[Any] = [None, None]          # per head, both filled below
         s[first] = (group.mean[first] + s1 * z1)[:, None]
         s[second] = group.mean[second] + beta * z1[:, None] + sc * z2[None, :]
         col = _NodeColumn(self.act, self.c, group, s, np.outer(w1, w2))
-        col.first, col.w1, col.w2 = first, w1, w2  # type: ignore[attr-defined]
+        col.first, col.w1, col.w2 = first, w1, w2
         return col
 
     def _gl_nodes(self, group: ColumnGroup) -> _NodeColumn:
@@ -147,7 +150,7 @@ class _Engine(_Tables, _PatternSums, _BoundedMemory):
         z1, w1 = self._gl_1d(k, group.mean[first] + self.c[first], s1)
         base = group.mean[second] + beta * z1
         z2, w2 = self._gl_1d(k, base + self.c[second], sc, batch=len(z1))
-        s = [None, None]
+        s: list[Any] = [None, None]          # per head, both filled below
         s[first] = np.repeat((group.mean[first] + s1 * z1)[:, None], z2.shape[1], axis=1)
         s[second] = base[:, None] + sc * z2
         return _NodeColumn(self.act, self.c, group, [x.ravel() for x in s],

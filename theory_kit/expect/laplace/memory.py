@@ -21,7 +21,7 @@ Notes
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -33,6 +33,8 @@ from .sums import _cached_for, _defect, pattern_plan
 from .tables import FLAT_CHUNK, INNER_BLOCK, _inner_block_rows
 
 if TYPE_CHECKING:
+    from ...model.task import Task
+    from .columns import ColumnGroup, _NodeColumn
     from .engine import _Engine
 
 MIN_WINDOW = 8                   # fewest u points per window of a bounded evaluation
@@ -41,6 +43,29 @@ NODE_ARRAYS = 12                 # node-sized arrays one column holds (scores, �
 
 class _BoundedMemory:
     """The memory estimates and the windowed evaluation of ``engine._Engine``."""
+
+    # set by ``engine._Engine.__init__``
+    task: Task
+    H: int
+    level: float
+    norm: str
+    noise_group: ColumnGroup
+    cols: dict[str, list[_NodeColumn]]
+    ug: UGrid | None                     # flat rules (not elementwise)
+    ugs: list[UGrid]                     # nested per-head rule: one per head
+    _tables: dict
+    _kernels: dict
+    _recording: dict | None
+
+    if TYPE_CHECKING:  # from ``tables._Tables`` and ``sums._PatternSums``
+        def prefetch(self, pats: list[CompiledPattern]) -> None: ...
+
+        def _recorded_items(self, pats: list[CompiledPattern], cols: list[_NodeColumn]
+                            ) -> list: ...
+
+        def evaluate(self, pats: list[CompiledPattern]) -> np.ndarray: ...
+
+        def mass_defect(self) -> float: ...
 
     def bounded(self, pats: list["CompiledPattern"]) -> tuple[np.ndarray, float]:
         """(slot vector, mass defect) of ``pats``, holding at most about
@@ -57,7 +82,8 @@ class _BoundedMemory:
         pattern, the others only those whose active set holds ``axis``, and the mass totals
         add up the same way.  Results differ from the one-window evaluation by the order of
         the float additions only (≤ ~1e−15 relative, measured).  A state whose nodes alone
-        do not fit raises :class:`~theory_kit.model.validation.ResourceError` naming its key norm."""
+        do not fit raises :class:`~theory_kit.model.validation.ResourceError` naming its key
+        norm."""
         budget = resources.engine_memory_budget()
         if not (self.norm == "per-head" and self.H == 2):
             self._check_memory(self._flat_bytes(pats), "")
@@ -71,7 +97,8 @@ class _BoundedMemory:
         self._check_memory(fixed + per_row * MIN_WINDOW, f" even in windows of {MIN_WINDOW} "
                            f"u points (the grid has {n})")
         rows = int((budget - fixed) // per_row)
-        total, totals = None, {}
+        total: np.ndarray | None = None
+        totals: dict = {}
         for lo in range(0, n, rows):
             sub = self._window(axis, slice(lo, lo + rows))
             use = pats if lo == 0 else _patterns_on(pats, self.norm, self.H, axis)
@@ -80,11 +107,12 @@ class _BoundedMemory:
             total = v if total is None else total + v
             for key, t in sub.mass_totals(None if lo == 0 else (axis,)).items():
                 totals[key] = totals.get(key, 0.0) + t
+        assert total is not None                 # n ≥ 1 (else the budget check above raised)
         return total, _defect(totals)
 
     def _window(self, axis: int, rows: slice) -> "_Engine":
         """This engine on the u points ``rows`` of head ``axis`` only (nodes shared)."""
-        sub = copy.copy(self)
+        sub = cast("_Engine", copy.copy(self))     # only ever mixed into ``_Engine``
         sub.ugs = list(self.ugs)
         sub.ugs[axis] = UGrid(self.ugs[axis].u[rows], self.ugs[axis].w[rows])
         sub._tables, sub._kernels, sub._recording = {}, {}, None

@@ -25,15 +25,37 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, TypeVar
 
 import numpy as np
 
-from .algebra import CompiledPattern, _active_set
+from .algebra import CompiledPattern, Mono, _active_set
+
+if TYPE_CHECKING:
+    from ...model.activations import Activation
+    from ...model.task import Task
+    from ..quadrature import UGrid
+
+T = TypeVar("T")
 
 
 class _PatternSums:
     """The pattern sums and mass totals of ``engine._Engine``, over its u grids and tables."""
+
+    # set by ``engine._Engine.__init__``
+    task: Task
+    act: Activation
+    H: int
+    norm: str
+    ug: UGrid | None                     # flat rules (not elementwise)
+    ugs: list[UGrid]                     # nested per-head rule: one per head
+    _kernels: dict
+    _recording: dict | None
+
+    if TYPE_CHECKING:  # from ``tables._Tables``
+        def table(self, kind: str, m: Mono, act_set: tuple) -> np.ndarray | float: ...
+
+        def plain(self, kind: str, act_set: tuple) -> np.ndarray | float: ...
 
     def evaluate(self, pats: list["CompiledPattern"]) -> np.ndarray:
         """Σ over patterns of coefficient × ∫ measure × T_sig × Π T_noise × T_1^{L−1−n}.
@@ -76,6 +98,7 @@ class _PatternSums:
             if not act_set:
                 val: np.ndarray | float = 1.0
             elif act_set == ("t",):
+                assert self.ug is not None               # a joint normaliser: one u grid
                 val = self.ug.w
             else:
                 ws = [self.ugs[h].w for h in act_set]
@@ -111,20 +134,23 @@ class _PatternSums:
         if self.norm == "elementwise":
             return {}
         L, kappa = self.task.L, self.act.kappa
+        checks: list[tuple[tuple, UGrid, list[int]]]       # (act_set, u grid, its heads)
         if self.ugs:
             checks = [((h,), self.ugs[h], [h]) for h in range(self.H)
                       if heads is None or h in heads]
         else:
+            assert self.ug is not None                   # not elementwise, not nested: one grid
             checks = [(("t",), self.ug, list(range(self.H)) if self.norm == "joint" else [0])]
         out = {}
-        for act_set, ug, heads in checks:
+        for act_set, ug, act_heads in checks:
             Ts, Tn = self.plain("signal", act_set), self.plain("noise", act_set)
             total = 0.0
-            if kappa > 0:       # κ t e^{−κt} du: the weights hold du e^{−κt} (0 where it underflows)
+            # κ t e^{−κt} du: the weights hold du e^{−κt} (0 where it underflows)
+            if kappa > 0:
                 with np.errstate(over="ignore", invalid="ignore"):
                     kt = np.where(ug.w > 0, kappa * np.exp(ug.u) * ug.w, 0.0)
                 total = float(np.sum(kt * Ts * Tn ** (L - 1)))
-            for h in heads:
+            for h in act_heads:
                 m = (f"W{h}",)
                 total += float(np.sum(ug.w * (self.table("signal", m, act_set) * Tn ** (L - 1)
                                               + (L - 1) * self.table("noise", m, act_set)
@@ -196,8 +222,8 @@ def _defect(totals: dict) -> float:
     return worst
 
 
-def _cached_for(cache: dict, key: tuple, obj: object, build: Callable[[], object],
-                limit: int = 32) -> object:
+def _cached_for(cache: dict, key: tuple, obj: object, build: Callable[[], T],
+                limit: int = 32) -> T:
     """``cache[key]`` if it was built for this very ``obj`` (key holds id(obj); the entry
     keeps obj alive, so its id is not reused while the entry lives), else ``build()``, stored."""
     hit = cache.get(key)

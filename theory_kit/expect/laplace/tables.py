@@ -15,6 +15,7 @@ caches (``_tables``, ``_kernels``, ``_recording``) it uses.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numba
 import numpy as np
@@ -23,8 +24,13 @@ from .algebra import CompiledPattern, Mono, _r_atoms, atom_counts, split_p
 from .columns import _NodeColumn
 from .sums import _cached_for
 
+if TYPE_CHECKING:
+    from ...model.task import Task
+    from ..quadrature import UGrid
+
 INNER_BLOCK = 2 ** 16           # kernel entries (z_1 rows × U × z_2) per block of ``_batch_inner``
-WEIGHT_BLOCK = 2 ** 21           # weight entries (z_1 rows × z_2 × keys) per block of ``_batch_inner``
+WEIGHT_BLOCK = 2 ** 21           # weight entries (z_1 rows × z_2 × keys) per block of
+                                 # ``_batch_inner``
 FLAT_CHUNK = 4e6                 # kernel entries (u points × nodes) per chunk of the joint rule
 X_CLIP = 6.6                     # e^{−e^{6.6}} underflows: tφ beyond this contributes nothing
 TINY = 1e-280                    # |x| below this is set to 0 (see ``flush``)
@@ -38,6 +44,21 @@ _RECORDED: dict = {}             # ``_Engine._recorded_items`` per pattern list 
 class _Tables:
     """The one-token tables of ``engine._Engine``: one at a time (:meth:`table`), or all of a
     pattern list per column in batched products (:meth:`prefetch`)."""
+
+    # set by ``engine._Engine.__init__``
+    task: Task
+    H: int
+    a: np.ndarray
+    norm: str
+    cols: dict[str, list[_NodeColumn]]
+    ug: UGrid | None                     # flat rules (not elementwise)
+    ugs: list[UGrid]                     # nested per-head rule: one per head
+    _tables: dict
+    _kernels: dict
+    _recording: dict | None              # dry pass of ``_recorded_items``: col id -> keys
+
+    if TYPE_CHECKING:  # from ``sums._PatternSums``
+        def evaluate(self, pats: list[CompiledPattern]) -> np.ndarray: ...
 
     # -- one table at a time -----------------------------------------------------------
     def table(self, kind: str, m: Mono, act_set: tuple) -> np.ndarray | float:
@@ -118,6 +139,7 @@ class _Tables:
         if key not in self._kernels:
             base = (id(col), "base")
             if base not in self._kernels:
+                assert self.ug is not None                   # the flat rules have one u grid
                 X = np.minimum(self.ug.u[:, None] + self._log_total(col)[None, :], X_CLIP)
                 eX = np.exp(X)
                 self._kernels[base] = (eX, flush(np.exp(-eX)))
@@ -147,6 +169,7 @@ class _Tables:
         inner sums) at the z_1 nodes of the nested rule."""
         out = col.w1 * (col.ratio(col.first)[:, 0] ** beta if beta else 1.0)
         for x in r_atoms:
+            assert col.rnode is not None         # r atoms only on merged columns (``table``)
             out = out * col.rnode[int(x[1:])][:, 0]
         return out
 
@@ -226,7 +249,8 @@ class _Tables:
 
     def _batch_flat(self, col: _NodeColumn, items: list) -> None:
         """One shared t: T_m(u) = Σ_G K_k(u, G) v_m(G) for all monomials m of the column, in
-        node chunks (the kernel K_k = exp(k X − e^X), X = u + log Σ_h φ_h, is never stored whole)."""
+        node chunks (the kernel K_k = exp(k X − e^X), X = u + log Σ_h φ_h, is never stored
+        whole)."""
         by_k: dict[int, list] = {}
         for m, act_set in items:
             if not act_set:
@@ -239,6 +263,7 @@ class _Tables:
             return
         logphi = self._log_total(col)
         G = logphi.shape[0]
+        assert self.ug is not None                           # the flat rules have one u grid
         u = self.ug.u
         out = {kk: np.zeros((len(u), len(ms))) for kk, ms in by_k.items()}
         step = max(1, int(FLAT_CHUNK // max(1, len(u))))
