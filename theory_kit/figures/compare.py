@@ -18,8 +18,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
 
-from ..model.validation import ValidationError
 from ..io.results import read_json, write_json
+from ..model.validation import ValidationError
 from .style import label_axes, new_figure, series_colors
 
 PANELS = ("error", "m_f1", "m_f2", "orthogonal")

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import numpy as np
 
-from . import digits
-from ..model.activations import get_activation
-from ..model.validation import fail
-from ..io.results import Checkpoint, to_jsonable
 from ..dynamics.simulate import SimConfig, simulate
 from ..dynamics.simulation import Simulation
+from ..io.results import Checkpoint, to_jsonable
+from ..model.activations import get_activation
+from ..model.validation import fail
+from . import digits
 
 # reference constants of the cost model (rough CPU seconds of brute-force SGD on one idle
 # core of the reference machine): one SGD step of all runs together is ~STEP + PER_RUN·runs

@@ -15,13 +15,20 @@ overlaps at the same D (linearised escape + SGD noise), mean ± std next to the 
 """
 from __future__ import annotations
 
-from matplotlib.figure import Figure
-
 from pathlib import Path
 
+from matplotlib.figure import Figure
+
 from .escape_pieces import EscapePiece, draw_band_in_time
+from .panels import (
+    QUICK_ERROR_SAMPLES,
+    OverlayPlan,
+    PlannedFigure,
+    Setting,
+    overlay_draw,
+    run_pieces,
+)
 from .style import legend_right
-from .panels import QUICK_ERROR_SAMPLES, OverlayPlan, PlannedFigure, Setting, overlay_draw, run_pieces
 
 NUMBER = 1
 CAPTION = ("ODE (lines; one style per head) against SGD (markers, one shape per "

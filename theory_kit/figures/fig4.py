@@ -42,8 +42,8 @@ from ..asymptotic.runs import EinfRun, map_jobs, run_to_convergence
 from ..asymptotic.solve import polish_applies
 from ..model.activations import get_activation
 from ..model.initial import InitialCondition
-from ..model.task import Task
 from ..model.priors import make_prior
+from ..model.task import Task
 from .style import label_axes, legend_under_figure, new_figure, series_colors
 
 NUMBER = 4

@@ -25,9 +25,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
 
-from . import digits
 from ..expect.error import population_error_mc
 from ..model.state import State
+from . import digits
 from .digitsim import DigitSetup, DigitSimPiece, data_fingerprint
 from .panels import ACT_LABELS, run_pieces
 from .style import RC, SMALL, label_axes, legend_below, series_colors

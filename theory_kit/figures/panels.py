@@ -20,21 +20,30 @@ import numpy as np
 from matplotlib.axes import Axes
 
 from .. import analysis
-from ..model.activations import Activation, get_activation
+from ..dynamics.ode import initial_condition, integrate_ode
+from ..dynamics.simulate import SimConfig, simulate_to_file
 from ..expect.engines import DriftEngine, build_engine, laplace_applies
-from ..expect.montecarlo import head_permutations
-from ..model.initial import InitialCondition
 from ..expect.error import population_error_mc
+from ..expect.montecarlo import head_permutations
+from ..io.executor import FolderStore, run_sweep, runs_in_process
+from ..io.results import to_jsonable
+from ..model.activations import Activation, get_activation
+from ..model.initial import InitialCondition
+from ..model.priors import make_prior
 from ..model.state import State
 from ..model.task import Task
 from ..model.validation import ValidationError
-from ..model.priors import make_prior
-from ..dynamics.ode import initial_condition, integrate_ode
-from ..io.executor import FolderStore, run_sweep, runs_in_process
-from ..io.results import to_jsonable
-from ..dynamics.simulate import SimConfig, simulate_to_file
 from . import compare
-from .style import LEGEND_WIDTH, SMALL, head_style, label_axes, legend_right, legend_under_figure, new_figure, series_colors
+from .style import (
+    LEGEND_WIDTH,
+    SMALL,
+    head_style,
+    label_axes,
+    legend_right,
+    legend_under_figure,
+    new_figure,
+    series_colors,
+)
 
 # Reference constants of the figures' cost model: CPU seconds of one core of the reference
 # machine (an idle 2-core machine; ``runner.estimate``), with the block-compiled generated

@@ -36,8 +36,14 @@ from typing import Callable
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ..io.results import (atomic_replace, read_json, restore_non_finite, stamps, to_jsonable,
-                          write_json)
+from ..io.results import (
+    atomic_replace,
+    read_json,
+    restore_non_finite,
+    stamps,
+    to_jsonable,
+    write_json,
+)
 from ..model.validation import OutputError, ValidationError, check_int, fail
 
 FIGURE_NUMBERS = tuple(range(1, 15))
@@ -167,8 +173,8 @@ def compile_kernels(act: "Activation | str", part: str) -> None:
     per-sample forms at the reduced simulation's signature (``simulate.step_kernels``)."""
     import numpy as np
 
-    from ..kernels import codegen
     from ..dynamics import simulate
+    from ..kernels import codegen
     from ..model.activations import get_activation
     if part not in KERNEL_PARTS:
         raise ValueError(f"part must be one of {KERNEL_PARTS}, got {part!r}")
