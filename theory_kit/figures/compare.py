@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -68,7 +69,7 @@ class Comparison:
 
     def worst(self) -> dict:
         """Where the largest deviation occurs: panel, time, series index."""
-        best = {"panel": None, "t": None, "series": None, "deviation": -np.inf}
+        best: dict[str, Any] = {"panel": None, "t": None, "series": None, "deviation": -np.inf}
         for name, dev in self.deviation.items():
             if np.any(np.isfinite(dev)):
                 i, j = np.unravel_index(np.nanargmax(dev), dev.shape)

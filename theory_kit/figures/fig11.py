@@ -68,7 +68,7 @@ def estimate_seconds(quick: bool) -> float:
 def compute(quick: bool, workdir: Path, jobs: int = 1, executor: object | None = None) -> dict:
     plan = pieces(quick)
     theory = theory_pieces(quick)
-    results = run_pieces(plan + theory, workdir, jobs, desc="ODE grid + escape theory",
+    results = run_pieces([*plan, *theory], workdir, jobs, desc="ODE grid + escape theory",
                          executor=executor)
     predictions, results = results[len(plan):], results[:len(plan)]
     nu1, nu2 = grid(quick)

@@ -24,6 +24,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.gridspec import SubplotSpec
 
 from ..expect.error import population_error_mc
 from ..model.state import State
@@ -125,11 +126,12 @@ def compute(quick: bool, workdir: Path, jobs: int = 1, data: str | None = None,
     setup = replace(setup, F=dtask.F)
     rows = run_pieces(pieces(p, setup, data_fingerprint(dtask)), workdir, jobs,
                       desc="fig5 activations", executor=executor, shared=dtask)
-    baseline, templates = None, None
+    baseline = None
+    templates: dict[str, np.ndarray] | None = None
     if dtask.data.labels is not None:
-        classes, templates = digits.class_templates(dtask.data)
-        baseline = digits.random_key_baseline(templates, dtask.basis)
-        templates = {"classes": classes, "images": templates}
+        classes, images = digits.class_templates(dtask.data)
+        baseline = digits.random_key_baseline(images, dtask.basis)
+        templates = {"classes": classes, "images": images}
     return {"params": {**setup.params(), **vars(p), "D": dtask.D, "task": dtask.params(),
                        "activations": list(ACTIVATIONS),
                        "error_estimate": "Monte Carlo on fresh samples of the exact score law "
@@ -150,7 +152,7 @@ def _image(ax: plt.Axes, pixels: np.ndarray, shape: tuple[int, ...], title: str 
         ax.set_title(title, fontsize=SMALL, pad=2)
 
 
-def _draw_keys(fig: Figure, spec: object, data: dict) -> None:
+def _draw_keys(fig: Figure, spec: SubplotSpec, data: dict) -> None:
     """One row of key images per activation (first run), then the class templates."""
     rows, H = data["rows"], len(data["rows"][0]["key_images"][0])
     templates = data.get("templates")
@@ -168,6 +170,7 @@ def _draw_keys(fig: Figure, spec: object, data: dict) -> None:
             if h == 0:
                 ax.set_ylabel(row["label"], fontsize=SMALL)
     for c in range(n_templates):
+        assert templates is not None   # n_templates is 0 without templates
         ax = fig.add_subplot(grid[len(rows), c])
         _image(ax, np.asarray(templates["images"][c], dtype=float), shape,
                f"class {templates['classes'][c]}")

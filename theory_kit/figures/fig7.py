@@ -144,8 +144,8 @@ def draw(data: dict) -> Figure:
                   label="mean ± std")
     ax_m.plot(f[few], mean[few], "o", mfc="none", color="0.5",
               label=f"< {MAJORITY:.0%} of runs specialised")
-    for k in np.flatnonzero(np.isfinite(mean) & (frac < 1)):
-        ax_m.annotate(f"{frac[k]:.0%}", (f[k], mean[k]), fontsize=SMALL, xytext=(4, -10),
+    for i in np.flatnonzero(np.isfinite(mean) & (frac < 1)):
+        ax_m.annotate(f"{frac[i]:.0%}", (f[i], mean[i]), fontsize=SMALL, xytext=(4, -10),
                       textcoords="offset points")
     label_axes(ax_m, "direction f (principal component)", r"$\tau_f$",
                f"mean over {p['runs']} runs (% = share specialised by T = {p['T']:g})")

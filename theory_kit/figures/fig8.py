@@ -9,6 +9,7 @@ for its first sample set; the histogram pools all recorded times and several pai
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Sequence, cast
 
 import numpy as np
 from matplotlib.figure import Figure
@@ -53,7 +54,8 @@ def draw(data: dict) -> Figure:
     pooled = diffs[:, 1:, :].reshape(-1, diffs.shape[-1])
     fig, (ax_hist, ax_time) = new_figure(1, 2, panel_size=(3.8, 3.4))  # legends below
     colors = series_colors(pooled.shape[1])
-    edges = np.linspace(pooled.min(), pooled.max(), 31)
+    # an array of edges is a sequence to hist (its stub only names Sequence[float])
+    edges = cast(Sequence[float], np.linspace(pooled.min(), pooled.max(), 31))
     for f in range(pooled.shape[1]):
         ax_hist.hist(pooled[:, f], bins=edges, alpha=0.55, color=colors[f],
                      label=rf"$f = {f + 1}$: mean {data['mean'][f]:.1e}, std {data['std'][f]:.1e}")

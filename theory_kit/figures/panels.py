@@ -14,10 +14,11 @@ import os
 import tempfile
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Generic, Protocol, Sequence, TypeVar
 
 import numpy as np
 from matplotlib.axes import Axes
+from matplotlib.figure import Figure
 
 from .. import analysis
 from ..dynamics.ode import initial_condition, integrate_ode
@@ -106,7 +107,7 @@ class Setting:
         return initial_condition(self.act(), self.task(), H=self.H, D=self.D_init, eta=self.eta,
                                  seed=self.seed)
 
-    def with_(self, **changes: object) -> "Setting":
+    def with_(self, **changes: Any) -> "Setting":
         return replace(self, **changes)
 
     def params(self) -> dict:
@@ -165,6 +166,19 @@ def sim_seconds(setting: Setting, D: int, runs: int) -> float:
 
 
 # ----------------------------------------------------------------------------- pieces
+class Piece(Protocol):
+    """What :func:`run_pieces` runs: a cache ``name``, a cost estimate ``seconds()`` and
+    ``run(path, progress[, shared]) -> dict`` (``OdePiece``, ``SimPiece``,
+    ``escape_pieces.EscapePiece``, ``digitsim.DigitSimPiece``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    def seconds(self) -> float: ...
+
+    def run(self, *args: Any, **kwargs: Any) -> dict: ...
+
+
 ODE_ENGINES = ("mc", "sobol", "mc-sym", "sobol-sym", "laplace", "auto")
 
 
@@ -182,8 +196,8 @@ def drift_engine(kind: str, n_samples: int, seed: int, fresh: bool = False,
     if kind not in ODE_ENGINES:
         raise ValidationError(f"engine: must be one of {ODE_ENGINES} (got {kind})")
     name = kind.removesuffix("-sym")
-    where = {} if setting is None else {"task": setting.task(), "act": setting.act(),
-                                        "H": setting.H}
+    where: dict[str, Any] = {} if setting is None else {"task": setting.task(),
+                                                        "act": setting.act(), "H": setting.H}
     return build_engine(name, samples=n_samples, seed=seed, fresh=fresh,
                         head_symmetric=kind.endswith("-sym"), **where)
 
@@ -211,7 +225,8 @@ class OdePiece:
 
     @property
     def name(self) -> str:
-        extra = () if self.engine == "mc" else (self.engine,)   # keeps the mc names of old runs
+        # keeps the mc names of old runs
+        extra: tuple[object, ...] = () if self.engine == "mc" else (self.engine,)
         if self.error_samples != 20_000:
             extra += (("error_samples", self.error_samples),)
         key = self.setting.key(self.n_samples, self.dt, self.n_times, self.mc_seed, self.fresh,
@@ -255,7 +270,8 @@ class SimPiece:
 
     @property
     def name(self) -> str:
-        return f"sim-{self.setting.key(self.D, self.runs, self.n_times, self.sim_seed, self.shared_start)}"
+        key = self.setting.key(self.D, self.runs, self.n_times, self.sim_seed, self.shared_start)
+        return f"sim-{key}"
 
     def seconds(self) -> float:
         return sim_seconds(self.setting, self.D, self.runs)
@@ -285,7 +301,7 @@ def independent_error(setting: Setting, M: np.ndarray, Q: np.ndarray, a: np.ndar
     return values, errors
 
 
-def _run_piece(job: tuple[OdePiece | SimPiece, str, bool], shared: object = None) -> dict:
+def _run_piece(job: tuple[Piece, str, bool], shared: object = None) -> dict:
     """A piece's result (JSON-ready); ``shared``, the sweep's shared input, is passed on to
     ``piece.run``.  Its inner output and checkpoint go to ``<name>.run.json`` in the work
     folder (so a piece stopped mid-way resumes inside), never to the result file itself,
@@ -310,7 +326,7 @@ def scratch_folder(workdir: Path) -> Path:
     return Path(tempfile.mkdtemp(prefix="theory_kit-piece-"))
 
 
-def run_pieces(pieces: Sequence[OdePiece | SimPiece], workdir: Path, jobs: int = 1,
+def run_pieces(pieces: Sequence[Piece], workdir: Path, jobs: int = 1,
                desc: str = "pieces", executor: object | None = None,
                shared: object | None = None) -> list[dict]:
     """Results of all pieces (in order) through :func:`theory_kit.io.executor.run_sweep`:
@@ -334,7 +350,7 @@ def run_pieces(pieces: Sequence[OdePiece | SimPiece], workdir: Path, jobs: int =
     return results
 
 
-def pieces_seconds(pieces: Sequence[OdePiece | SimPiece]) -> float:
+def pieces_seconds(pieces: Sequence[Piece]) -> float:
     return float(sum(p.seconds() for p in pieces))
 
 
@@ -468,7 +484,7 @@ class OdePlan:
     error_samples: int
     fallback: str
 
-    def pieces(self) -> list[OdePiece | SimPiece]:
+    def pieces(self) -> Sequence[OdePiece | SimPiece]:
         raise NotImplementedError
 
     def compute(self, workdir: Path, jobs: int = 1, executor: object | None = None) -> dict:
@@ -539,7 +555,7 @@ def overlay_compute(plan: OverlayPlan, workdir: Path, jobs: int = 1,
     return {"params": plan.params(), "rows": rows}
 
 
-def overlay_draw(data: dict, what: str) -> object:
+def overlay_draw(data: dict, what: str) -> Figure:
     """Rows of four panels (one row per setting), ODE lines against SGD dots; the title is
     ``what`` followed by the SGD dimension and number of runs."""
     rows = data["rows"]
@@ -588,7 +604,7 @@ def heads_compute(plan: HeadsPlan, workdir: Path, jobs: int = 1,
     return {"params": plan.params(), "trajectories": [trajectory_summary(r) for r in results]}
 
 
-def heads_draw(data: dict, titles: Sequence[str], suptitle: str, columns: int) -> object:
+def heads_draw(data: dict, titles: Sequence[str], suptitle: str, columns: int) -> Figure:
     """Groups of F panels (one per direction, heads as lines), ``columns`` groups per row of
     groups; every group is titled with its setting."""
     trajs = data["trajectories"]
@@ -668,16 +684,19 @@ def head_titles(data: dict, *fields: str) -> list[str]:
 
 
 # ----------------------------------------------------------------------- figures of one plan
+PlanT = TypeVar("PlanT", bound=OdePlan)
+
+
 @dataclass(frozen=True)
-class PlannedFigure:
+class PlannedFigure(Generic[PlanT]):
     """A figure that runs one plan: its full and quick plans.  The methods are the figure
     contract's ``estimate_seconds`` and ``compute`` (and ``plan``), so a figure module keeps
     only its parameters, caption and drawing."""
 
-    full: OdePlan
-    quick: OdePlan
+    full: PlanT
+    quick: PlanT
 
-    def plan(self, quick: bool) -> OdePlan:
+    def plan(self, quick: bool) -> PlanT:
         return self.quick if quick else self.full
 
     def estimate_seconds(self, quick: bool) -> float:
@@ -688,14 +707,14 @@ class PlannedFigure:
         return self.plan(quick).compute(workdir, jobs, executor)
 
 
-def head_figure(settings: Sequence[Setting], **plan_args: object) -> PlannedFigure:
+def head_figure(settings: Sequence[Setting], **plan_args: Any) -> PlannedFigure[HeadsPlan]:
     """Figs. 2, 3, 12, 13, 14: ``head_plan`` of the settings, full and quick (``plan_args``
     are head_plan's keyword arguments)."""
     return PlannedFigure(head_plan(settings, False, **plan_args),
                          head_plan(settings, True, **plan_args))
 
 
-def activation_rows_figure(base: Setting, **plan_args: object) -> PlannedFigure:
+def activation_rows_figure(base: Setting, **plan_args: Any) -> PlannedFigure[OverlayPlan]:
     """Figs. 9, 10: ``activation_rows_plan`` of the base setting, full and quick
     (``plan_args`` are activation_rows_plan's keyword arguments)."""
     return PlannedFigure(activation_rows_plan(base, False, **plan_args),

@@ -3,8 +3,9 @@
 Every figure module ``theory_kit.figures.fig<N>`` follows one contract: ``NUMBER``,
 ``CAPTION``, ``estimate_seconds(quick)``, ``compute(quick, workdir, jobs) -> dict`` and
 ``draw(data) -> Figure``; a figure made of independent pieces also takes ``executor=``
-(``theory_kit.io.executor``) in ``compute``.  The runner draws from the data *as reloaded from the JSON file*,
-so ``--redraw`` (draw again from figN.json) gives the same figure as the original run.
+(``theory_kit.io.executor``) in ``compute``.  The runner draws from the data *as reloaded from
+the JSON file*, so ``--redraw`` (draw again from figN.json) gives the same figure as the
+original run.
 
 A ``--quick`` run writes ``figN_quick.json`` and ``figN_quick.png`` beside the full run's
 ``figN.json`` and ``figN.png``, so a quick run never replaces a full one.
@@ -31,7 +32,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, cast
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -45,6 +46,9 @@ from ..io.results import (
     write_json,
 )
 from ..model.validation import OutputError, ValidationError, check_int, fail
+
+if TYPE_CHECKING:
+    from ..model.activations import Activation
 
 FIGURE_NUMBERS = tuple(range(1, 15))
 CONTRACT = ("NUMBER", "CAPTION", "estimate_seconds", "compute", "draw")
@@ -186,7 +190,8 @@ def compile_kernels(act: "Activation | str", part: str) -> None:
     S = rng.standard_normal((n, H, L))
     if part == "drift":
         theta = np.sign(rng.standard_normal((n, F)))
-        codegen.drift_integrand(act, backend="numba").group_sums(
+        integrand = cast(codegen.CompiledIntegrand, codegen.drift_integrand(act, backend="numba"))
+        integrand.group_sums(
             S, theta, np.full(n, 1.0 / n), np.linalg.cholesky(Q), M, Q, a, b, 0.0, (2,))
         return
     kern = codegen.sample_kernels(act, "numba")
@@ -333,7 +338,7 @@ def redraw(number: int, out: str | Path = "figures", quick: bool = False) -> Pat
     return save_png(fig, png)
 
 
-def data_option(module: ModuleType, data: str | None) -> dict:
+def data_option(module: ModuleType, data: object) -> dict:
     """``{"data": path}`` for a figure whose ``compute`` takes user data (Figs. 5, 7), else {}."""
     if data is None:
         return {}

@@ -1,7 +1,7 @@
 """Shared matplotlib look for every figure module: one style, labelled axes, legends."""
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Any, Sequence, cast
 
 import matplotlib
 
@@ -11,9 +11,13 @@ from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.transforms import offset_copy  # noqa: E402
 
-RC = {"figure.dpi": 110, "savefig.dpi": 150, "font.size": 9, "axes.grid": True,
-      "grid.alpha": 0.3, "axes.spines.top": False, "axes.spines.right": False,
-      "legend.frameon": False, "legend.fontsize": 9, "lines.linewidth": 1.6}
+if TYPE_CHECKING:
+    from matplotlib.typing import RcKeyType
+
+RC: dict[RcKeyType, Any] = {
+    "figure.dpi": 110, "savefig.dpi": 150, "font.size": 9, "axes.grid": True,
+    "grid.alpha": 0.3, "axes.spines.top": False, "axes.spines.right": False,
+    "legend.frameon": False, "legend.fontsize": 9, "lines.linewidth": 1.6}
 # the smallest text any figure writes (legends, annotations, cell labels), in points at the
 # saved size: below 9 pt a figure is not readable when printed at its natural size
 SMALL = 9
@@ -52,11 +56,14 @@ def legend_below(ax: Axes, ncol: int = 2) -> None:
     """ax's legend under its x label, outside the data ("best" inside a panel still covered
     points), in as many columns (at most ``ncol``) as fit the panel's width.  The offset is
     in points below the axes, so it survives ``tight_layout``, which makes room for it."""
-    fig = ax.figure
-    if ax.get_legend() is not None:
-        ax.get_legend().remove()
+    fig = cast(Figure, ax.figure)   # the figures draw on top-level figures, never subfigures
+    legend = ax.get_legend()
+    if legend is not None:
+        legend.remove()
     box = ax.get_window_extent()
-    drop = (box.y0 - ax.get_tightbbox().y0) * 72 / fig.dpi
+    tight = ax.get_tightbbox()
+    assert tight is not None   # None only for an invisible axes, which gets no legend
+    drop = (box.y0 - tight.y0) * 72 / fig.dpi
     handles, labels = ax.get_legend_handles_labels()
     cols = _fitting_columns(fig, handles, labels, ncol, box.width)
     ax.legend(handles, labels, loc="upper center", ncol=cols, fontsize=SMALL, frameon=False,
