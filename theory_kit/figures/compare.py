@@ -125,7 +125,8 @@ def comparison_figure(comp: Comparison, title: str | None = None) -> Figure:
             ax.errorbar(comp.t_sim, comp.sim_mean[name][:, j],
                         yerr=np.nan_to_num(comp.sim_spread[name][:, j]), fmt="o", ms=3,
                         color=colors[j], capsize=2, label=f"SGD{tag}" if j == 0 else None)
-        label_axes(ax, "t = steps / D", PANEL_LABELS[name], legend=(name == names[0]) or n_series > 1)
+        label_axes(ax, "t = steps / D", PANEL_LABELS[name],
+                   legend=(name == names[0]) or n_series > 1)
     worst = comp.worst()
     fig.suptitle((title + "; " if title else "") + f"{comp.runs} runs, largest deviation "
                  f"{comp.max_deviation:.2f} std ({worst['panel']}, t = {worst['t']})", fontsize=9)

@@ -6,8 +6,9 @@ the UCI digits).  Time is t = steps/D, the key step is γ/D, keys start at
 k_h(0) ~ N(0, η²/D I_D).  A *piece* is one batch of runs of one activation; it follows the
 piece protocol of :func:`theory_kit.figures.panels.run_pieces` (``name``, ``seconds()``,
 ``run(path, progress[, dtask]) -> dict``; the loaded task is the sweep's shared input, so
-the images go to each worker once instead of being read and preprocessed per piece), so finished pieces are kept in the figure's work folder and
-a stopped figure resumes; a long piece also checkpoints inside (``checkpoint=True``).
+the images go to each worker once instead of being read and preprocessed per piece), so
+finished pieces are kept in the figure's work folder and a stopped figure resumes; a long
+piece also checkpoints inside (``checkpoint=True``).
 """
 from __future__ import annotations
 

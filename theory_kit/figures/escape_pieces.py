@@ -1,4 +1,5 @@
-"""The escape theory (``theory_kit.dynamics.escape``) as a figure piece, and the drawing of its band.
+"""The escape theory (``theory_kit.dynamics.escape``) as a figure piece, and the drawing of its
+band.
 
 An :class:`EscapePiece` is one ``escape_law`` computation (linearisation along the
 head-symmetric ODE of a setting + samples of the linear process at each D); like the ODE and
@@ -54,7 +55,8 @@ class EscapePiece:
         n = s.H * len(s.nu) + s.H * (s.H + 1) // 2
         evals = 4 * s.T / self.dt + (2 * n + 2) * (s.T / self.every + 6)
         per_eval = drift_seconds(s, self.points * len(head_permutations(s.H)))
-        return JACOBIAN_COST_FACTOR * evals * per_eval + SAMPLER_SECONDS_PER_RUN * self.runs * len(self.D)
+        return (JACOBIAN_COST_FACTOR * evals * per_eval
+                + SAMPLER_SECONDS_PER_RUN * self.runs * len(self.D))
 
     def run(self, path: Path, progress: bool) -> dict:
         s = self.setting

@@ -10,8 +10,9 @@ several 0.01 and splits the heads spuriously), γ = 1 (larger γ slows the escap
 the unspecialised phase, because the γ² noise inflates the orthogonal part) and a horizon long
 enough for the flipping direction to specialise; the ODE and every SGD run start from the same
 initial overlaps drawn at D.  Simulation: exact reduced SGD (docs/theory.md §7).
-Theory band (orange, m_h2 panel): the SGD τ_2 predicted by ``theory_kit.dynamics.escape`` from the same
-overlaps at the same D (linearised escape + SGD noise), mean ± std next to the ODE's τ_2.
+Theory band (orange, m_h2 panel): the SGD τ_2 predicted by ``theory_kit.dynamics.escape``
+from the same overlaps at the same D (linearised escape + SGD noise), mean ± std next to the
+ODE's τ_2.
 """
 from __future__ import annotations
 

@@ -14,9 +14,10 @@ larger; not run) against ~7 min on Sobol points.
 Cosine similarity k_1·k_2/√(Q_11 Q_22): 1 = the heads learned the same thing, lower = they
 specialised.
 Right panel (beyond the paper): how long specialisation takes, the predicted mean SGD τ_2 at
-D = 10^4 for keys drawn at D (``theory_kit.dynamics.escape``: linearised escape from the head-symmetric
-plateau plus finite-D fluctuations; 2000 samples per point; drift on 1024 Sobol points paired
-with the head swap; quick: 128 points and 500 samples, a smoke test), with the ODE's τ_2 from the one drawn start in brackets.
+D = 10^4 for keys drawn at D (``theory_kit.dynamics.escape``: linearised escape from the
+head-symmetric plateau plus finite-D fluctuations; 2000 samples per point; drift on 1024 Sobol
+points paired with the head swap; quick: 128 points and 500 samples, a smoke test), with the
+ODE's τ_2 from the one drawn start in brackets.
 """
 from __future__ import annotations
 

@@ -9,9 +9,9 @@ drift with fixed samples (quick plan: the same gradient flow on the solver's own
 ``convergence.SampledFlow``, so that a cold run compiles no drift kernels) until
 ``convergence.StopRule`` hands over (the state has left the plateau and its speed falls) or
 T_max; then the fixed point is solved for and certified
-(``theory_kit.asymptotic.gradient_flow``: local minimum of E on ``solver_points`` (``solver_points_left`` at
-F = 4, ν = 10, where 2^11 points let the keys of B-softmax and softmax-1 at H = 4 run off to
-|K| ~ 500 on a sample-fitting saddle) importance-tilted Sobol
+(``theory_kit.asymptotic.gradient_flow``: local minimum of E on ``solver_points``
+(``solver_points_left`` at F = 4, ν = 10, where 2^11 points let the keys of B-softmax and
+softmax-1 at H = 4 run off to |K| ~ 500 on a sample-fitting saddle) importance-tilted Sobol
 points with the Bayes posterior as control variate, drift norm ≤ 1e-8, quotient Hessian
 positive, saddles escaped, sampled E consistent with the precise one, else solved again with
 more points).  Runs that fail the certificate are drawn hollow; runs of one point

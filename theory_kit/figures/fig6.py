@@ -13,9 +13,9 @@ itself need not fall.  D starts at 250: below that a run can start with spread �
 (probability 2Φ(−δ√D), 4.6 % at D = 100), which puts τ_2 = 0 and hides the law above.
 Runs that have not crossed by T stay in the data as τ_2 = inf; statistics use the runs
 that crossed and the figure reports the crossed fraction.
-Theory (orange): the law of τ_2 predicted by ``theory_kit.dynamics.escape`` at each D (linearised escape
-from the head-symmetric plateau, initial-overlap and SGD fluctuations; 2000 samples of the
-linear process per D, drift on 8192 Sobol points paired with the head swap).
+Theory (orange): the law of τ_2 predicted by ``theory_kit.dynamics.escape`` at each D
+(linearised escape from the head-symmetric plateau, initial-overlap and SGD fluctuations; 2000
+samples of the linear process per D, drift on 8192 Sobol points paired with the head swap).
 """
 from __future__ import annotations
 
@@ -61,8 +61,8 @@ def pieces(quick: bool) -> list[SimPiece]:
 
 
 def theory_piece(quick: bool) -> EscapePiece:
-    """The predicted law of τ_2 at the same D (``theory_kit.dynamics.escape``: linearised escape from
-    the head-symmetric plateau plus the initial-overlap and SGD fluctuations)."""
+    """The predicted law of τ_2 at the same D (``theory_kit.dynamics.escape``: linearised
+    escape from the head-symmetric plateau plus the initial-overlap and SGD fluctuations)."""
     p = plan(quick)
     return EscapePiece(SETTING.with_(T=p["T"]), tuple(sorted(p["D"])),
                        points=THEORY_POINTS["quick" if quick else "full"])
