@@ -20,7 +20,13 @@ def recorded(name: str) -> dict:
     return json.loads((GOLDEN / f"{name}.json").read_text())
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
+# the command line is a thin shell over the API (tested below on every case): the default run
+# reruns the cheap cases through it, the slow run all of them
+HEAVY = {"compare", "escape", "einf_gradient_flow", "figure1_quick", "drift_mc"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in HEAVY else n
+                                  for n in sorted(CASES)])
 def test_the_command_line_gives_the_recorded_output(name, tmp_path):
     verb, kwargs = CASES[name]
     got = run_cli(argv_of(verb, kwargs, GOLDEN), tmp_path)
