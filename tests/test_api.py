@@ -16,6 +16,7 @@ import theory_kit.api.asymptotic
 import theory_kit.api.dynamics
 import theory_kit.api.evaluate
 import theory_kit.api.userdata
+from theory_kit.api import lazy as api_lazy
 from theory_kit import options
 from theory_kit.cli import main
 from theory_kit.io import result as result_module
@@ -59,7 +60,7 @@ def numbers_equal(a, b):
 @pytest.mark.parametrize("module", [
     *(pytest.param(m, marks=pytest.mark.slow)
       for m in (api.dynamics, api.evaluate, api.asymptotic, api.userdata)),
-    result_module, options, api])
+    result_module, options, api, api_lazy])
 def test_docstring_examples_run(module):
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0

@@ -21,8 +21,9 @@ SciPy, numba nor matplotlib.
 """
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .api.lazy import lazy_attributes
 
 __version__ = "0.1.0"
 
@@ -81,14 +82,4 @@ if TYPE_CHECKING:  # the same names, seen by type checkers and editors (``X as X
     from .options import Stop as Stop
 
 
-def __getattr__(name: str) -> Any:
-    """A public name, imported on first use."""
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_attributes(__name__, _EXPORTS, globals())

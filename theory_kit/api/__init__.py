@@ -18,8 +18,9 @@ The equations are in ``docs/theory.md``.
 """
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .lazy import lazy_attributes
 
 # public name -> the module that defines it; imported on first use, so that a verb loads only
 # what it runs (the command line's ``derive --help`` loads neither matplotlib nor the figures)
@@ -49,14 +50,4 @@ if TYPE_CHECKING:  # the same names, seen by type checkers (``X as X``: re-expor
     from .userdata import figure as figure
 
 
-def __getattr__(name: str) -> Any:
-    """A verb, imported on first use."""
-    if name not in VERBS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(VERBS[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_attributes(__name__, VERBS, globals())

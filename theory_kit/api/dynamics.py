@@ -22,7 +22,9 @@ from ..io.limits import check_ode, check_simulation
 from ..io.result import Escape
 from ..io.results import write_json
 from ..io.stored import out_json, request_of, reused, stamp_output, stored_output
-from ..model.task import strata_of
+from ..model.activations import Activation
+from ..model.initial import InitialCondition
+from ..model.task import Task, strata_of
 from ..model.validation import ValidationError, as_finite_array, check_int, fail
 from ..options import Integrator, Rates, Run
 from .inputs import (
@@ -195,13 +197,10 @@ def simulate(activation: ActivationLike, *, L: int, nu: ArrayLike, H: int, D: in
     with running(run):
         the_task = as_task(L, prior, nu, delta)
         act = as_activation(activation)
-        initial = None
-        if M0 is not None or Q0 is not None:
-            initial = initial_condition(act, the_task, H=H, M0=optional_array(M0, "M0", 2),
-                                        Q0=optional_array(Q0, "Q0", 2))
+        given = given_start(act, the_task, H, M0, Q0)
         cfg = sgd.SimConfig(the_task, act, H=H, D=D, times=tuple(sgd.recorded_times(T, times)),
                             runs=runs, gamma=gamma, eta=eta, seed=seed, method=method,
-                            initial=initial, train_a=rates.train_a, train_b=rates.train_b,
+                            initial=given, train_a=rates.train_a, train_b=rates.train_b,
                             gamma_a=rates.gamma_a, gamma_b=rates.gamma_b,
                             error_samples=error_samples)
         check_simulation(cfg.D, cfg.H, the_task.L, cfg.runs, float(cfg.times[-1]), cfg.method,
@@ -278,11 +277,8 @@ def escape(activation: ActivationLike, *, L: int, nu: ArrayLike, gamma: float,
     with running(run):
         the_task = as_task(L, prior, nu, label_noise)
         act = as_activation(activation)
-        initial = None
-        if M0 is not None or Q0 is not None:
-            ic = initial_condition(act, the_task, H=H, M0=optional_array(M0, "M0", 2),
-                                   Q0=optional_array(Q0, "Q0", 2))
-            initial, H = ic.state, ic.state.H
+        given = given_start(act, the_task, H, M0, Q0)
+        initial, H = (None, H) if given is None else (given.state, given.state.H)
         if H is None:
             raise ValidationError("H: give --H (or --M0/--Q0)")
         dims = dimensions(D)
@@ -298,6 +294,16 @@ def escape(activation: ActivationLike, *, L: int, nu: ArrayLike, gamma: float,
         if path is not None:
             write_json(path, {**result, "request": request})
     return Escape(result)
+
+
+def given_start(act: Activation, task: Task, H: int | None, M0: ArrayLike | None,
+                Q0: ArrayLike | None) -> InitialCondition | None:
+    """The start given as overlaps (M0, Q0; a and b from the activation), or None when
+    neither is given (drawn at finite D instead)."""
+    if M0 is None and Q0 is None:
+        return None
+    return initial_condition(act, task, H=H, M0=optional_array(M0, "M0", 2),
+                             Q0=optional_array(Q0, "Q0", 2))
 
 
 def dimensions(D: ArrayLike) -> list[int]:
