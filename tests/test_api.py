@@ -236,3 +236,18 @@ def test_derive_and_einf_api_equal_cli(capsys, tmp_path):
 def test_bad_option_objects_are_refused_by_name(extra, fragment):
     with pytest.raises(ValueError, match="^" + re.escape(fragment)):
         tk.ode("softmax", **{**ODE, **extra})
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["ode", "--activation", "softmax", "--H", "2", "--L", "3", "--nu", "2,2", "--gamma", "1",
+      "--T", "1", "--D", "100", "--seed", "-1"], "seed: must be an integer >= 0"),
+    (["einf", "--activation", "softmax", "--H", "1", "--L", "3", "--nu", "2", "--runs", "1",
+      "--seed", "-1"], "seed: must be an integer >= 0"),
+    (["einf", "--activation", "softmax", "--H", "1", "--L", "3", "--nu", "2", "--runs", "1",
+      "--mc-seed", "-1"], "mc-seed: must be an integer >= 0"),
+    (["escape", "--activation", "softmax", "--H", "2", "--L", "3", "--nu", "2,2", "--gamma",
+      "1", "--seed", "-1"], "seed: must be an integer >= 0"),
+])
+def test_a_negative_seed_is_bad_input_not_an_internal_error(argv, fragment, tmp_path, capsys):
+    assert main([*argv, "--out", str(tmp_path / "o.json")] if argv[0] == "ode" else argv) == 2
+    assert fragment in capsys.readouterr().err

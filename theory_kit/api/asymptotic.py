@@ -93,6 +93,7 @@ def einf(activation: ActivationLike, *, H: int, L: int, nu: ArrayLike, prior: st
         settings = run_settings(gamma, gradient_flow, eng, method, stop, solver, evaluation)
         check_workdir(workdir)
         check_int(min_starts, "min-starts", 1)
+        check_int(seed, "seed", 0)
         H, runs = check_int(H, "H", 1), check_int(runs, "runs", 1)
         check_polish(the_task, act, H, settings.polish)
         D = check_int(D, "D", the_task.F + H)
@@ -117,7 +118,8 @@ def run_settings(gamma: float, gradient_flow: bool, engine: Engine, method: str,
                     stop.T_min, stop.T_max)
     return RunSettings(
         gamma=gamma, gradient_flow=gradient_flow, rule=rule, method=method,
-        n_samples=check_int(engine.samples, "samples", 2), mc_seed=engine.seed,
+        n_samples=check_int(engine.samples, "samples", 2),
+        mc_seed=check_int(engine.seed, "mc-seed", 0),
         error_method=evaluation.method,
         error_samples=check_int(evaluation.samples, "error-samples", 2), drift=engine.name,
         solve=solver.solve, solver_points=check_int(solver.points, "solver-points", 16),

@@ -110,6 +110,7 @@ def ode(activation: ActivationLike, *, L: int, nu: ArrayLike, gamma: float, T: f
         eng = as_engine(engine)
         if H is not None:
             check_int(H, "H", 1)
+        check_int(seed, "seed", 0)
         ic = initial_condition(act, the_task, H=H, M0=optional_array(M0, "M0", 2),
                                Q0=optional_array(Q0, "Q0", 2), a0=optional_array(a0, "a0", 1),
                                b0=optional_array(b0, "b0", 1), D=D, eta=eta, seed=seed)
@@ -282,6 +283,7 @@ def escape(activation: ActivationLike, *, L: int, nu: ArrayLike, gamma: float,
         if H is None:
             raise ValidationError("H: give --H (or --M0/--Q0)")
         dims = dimensions(D)
+        check_int(seed, "seed", 0)
         path, request = out_json(out, "escape.json"), request_of("escape", options)
         stored = stored_output(path, request)
         if stored is not None:
