@@ -1,7 +1,7 @@
 """Compiled (numba) SGD step of the exact reduced simulation (docs/theory.md §7, ``simulate``).
 
 One block of m steps for R runs, with the block's random numbers drawn beforehand in NumPy
-(so the random stream is laid out exactly as in the NumPy method).  Per run and step:
+(so the random stream is laid out exactly as in the NumPy method).  Per run and step::
 
     S = K Tᵀ                  scores s_{hl} = k_h·x_l from the coordinates K = [M | P] (H × FH)
                               and the token coordinates T = [p | q] (L × FH)

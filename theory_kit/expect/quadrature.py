@@ -26,6 +26,7 @@ Elementwise activations need no t: E[w_0] = Σ_h a_h E[φ_h] and
 E[w_l²] = Σ_{hh'} a_h a_h' E[φ_h φ_h'].
 
 Rules (documented choices):
+
 * u: trapezoid with step h_u = 0.25/r on [−ψ_max − 32, −ψ_min + 4.5] (ψ = log φ over the
   Gaussian ranges).  The integrands are analytic and bounded in |Im u| < π/2, so the error is
   ~ e^{−π²/h_u}; the cut tails are < e^{−32} (lower, integrand ≤ e^{u+ψ}) and < e^{−e^{4.5}}.

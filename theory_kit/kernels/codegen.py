@@ -455,6 +455,7 @@ class SampleKernels:
 
     Vectorised (any leading sample axes; b, qdiag, a broadcast against S.shape[:-1]):
       ``weights(S, b, qdiag, a) -> (W, D, D2, w)``, ``vjp(W, D, D2, a, v) -> (Jv, Av, Bv, Qv)``.
+
     With the numba backend and b, qdiag, a shared by all samples ((H,) vectors) both run the
     vectorised lane kernels on :func:`compute_threads` threads (row ranges of at least
     ``MIN_ROWS``), otherwise one sample at a time; the two agree to an ulp of exp.
@@ -607,7 +608,7 @@ def field_count(H: int, F: int) -> int:
 
 
 def split_fields(flat: np.ndarray, H: int, F: int) -> dict[str, np.ndarray]:
-    """Split (..., K) compiled drift vectors into the named fields (..., *shape)."""
+    """Split ``(..., K)`` compiled drift vectors into the named fields ``(..., *shape)``."""
     lead = flat.shape[:-1]
     return {name: flat[..., start:stop].reshape(lead + shape)
             for name, start, stop, shape in _field_slices(H, F)}

@@ -9,7 +9,7 @@ its key norm.
 
 Notes
 -----
-7.  **Bounded memory.**  At key norm |k| = max_h √Q_hh every axis (z_1, z_2, u_0, u_1) grows
+7. **Bounded memory.**  At key norm |k| = max_h √Q_hh every axis (z_1, z_2, u_0, u_1) grows
    like |k|, so the two-head tables (U_0 × U_1 each, ~300 of them) and the inner sums grow like
    |k|²; the inner kernel's exponent split fell back to whole (U, n_1, n_2) kernels beyond
    |k| ≈ 8.5 (9.7 GB asked for at |k| = 10).  Now the split runs on u segments with their own
