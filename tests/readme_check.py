@@ -1,7 +1,12 @@
-"""Run the README's shell commands and check the outputs it claims.
+"""Run the shell commands of the README and of the documentation pages, and check the outputs
+they claim.
 
-The README is part of the product: every command in a ```bash block must run as written from the
-repository root of a fresh clone, and every output it shows must be what the command prints now.
+The README and the docs (``docs/**/*.md``, the Sphinx site's Markdown pages) are part of the
+product: every command in a ```bash block must run as written from the repository root of a
+fresh clone, and every output shown must be what the command prints now.  The pages are checked
+in one fresh copy, README first, then the docs pages in reading order (:data:`DOC_PAGES`); a
+command that appears again (the README's short examples are the docs' worked examples) runs
+once, and every claim made for it anywhere is checked against that output.
 
 Conventions of the README that this module relies on (stated in the README itself):
 
@@ -16,8 +21,8 @@ Conventions of the README that this module relies on (stated in the README itsel
 * install and test commands (``python3 -m venv …``, ``pip install …``, ``pytest``) are what CI
   itself runs, so they are checked by CI, not here.
 
-``python tests/readme_check.py`` runs every command (quick variants with ``--quick``) and prints a
-report; the test suite calls :func:`check_all`.
+``python tests/readme_check.py`` runs every command (quick variants of the figures unless
+``--full``) and prints a report; the test suite calls :func:`check_all`.
 """
 from __future__ import annotations
 
@@ -32,6 +37,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+# the docs pages whose commands run first, in this order (the reading order of the site); every
+# other Markdown page of docs/ follows in path order
+DOCS_FIRST = ("getting_started.md", "user_guide/conventions.md", "user_guide/01_task_activation.md",
+              "user_guide/02_derive.md", "user_guide/03_errors.md", "user_guide/04_ode.md",
+              "user_guide/05_simulate.md", "user_guide/06_einf.md", "user_guide/07_escape.md",
+              "user_guide/08_compare.md", "user_guide/09_sweeps.md", "gallery.md")
+DOCS_SKIP = ("_build", "api/generated", "jupyter_execute")
 NUMBER = r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?"
 ERROR_MARKERS = ("+/-", "±", '"abs_err":', "abs_err", "spread")
 # commands CI runs itself (install, the test run): checked there, never recursively here
@@ -47,6 +60,7 @@ class Command:
     line: int
     text: str
     claims: list[str] = field(default_factory=list)
+    page: str = "README.md"
 
     def quick(self) -> str:
         """The quick variant: full figure runs become ``--quick`` runs (same code path)."""
@@ -62,6 +76,29 @@ class Command:
 def _strip_remark(line: str) -> str:
     match = re.search(r"\s{2,}#\s", line)
     return line[:match.start()] if match else line
+
+
+def doc_pages() -> list[Path]:
+    """The Markdown pages of the docs, in the order their commands are checked."""
+    found = [p for p in sorted(DOCS.rglob("*.md"))
+             if not any(part in p.relative_to(DOCS).as_posix() for part in DOCS_SKIP)]
+    first = [DOCS / name for name in DOCS_FIRST if (DOCS / name) in found]
+    return first + [p for p in found if p not in first]
+
+
+def page_commands(path: Path) -> list[Command]:
+    """The checkable commands of one page (its ```bash lines, then its ```python blocks)."""
+    text = path.read_text()
+    commands = checkable(parse_readme(text)) + python_blocks(text)
+    for cmd in commands:
+        cmd.page = path.relative_to(ROOT).as_posix()
+    return commands
+
+
+def all_commands(pages: list[Path] | None = None) -> list[Command]:
+    """The commands of the README, then of every docs page (or of ``pages``), in order."""
+    return [c for p in (pages if pages is not None else [README, *doc_pages()])
+            for c in page_commands(p)]
 
 
 def python_blocks(text: str) -> list[Command]:
@@ -171,7 +208,7 @@ def check_claim(claim: str, output: str) -> str | None:
                if not (_error_agrees(c, a) if is_err else _digits_agree(c, a))]
         if not bad:
             return None
-        reasons.append(", ".join(f"{c} (README) vs {a} (now)" for c, a in bad))
+        reasons.append(", ".join(f"{c} (shown) vs {a} (now)" for c, a in bad))
     return f"numbers differ in {claim!r}: {reasons[0]}"
 
 
@@ -199,25 +236,31 @@ def checkable(commands: list[Command]) -> list[Command]:
     return [c for c in commands if not CI_COMMANDS.search(c.text)]
 
 
-def check_all(workdir: Path, quick: bool = True, cheap_only: bool = False) -> list[str]:
-    """Run every checkable README command in order in a fresh copy; the list of failures.
+def check_all(workdir: Path, quick: bool = True, cheap_only: bool = False,
+              pages: list[Path] | None = None) -> list[str]:
+    """Run every checkable command of the README and the docs pages (or of ``pages``) in order
+    in one fresh copy; the list of failures.
 
-    ``cheap_only``: only the commands matching ``CHEAP`` (for the default test run)."""
+    ``cheap_only``: only the commands matching ``CHEAP`` (for the default test run).  A command
+    already run (same text) is not run again: its claims are checked on the first output."""
     cwd = fresh_copy(workdir)
     failures = []
-    text = README.read_text()
-    commands = checkable(parse_readme(text)) + python_blocks(text)
+    commands = all_commands(pages)
     if cheap_only:
         commands = [c for c in commands if CHEAP.match(c.text)]
+    done: dict[str, tuple[int, str]] = {}
     for cmd in commands:
-        status, output = run(cmd, cwd, quick)
+        if cmd.text not in done:
+            done[cmd.text] = run(cmd, cwd, quick)
+        status, output = done[cmd.text]
+        where = f"{cmd.page} line {cmd.line}"
         if status != 0:
-            failures.append(f"README line {cmd.line}: exit {status}: {cmd.text}\n{output[-2000:]}")
+            failures.append(f"{where}: exit {status}: {cmd.text}\n{output[-2000:]}")
             continue
         for claim in cmd.claims:
             reason = check_claim(claim, output)
             if reason:
-                failures.append(f"README line {cmd.line}: {reason}\n  command: {cmd.text}\n"
+                failures.append(f"{where}: {reason}\n  command: {cmd.text}\n"
                                 f"  output: {output[-1500:]}")
     return failures
 
@@ -226,5 +269,6 @@ if __name__ == "__main__":
     import tempfile
     with tempfile.TemporaryDirectory() as tmp:
         found = check_all(Path(tmp), quick="--full" not in sys.argv)
-    print("\n\n".join(found) if found else "every README command ran and showed what it claims")
+    print("\n\n".join(found) if found
+          else "every command of the README and the docs ran and showed what it claims")
     sys.exit(1 if found else 0)
