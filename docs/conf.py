@@ -54,6 +54,7 @@ if nb_execution_mode not in {"off", "force", "cache", "auto", "lazy"}:
 if nb_execution_mode != "off" and os.environ.get("THEORY_KIT_QUICK") != "1":
     print("note: executing the tutorials in full mode (THEORY_KIT_QUICK unset): this takes long")
 nb_execution_timeout = 900
+nb_execution_in_temp = True      # files the notebooks write stay out of the source tree
 nb_execution_raise_on_error = True
 nb_execution_show_tb = True
 nb_merge_streams = True
