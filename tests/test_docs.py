@@ -61,9 +61,10 @@ def test_every_public_name_has_a_docstring_and_a_page(site):
 def test_pages_of_the_site(site):
     proc, html, _ = site
     assert proc.returncode == 0, proc.stderr[-3000:]
+    notebooks = [f"tutorials/{nb.stem}" for nb in (ROOT / "notebooks").glob("*.ipynb")]
     for page in ("getting_started", "tutorials/index", "user_guide/index", "theory", "gallery",
                  "api/index", "api/modules", "cli", "internals/index", "performance", "einf",
-                 "architecture", *(f"tutorials/{nb.stem}" for nb in (ROOT / "notebooks").glob("*.ipynb"))):
+                 "architecture", *notebooks):
         assert (html / f"{page}.html").is_file(), page
     guide = sorted(p.name for p in (html / "user_guide").glob("0*.html"))
     assert len(guide) == 9, guide

@@ -1,9 +1,17 @@
 """The commands of the README and of the docs pages run as written from a fresh copy and show
 the outputs they claim."""
 import pytest
-
-from readme_check import (CHEAP, README, all_commands, check_all, check_claim, checkable,
-                          doc_pages, page_commands, parse_readme)
+from readme_check import (
+    CHEAP,
+    README,
+    all_commands,
+    check_all,
+    check_claim,
+    checkable,
+    doc_pages,
+    page_commands,
+    parse_readme,
+)
 
 
 def test_readme_has_commands_with_claimed_outputs():
