@@ -15,7 +15,7 @@ Notes
    β_{hl′} = a_h W_{hl′} (per-head), w_{l′} (joint), 0 (elementwise), so that
    g_{hl} = J_{hl}·e = D_{hl}(α_h e_l − Σ_{l′} β_{hl′} e_{l′}) and
    Σ_l J_{hl}·J_{h′l} = Σ_l D_{hl} D_{h′l}(α_h α_{h′} − α_h β_{h′l} − α_{h′} β_{hl}
-                                            + Σ_{l′} β_{hl′} β_{h′l′}).
+   + Σ_{l′} β_{hl′} β_{h′l′}).
    Then dM_{hf} = Σ_l g_{hl} P_{fl}, dQ^lin_{hh′} = Σ_l g_{hl} s_{h′l} (+ transpose),
    dQ^noise_{hh′} = (|e|² + Δ) Σ_l J_{hl}·J_{h′l} + 2 Σ_l g_{hl} g_{h′l}, da_h = Σ_l W_{hl} e_l,
    db_h = Σ_l g_{hl}.  The Bayes-offset terms 2ρ_h m_{hf}, 2ρ_h Q_{hh′} with ρ_h = −½ db_h are
