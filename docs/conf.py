@@ -38,7 +38,7 @@ extensions = [
 
 source_suffix = {".rst": "restructuredtext", ".md": "myst-nb", ".ipynb": "myst-nb"}
 root_doc = "index"
-exclude_patterns = ["_build", "**.ipynb_checkpoints", "jupyter_execute"]
+exclude_patterns = ["_build", "_generated", "**.ipynb_checkpoints", "jupyter_execute"]
 templates_path = ["_templates"]
 
 # --- MyST -----------------------------------------------------------------------------------

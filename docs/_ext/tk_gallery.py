@@ -2,10 +2,17 @@
 
 The caption is the module's ``CAPTION`` constant and the run-time line its reference estimate
 (``estimate_seconds``), so the gallery page cannot drift from ``theory_kit/figures/fig*.py``.
+
+With ``THEORY_KIT_DOCS_GALLERY=quick`` the build also makes every figure's quick version with
+the toolkit (``tk.figure(N, quick=True)``, kept in ``docs/_generated/gallery``: a rebuild
+reuses what the same code made) and shows it under its caption.  The default build does not:
+the 14 quick figures cost minutes.
 """
 from __future__ import annotations
 
 import importlib
+import os
+from pathlib import Path
 
 from docutils import nodes
 from sphinx.util.docutils import SphinxDirective
@@ -44,9 +51,26 @@ class FigureGallery(SphinxDirective):
                 f"full {_duration(module.estimate_seconds(False))}. "
                 f"Source: theory_kit/figures/fig{number}.py."))
             section += estimate
+            picture = quick_figure(number, Path(self.env.srcdir))
+            if picture is not None:
+                section += nodes.paragraph(text=f"The quick version, made at build time by "
+                                                f"theory-kit figure {number} --quick:")
+                section += nodes.image(uri=picture, alt=f"quick figure {number}")
             self.env.note_dependency(module.__file__)
             out.append(section)
         return out
+
+
+def quick_figure(number: int, srcdir: Path) -> str | None:
+    """The quick figure's PNG (made now unless already made by this code), relative to the
+    docs folder; None unless THEORY_KIT_DOCS_GALLERY=quick."""
+    if os.environ.get("THEORY_KIT_DOCS_GALLERY") != "quick":
+        return None
+    import theory_kit as tk
+    folder = srcdir / "_generated" / "gallery"
+    result = tk.figure(number, quick=True, out=folder, run=tk.Run(progress=False, jobs=2))
+    png = next(Path(f) for f in result.files if f.endswith(".png"))
+    return "/" + png.relative_to(srcdir).as_posix()
 
 
 def setup(app):
