@@ -33,6 +33,11 @@ def sphinx_build(source: Path, out: Path, *extra: str, conf: Path = DOCS,
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
 
 
+# the whole site takes ~45 CPU s to build: the slow run builds it here, and CI runs the README's
+# docs command (.ci/run), so the default run stays under 5 minutes on 2 cores
+SLOW_BUILD = pytest.mark.slow
+
+
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
     """The site built once, as ``sphinx-build -W --keep-going`` in the README."""
@@ -42,12 +47,14 @@ def site(tmp_path_factory):
     return proc, out / "html", time.perf_counter() - start
 
 
+@SLOW_BUILD
 def test_site_builds_without_warnings(site):
     proc, html, seconds = site
     assert proc.returncode == 0, f"sphinx-build -W failed ({seconds:.0f} s):\n{proc.stderr[-6000:]}"
     assert (html / "index.html").is_file()
 
 
+@SLOW_BUILD
 def test_every_public_name_has_a_docstring_and_a_page(site):
     proc, html, _ = site
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -58,6 +65,7 @@ def test_every_public_name_has_a_docstring_and_a_page(site):
         assert f"theory_kit.{name}" in page.read_text()
 
 
+@SLOW_BUILD
 def test_pages_of_the_site(site):
     proc, html, _ = site
     assert proc.returncode == 0, proc.stderr[-3000:]

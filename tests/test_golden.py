@@ -20,13 +20,14 @@ def recorded(name: str) -> dict:
     return json.loads((GOLDEN / f"{name}.json").read_text())
 
 
-# the command line is a thin shell over the API (tested below on every case): the default run
-# reruns the cheap cases through it, the slow run all of them
+# the default run reruns the cheap cases (seconds each) through the API, the slow run every
+# case through the API and through the command line (a thin shell over the API)
 HEAVY = {"compare", "escape", "einf_gradient_flow", "figure1_quick", "drift_mc"}
+NAMES = [pytest.param(n, marks=pytest.mark.slow) if n in HEAVY else n for n in sorted(CASES)]
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in HEAVY else n
-                                  for n in sorted(CASES)])
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(CASES))
 def test_the_command_line_gives_the_recorded_output(name, tmp_path):
     verb, kwargs = CASES[name]
     got = run_cli(argv_of(verb, kwargs, GOLDEN), tmp_path)
@@ -72,7 +73,7 @@ def api_call(name: str, tmp: Path):  # noqa: ANN201 — the verb's result type
     raise AssertionError(verb)
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("name", NAMES)
 def test_the_python_api_gives_the_recorded_output(name, tmp_path):
     result = api_call(name, tmp_path)
     got = result.text if name.startswith("derive") else json.loads(json.dumps(result.data))

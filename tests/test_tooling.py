@@ -24,18 +24,22 @@ def mypy_cache(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("mypy-cache")
 
 
+# the README's lint command (.ci/run runs it) checks the same in the default CI job
+@pytest.mark.slow
 def test_ruff_is_clean():
     pytest.importorskip("ruff")
     done = run(["ruff", "check", "--no-cache", "theory_kit", "examples/typed_api.py"])
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+@pytest.mark.slow
 def test_mypy_is_clean(mypy_cache):
     pytest.importorskip("mypy")
     done = run(["mypy", "--cache-dir", str(mypy_cache)])   # files from pyproject.toml
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+@pytest.mark.slow   # a cold mypy run (~20 CPU s); .ci/run's lint command runs mypy itself
 def test_mypy_fails_a_misspelt_keyword(mypy_cache, tmp_path):
     pytest.importorskip("mypy")
     text = EXAMPLE.read_text()
