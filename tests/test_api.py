@@ -13,11 +13,12 @@ import pytest
 import theory_kit as tk
 import theory_kit.api as api
 import theory_kit.api.asymptotic
+import theory_kit.api.derivation
 import theory_kit.api.dynamics
 import theory_kit.api.evaluate
 import theory_kit.api.userdata
-from theory_kit.api import lazy as api_lazy
 from theory_kit import options
+from theory_kit.api import lazy as api_lazy
 from theory_kit.cli import main
 from theory_kit.io import result as result_module
 from theory_kit.io.results import CODE_DIGEST
@@ -59,7 +60,8 @@ def numbers_equal(a, b):
 # slow run only
 @pytest.mark.parametrize("module", [
     *(pytest.param(m, marks=pytest.mark.slow)
-      for m in (api.dynamics, api.evaluate, api.asymptotic, api.userdata)),
+      for m in (api.dynamics, api.evaluate, api.derivation, api.asymptotic,
+                        api.userdata)),
     result_module, options, api, api_lazy])
 def test_docstring_examples_run(module):
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)

@@ -26,7 +26,8 @@ from .lazy import lazy_attributes
 # what it runs (the command line's ``derive --help`` loads neither matplotlib nor the figures)
 VERBS = {
     **{name: "theory_kit.api.evaluate" for name in ("activation", "task", "error",
-                                                    "bayes_error", "derive", "drift")},
+                                                    "bayes_error")},
+    **{name: "theory_kit.api.derivation" for name in ("derive", "drift")},
     **{name: "theory_kit.api.dynamics" for name in ("ode", "simulate", "escape")},
     "einf": "theory_kit.api.asymptotic",
     **{name: "theory_kit.api.userdata" for name in ("compare", "figure")},
@@ -37,13 +38,13 @@ __all__ = list(VERBS)
 if TYPE_CHECKING:  # the same names, seen by type checkers (``X as X``: re-exported)
     from ..io.result import load as load
     from .asymptotic import einf as einf
+    from .derivation import derive as derive
+    from .derivation import drift as drift
     from .dynamics import escape as escape
     from .dynamics import ode as ode
     from .dynamics import simulate as simulate
     from .evaluate import activation as activation
     from .evaluate import bayes_error as bayes_error
-    from .evaluate import derive as derive
-    from .evaluate import drift as drift
     from .evaluate import error as error
     from .evaluate import task as task
     from .userdata import compare as compare

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 
 from .. import api
-from ..api.evaluate import FORMATS
+from ..api.derivation import FORMATS
 from .common import add_activation_args, build_activation
 
 
