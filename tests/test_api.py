@@ -106,6 +106,7 @@ def test_error_api_equals_cli(capsys):
                                            "--method", "quad", "--json"], capsys))
 
 
+@pytest.mark.slow   # ~15 CPU s; the golden test checks both verbs' API numbers in the default run
 def test_ode_and_simulate_api_equal_cli_files(tmp_path):
     tr = tk.ode("softmax", **ODE, engine=ODE_ENGINE, run=QUIET)
     assert main([*ODE_ARGV, "--out", str(tmp_path / "ode.json")]) == 0
@@ -209,6 +210,7 @@ def test_drift_api_equals_cli(capsys):
     assert d.dM.shape == (2, 2) and d.dQ.shape == (2, 2) and "Drift(engine=" in repr(d)
 
 
+@pytest.mark.slow   # ~15 CPU s; the golden test checks einf's API numbers in the default run
 def test_derive_and_einf_api_equal_cli(capsys, tmp_path):
     text = tk.derive("softmax1", format="latex").text
     assert main(["derive", "--activation", "softmax1", "--format", "latex"]) == 0
