@@ -472,6 +472,7 @@ def test_converged_einf_ordering_and_floors():
 
 
 # ----------------------------------------------------------------------------- Fig. 4
+@pytest.mark.slow   # ~15 CPU s; moved to the slow run to keep the default run under 5 min
 def test_fig4_compute_draw_and_resume(tmp_path, monkeypatch):
     from theory_kit.figures import fig4
     from theory_kit.io.results import read_json, write_json

@@ -119,6 +119,7 @@ def test_quick_fig2_plateau_then_staged_split(out_dir):
     assert tau_g[0] < 100 < tau_g[1] < T
 
 
+@pytest.mark.slow   # ~15 CPU s; moved to the slow run to keep the default run under 5 min
 def test_fig11_two_point_grid_computes_and_draws(tmp_path, monkeypatch):
     """The quick Fig. 11 pipeline (ODE grid + escape theory + drawing) on two grid points of
     ν₁ = 1: a strong flipping signal (ν₂ = 9) parts the heads, a weak one (ν₂ = 1) keeps them
