@@ -127,6 +127,12 @@ def test_a_stored_result_is_found_again_and_marked_reused(tmp_path):
     assert not other.reused and not np.array_equal(other.M, first.M)
 
 
+def test_an_engine_name_and_its_options_are_one_stored_request(tmp_path):
+    first = tk.ode("softmax", **ODE, engine="mc", run=QUIET, out=tmp_path)
+    again = tk.ode("softmax", **ODE, engine=tk.Engine("mc"), run=QUIET, out=tmp_path)
+    assert not first.reused and again.reused
+
+
 def test_inputs_are_validated_before_a_stored_result_is_returned(tmp_path):
     tk.ode("softmax", **ODE, engine=ODE_ENGINE, run=QUIET, out=tmp_path)
     with pytest.raises(ValueError, match="^dt: "):

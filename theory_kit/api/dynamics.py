@@ -118,7 +118,8 @@ def ode(activation: ActivationLike, *, L: int, nu: ArrayLike, gamma: float, T: f
         grid = optional_array(times, "times", 1)
         output_times(T, grid)   # bad times fail here, not after compiling the engine
         path = out_json(out, "ode.json")
-        request = request_of("ode", options)
+        # the engine as its options, so that "mc" and Engine("mc") are one request
+        request = request_of("ode", {**options, "engine": eng})
         if stored_output(path, request) is not None:
             assert path is not None              # a stored output has a path
             return reused(Trajectory.load(path))
