@@ -1,0 +1,144 @@
+"""Every plot kind passes the layout check of tests/plot_layout.py (issue #42 §4).
+
+The plots are drawn from small synthetic inputs (and the golden outputs of tests/golden), so
+the default run spends about a second per plot kind on drawing and computes nothing; the
+slow run also computes every quick figure and checks the picture drawn from its JSON."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+from plot_layout import layout_problems
+
+GOLDEN = Path(__file__).resolve().parent / "golden"
+
+
+@pytest.fixture(autouse=True)
+def close_figures():
+    yield
+    plt.close("all")
+
+
+def assert_clean(fig) -> None:
+    problems = layout_problems(fig)
+    assert problems == [], "\n".join(problems)
+
+
+def legend_texts(fig) -> list[str]:
+    legends = list(fig.legends) + [ax.get_legend() for ax in fig.axes if ax.get_legend()]
+    return [t.get_text() for leg in legends for t in leg.get_texts()]
+
+
+def golden(name: str) -> dict:
+    from theory_kit.io.results import restore_non_finite
+    return restore_non_finite(json.loads((GOLDEN / f"{name}.json").read_text())["output"])
+
+
+# ----------------------------------------------------------------------------- synthetic data
+def breaking_runs(H: int = 3, F: int = 2, runs: int = 8, n: int = 21, T: float = 40.0,
+                  seed: int = 0) -> dict:
+    """Arrays shaped like a simulation (runs first) whose runs leave a head-symmetric plateau
+    in different directions: along f = 2 each run gives the heads the values (−1, 0, 1)
+    (H = 3) in its own order, so the heads swap roles and signs from run to run."""
+    rng = np.random.default_rng(seed)
+    t = np.linspace(0.0, T, n)
+    grow = 1.0 - np.exp(-t / 8.0)
+    split = np.tanh(np.maximum(t - T / 3.0, 0.0) / 6.0)
+    M = np.zeros((runs, n, H, F))
+    for r in range(runs):
+        M[r, :, :, 0] = grow[:, None] * (1.0 + 0.03 * rng.standard_normal(H))
+        if F > 1:
+            roles = rng.permutation(np.linspace(-1.0, 1.0, H))
+            M[r, :, :, 1] = split[:, None] * roles + 0.02 * rng.standard_normal((n, H))
+    orth = (1.0 - 0.3 * grow)[None, :, None, None] * np.eye(H)
+    Q = M @ np.swapaxes(M, -1, -2) + orth
+    error = 0.8 - 0.2 * grow - 0.1 * split + 0.01 * rng.standard_normal((runs, n))
+    return {"t": t, "M": M, "Q": Q, "a": np.ones((runs, n, H)), "b": np.zeros((runs, n, H)),
+            "error": error, "error_running": error}
+
+
+def trajectory_of(runs: dict, r: int = 0):
+    from theory_kit.dynamics.trajectory import Trajectory
+    n = len(runs["t"])
+    return Trajectory(runs["t"], runs["M"][r], runs["Q"][r], runs["a"][r], runs["b"][r],
+                      runs["error"][r], np.zeros(n), params={})
+
+
+def simulation_of(runs: dict):
+    from theory_kit.dynamics.simulation import Simulation
+    return Simulation(**runs, params={"D": 300, "method": "reduced"})
+
+
+# ----------------------------------------------------------------------------- the checker
+def test_the_checker_finds_each_kind_of_problem():
+    """A deliberately bad figure trips every check; a tidy one passes."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(4, 2))
+    left.plot([0, 1], [0, 1], label="drawn")
+    left.plot([0, 1], [1, 0])                             # unlabelled: missing
+    left.legend(loc="center")                             # over the lines
+    right.plot([0, 1], [0, 1], label="x")
+    right.set_ylabel("a y label long enough to run far over the next panel" * 2)
+    found = "\n".join(layout_problems(fig))
+    for kind in ("covers", "no x label", "drawn but not in any legend", "cut off",
+                 "overlaps"):
+        assert kind in found, (kind, found)
+
+    fig, ax = plt.subplots(figsize=(4, 3))
+    ax.plot([0, 1], [0, 1], label="drawn")
+    ax.set_xlabel("x")
+    ax.set_ylabel("y")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    fig.tight_layout()
+    assert_clean(fig)
+
+
+# ------------------------------------------------------------------ Trajectory, Simulation
+def test_trajectory_plot_of_a_simulation_has_one_legend_and_labels():
+    runs = breaking_runs()
+    fig = trajectory_of(runs).plot(simulation_of(runs))
+    assert_clean(fig)
+    labels = legend_texts(fig)
+    assert len(labels) == len(set(labels))                 # each series once
+    assert "ODE h = 3" in labels and "ODE: E" in labels
+    # the runs split the heads differently along f = 2: each run is drawn, and said so
+    assert any(lbl.startswith("SGD h = 1 (each of 8 runs") for lbl in labels)
+    # the error agrees between runs: a quantile band around the median
+    assert "SGD: E (10–90 % of 8 runs, median)" in labels
+
+
+def test_simulation_and_trajectory_plots_alone():
+    runs = breaking_runs(H=2)
+    for fig in (simulation_of(runs).plot(), trajectory_of(runs).plot()):
+        assert_clean(fig)
+
+
+def test_runs_that_agree_are_a_band_not_traces():
+    from theory_kit.figures.series import runs_disagree
+    runs = breaking_runs(H=2)
+    same = runs["M"][..., 0]                  # the constant direction: no split between runs
+    assert not runs_disagree(same)
+    assert runs_disagree(runs["M"][..., 1])   # heads swap signs from run to run
+
+
+def test_two_trajectories_on_the_same_axes_are_told_apart_in_one_legend():
+    # notebook 01: softmax and softplus on one set of axes read "ODE, ODE"
+    first, second = trajectory_of(breaking_runs(H=2)), trajectory_of(breaking_runs(H=2), 1)
+    fig, axes = plt.subplots(1, 4, figsize=(13, 3))
+    first.plot(ax=axes, label="softmax")
+    second.plot(ax=axes, label="softplus")
+    fig.tight_layout()
+    assert_clean(fig)
+    labels = legend_texts(fig)
+    assert len(labels) == len(set(labels))
+    assert {"softmax h = 1", "softplus h = 1", "softmax: E", "softplus: E"} <= set(labels)
+
+
+def test_the_golden_ode_and_simulation_plot_together():
+    from theory_kit.dynamics.simulation import Simulation
+    from theory_kit.dynamics.trajectory import Trajectory
+    fig = Trajectory.from_dict(golden("ode_mc_rk4")).plot(
+        Simulation.from_dict(golden("simulate_reduced")))
+    assert_clean(fig)
