@@ -142,3 +142,15 @@ def test_the_golden_ode_and_simulation_plot_together():
     fig = Trajectory.from_dict(golden("ode_mc_rk4")).plot(
         Simulation.from_dict(golden("simulate_reduced")))
     assert_clean(fig)
+
+
+# ----------------------------------------------------------------------------- E∞
+@pytest.mark.parametrize("name", ["einf_gradient_flow", "einf_gamma1"])
+def test_einf_plot(name):
+    from theory_kit.asymptotic.runs import EinfResult
+    fig = EinfResult.from_dict(golden(name)).plot()
+    assert_clean(fig)
+    labels = legend_texts(fig)
+    assert any(lbl.startswith("$E_\\infty$ = mean over runs") for lbl in labels)
+    # runs that agree to 1e-13 keep readable tick labels (no "1e-13 + 3.97e-1" offset)
+    assert not fig.axes[0].yaxis.get_offset_text().get_text()
