@@ -154,3 +154,71 @@ def test_einf_plot(name):
     assert any(lbl.startswith("$E_\\infty$ = mean over runs") for lbl in labels)
     # runs that agree to 1e-13 keep readable tick labels (no "1e-13 + 3.97e-1" offset)
     assert not fig.axes[0].yaxis.get_offset_text().get_text()
+
+
+# ----------------------------------------------------------------------------- compare.png
+def synthetic_report(monkeypatch, H: int = 3, offset: float = 0.15):
+    """A comparison report built by the real report code (``compare_with_runs``) from a
+    synthetic log and synthetic theory pieces: the ODE seeds follow one branch, the eight
+    simulated runs split the heads differently (:func:`breaking_runs`), and the log is a
+    further run whose off-diagonal Q[0,1] is off by ``offset``: the verdict's worst quantity
+    is then an element no m panel draws."""
+    from theory_kit.model.activations import get_activation
+    from theory_kit.model.priors import make_prior
+    from theory_kit.model.task import Task
+    from theory_kit.userdata import comparison
+    from theory_kit.userdata.logs import log_from_fields
+
+    sims = breaking_runs(H=H, runs=8, seed=1)
+    mine = breaking_runs(H=H, runs=1, seed=2)
+    Q = mine["Q"][0].copy()
+    Q[1:, 0, 1] += offset
+    Q[1:, 1, 0] += offset
+    n = len(mine["t"])
+    log = log_from_fields({"t": mine["t"], "M": mine["M"][0], "Q": Q, "D": 300, "gamma": 1.0,
+                           "loss": mine["error"][0], "loss_err": np.full(n, 0.01)})
+    ode = {k: sims[k][0] for k in ("M", "Q", "a", "b", "error")}
+    odes = [{**ode, "error_stderr": np.full(n, 1e-3)},
+            {**ode, "M": ode["M"] + 1e-3, "error_stderr": np.full(n, 1e-3)}]
+    sim = {k: sims[k] for k in ("M", "Q", "a", "b", "error")}
+    monkeypatch.setattr(comparison, "theory_runs", lambda *args, **kw: (odes, sim))
+    task = Task(4, make_prior("flipping", nu=[2, 2]))
+    settings = comparison.CompareSettings(gamma=1.0, D=300, runs=8)
+    return comparison.compare_with_runs(log, task, get_activation("softmax"), settings,
+                                        progress=False)
+
+
+def test_compare_png_at_three_heads(monkeypatch):
+    from theory_kit.userdata.comparison import report_figure
+    report, runs = synthetic_report(monkeypatch)
+    fig = report_figure(report, runs)
+    assert_clean(fig)
+    labels = legend_texts(fig)
+    assert len(labels) == len(set(labels))
+    # every head of every kind is named: the old per-panel legends named only "SGD h=1"
+    for head in (1, 2, 3):
+        assert f"ODE h = {head}" in labels and f"your run h = {head}" in labels
+    # the simulated runs take the heads different ways along f = 2: each run is drawn
+    assert any(lbl.startswith("SGD at D = 300 h = 1 (each of 8 runs") for lbl in labels)
+
+
+def test_compare_title_gives_the_verdicts_worst_deviation(monkeypatch):
+    from theory_kit.userdata.comparison import report_figure
+    report, runs = synthetic_report(monkeypatch)
+    worst = report["worst"]
+    assert worst["quantity"] in ("Q[0,1]", "orth[0,1]")     # no m panel draws it
+    fig = report_figure(report, runs)
+    title = fig._suptitle.get_text()
+    assert f"{report['max_abs_z']:.2f} on {worst['quantity']}" in title
+    assert report["verdict"] in title
+    # the verdict's panel stars the same point
+    star = next(line for line in fig.axes[-1].get_lines() if line.get_marker() == "*")
+    assert star.get_xydata()[0].tolist() == [worst["t_max_z"], report["max_abs_z"]]
+
+
+def test_compare_png_of_the_golden_report_without_its_runs():
+    # a report read back from its file has no simulated runs: the ODE ± the expected spread
+    from theory_kit.userdata.comparison import report_figure
+    fig = report_figure(golden("compare"))
+    assert_clean(fig)
+    assert any("± expected spread" in lbl for lbl in legend_texts(fig))
