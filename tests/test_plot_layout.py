@@ -1,8 +1,9 @@
 """Every plot kind passes the layout check of tests/plot_layout.py (issue #42 §4).
 
-The plots are drawn from small synthetic inputs (and the golden outputs of tests/golden), so
-the default run spends about a second per plot kind on drawing and computes nothing; the
-slow run also computes every quick figure and checks the picture drawn from its JSON."""
+The plots are drawn from small synthetic inputs (and the golden outputs of tests/golden) and
+nothing is computed: the default run draws one case of each kind of drawing (about 8 CPU s
+in all), the slow run the other figures that share those drawings, and it computes every
+quick figure and checks the picture drawn from its JSON."""
 from __future__ import annotations
 
 import json
@@ -39,10 +40,11 @@ def golden(name: str) -> dict:
 
 # ----------------------------------------------------------------------------- synthetic data
 def breaking_runs(H: int = 3, F: int = 2, runs: int = 8, n: int = 21, T: float = 40.0,
-                  seed: int = 0) -> dict:
+                  seed: int = 0, amplitude: np.ndarray | None = None) -> dict:
     """Arrays shaped like a simulation (runs first) whose runs leave a head-symmetric plateau
     in different directions: along f = 2 each run gives the heads the values (−1, 0, 1)
-    (H = 3) in its own order, so the heads swap roles and signs from run to run."""
+    (H = 3) in its own order, so the heads swap roles and signs from run to run; scaled per
+    run by ``amplitude`` (a run scaled small never specialises)."""
     rng = np.random.default_rng(seed)
     t = np.linspace(0.0, T, n)
     grow = 1.0 - np.exp(-t / 8.0)
@@ -53,6 +55,8 @@ def breaking_runs(H: int = 3, F: int = 2, runs: int = 8, n: int = 21, T: float =
         if F > 1:
             roles = rng.permutation(np.linspace(-1.0, 1.0, H))
             M[r, :, :, 1] = split[:, None] * roles + 0.02 * rng.standard_normal((n, H))
+    if amplitude is not None and F > 1:
+        M[..., 1] *= np.asarray(amplitude, dtype=float)[:, None, None]
     orth = (1.0 - 0.3 * grow)[None, :, None, None] * np.eye(H)
     Q = M @ np.swapaxes(M, -1, -2) + orth
     error = 0.8 - 0.2 * grow - 0.1 * split + 0.01 * rng.standard_normal((runs, n))
@@ -109,6 +113,7 @@ def test_trajectory_plot_of_a_simulation_has_one_legend_and_labels():
     assert "SGD: E (10–90 % of 8 runs, median)" in labels
 
 
+@pytest.mark.slow     # the same drawing as ode.plot(sim) above
 def test_simulation_and_trajectory_plots_alone():
     runs = breaking_runs(H=2)
     for fig in (simulation_of(runs).plot(), trajectory_of(runs).plot()):
@@ -136,6 +141,7 @@ def test_two_trajectories_on_the_same_axes_are_told_apart_in_one_legend():
     assert {"softmax h = 1", "softplus h = 1", "softmax: E", "softplus: E"} <= set(labels)
 
 
+@pytest.mark.slow
 def test_the_golden_ode_and_simulation_plot_together():
     from theory_kit.dynamics.simulation import Simulation
     from theory_kit.dynamics.trajectory import Trajectory
@@ -145,7 +151,8 @@ def test_the_golden_ode_and_simulation_plot_together():
 
 
 # ----------------------------------------------------------------------------- E∞
-@pytest.mark.parametrize("name", ["einf_gradient_flow", "einf_gamma1"])
+@pytest.mark.parametrize("name", ["einf_gradient_flow",
+                                  pytest.param("einf_gamma1", marks=pytest.mark.slow)])
 def test_einf_plot(name):
     from theory_kit.asymptotic.runs import EinfResult
     fig = EinfResult.from_dict(golden(name)).plot()
@@ -188,10 +195,17 @@ def synthetic_report(monkeypatch, H: int = 3, offset: float = 0.15):
                                         progress=False)
 
 
-def test_compare_png_at_three_heads(monkeypatch):
+@pytest.fixture(scope="module")
+def three_heads():
+    """(report, runs, compare.png's figure) of :func:`synthetic_report`, drawn once."""
     from theory_kit.userdata.comparison import report_figure
-    report, runs = synthetic_report(monkeypatch)
-    fig = report_figure(report, runs)
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        report, runs = synthetic_report(monkeypatch)
+    return report, runs, report_figure(report, runs)
+
+
+def test_compare_png_at_three_heads(three_heads):
+    _, _, fig = three_heads
     assert_clean(fig)
     labels = legend_texts(fig)
     assert len(labels) == len(set(labels))
@@ -202,12 +216,10 @@ def test_compare_png_at_three_heads(monkeypatch):
     assert any(lbl.startswith("SGD at D = 300 h = 1 (each of 8 runs") for lbl in labels)
 
 
-def test_compare_title_gives_the_verdicts_worst_deviation(monkeypatch):
-    from theory_kit.userdata.comparison import report_figure
-    report, runs = synthetic_report(monkeypatch)
+def test_compare_title_gives_the_verdicts_worst_deviation(three_heads):
+    report, _, fig = three_heads
     worst = report["worst"]
     assert worst["quantity"] in ("Q[0,1]", "orth[0,1]")     # no m panel draws it
-    fig = report_figure(report, runs)
     title = fig._suptitle.get_text()
     assert f"{report['max_abs_z']:.2f} on {worst['quantity']}" in title
     assert report["verdict"] in title
@@ -216,9 +228,57 @@ def test_compare_title_gives_the_verdicts_worst_deviation(monkeypatch):
     assert star.get_xydata()[0].tolist() == [worst["t_max_z"], report["max_abs_z"]]
 
 
+@pytest.mark.slow
 def test_compare_png_of_the_golden_report_without_its_runs():
     # a report read back from its file has no simulated runs: the ODE ± the expected spread
     from theory_kit.userdata.comparison import report_figure
     fig = report_figure(golden("compare"))
     assert_clean(fig)
     assert any("± expected spread" in lbl for lbl in legend_texts(fig))
+
+
+# ----------------------------------------------------------------------------- quick figures
+def overlay_row(setting, crossing: int, runs: int = 6, seed: int = 0) -> dict:
+    """One row of an overlay figure (Figs. 1, 9, 10) by ``panels.overlay_summary`` from
+    synthetic runs of which ``crossing`` specialise along f = 2 (the others stay below δ)."""
+    from theory_kit.figures import panels
+    amplitude = np.where(np.arange(runs) < crossing, 1.0, 0.02)
+    sims = breaking_runs(H=setting.H, runs=runs, seed=seed, amplitude=amplitude)
+    ode = {k: sims[k][0] for k in ("M", "Q", "error")}
+    ode = {**ode, "t": sims["t"], "setting": setting.params()}
+    sim = {**{k: sims[k] for k in ("t", "M", "Q", "error")},
+           "params": {"D": 300, "runs": runs}}
+    return panels.overlay_summary(ode, sim)
+
+
+def overlay_data(module, crossing: list[int]) -> dict:
+    settings = module.FIGURE.plan(True).settings
+    return {"params": {}, "rows": [overlay_row(s, k, seed=i)
+                                   for i, (s, k) in enumerate(zip(settings, crossing))]}
+
+
+def test_overlay_figures_are_clean_and_a_tau_mean_needs_most_runs():
+    # quick Fig. 9 drew a "τ₂ SGD mean" from the 1 run of 6 that crossed
+    from theory_kit.figures import fig9
+    fig = fig9.draw(overlay_data(fig9, [1, 6, 4]))
+    assert_clean(fig)
+    for row, (crossed, mean_drawn) in enumerate([(1, False), (6, True), (4, True)]):
+        panel = fig.axes[4 * row + 2]                                  # m_h2
+        assert f"{crossed} of 6 runs crossed" in panel.get_title()
+        means = [ln for ln in panel.get_lines() if "SGD mean" in ln.get_label()]
+        assert bool(means) is mean_drawn, row
+    assert "(no mean)" in fig.axes[2].get_title()
+    assert len(fig.legends) == 1 and not any(ax.get_legend() for ax in fig.axes)
+
+
+@pytest.mark.slow   # the drawing of Fig. 9, at H = 4
+def test_fig10():
+    from theory_kit.figures import fig10
+    assert_clean(fig10.draw(overlay_data(fig10, [3, 3, 3])))
+
+
+def test_fig1_from_its_golden_data():
+    from theory_kit.figures import fig1
+    fig = fig1.draw(golden("figure1_quick")["data"])
+    assert_clean(fig)
+    assert any(lbl.startswith("$\\tau_2$ SGD predicted") for lbl in legend_texts(fig))

@@ -85,10 +85,12 @@ def draw_band_over_d(ax: Axes, result: dict) -> None:
 
 
 def draw_band_in_time(ax: Axes, result: dict) -> None:
-    """The predicted τ band of one D as a vertical span (mean ± std) with a line at the mean."""
+    """The predicted τ band of one D as a vertical span (mean ± std) with a line at the mean
+    (one label: one legend entry drawing both)."""
     row = result["per_D"][0]["tau"]
     if not np.isfinite(row["mean"]):
         return
+    label = r"$\tau_2$ SGD predicted (mean $\pm$ std)"
     ax.axvspan(row["mean"] - row["std"], row["mean"] + row["std"], color="C4", alpha=0.15,
-               lw=0, label=r"$\tau_2$ SGD predicted ($\pm$ std)")
-    ax.axvline(row["mean"], color="C4", lw=1.0)
+               lw=0, label=label)
+    ax.axvline(row["mean"], color="C4", lw=1.0, label=label)
