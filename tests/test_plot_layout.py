@@ -282,3 +282,135 @@ def test_fig1_from_its_golden_data():
     fig = fig1.draw(golden("figure1_quick")["data"])
     assert_clean(fig)
     assert any(lbl.startswith("$\\tau_2$ SGD predicted") for lbl in legend_texts(fig))
+
+
+def head_data(settings) -> dict:
+    """Head-figure data (``panels.trajectory_summary``) of synthetic ODE trajectories: the
+    heads align with f = 1, then part along the other directions after a plateau."""
+    from theory_kit.figures import panels
+    trajectories = []
+    for i, s in enumerate(settings):
+        runs = breaking_runs(H=s.H, F=len(s.nu), runs=1, n=31, T=s.T, seed=i)
+        traj = {k: runs[k][0] for k in ("M", "Q", "error")}
+        trajectories.append(panels.trajectory_summary(
+            {**traj, "t": runs["t"], "setting": s.params()}))
+    return {"params": {}, "trajectories": trajectories}
+
+
+# Fig. 12 has groups of different H; the others share its drawing
+@pytest.mark.parametrize("number", [12, *(pytest.param(n, marks=pytest.mark.slow)
+                                        for n in (2, 3, 13, 14))])
+def test_head_figures(number):
+    from theory_kit.figures import runner
+    module = runner.figure_module(number)
+    fig = module.draw(head_data(module.FIGURE.plan(True).settings))
+    assert_clean(fig)
+    assert len(fig.legends) == 1
+
+
+def test_fig4():
+    from theory_kit.asymptotic.certificate import RUNOFF
+    from theory_kit.figures import fig4
+    names = list(fig4.ACTIVATIONS)
+
+    def point(panel, x, scale):
+        runs = {name: {"einf": scale * (i + 1), "einf_runs": [scale * (i + 1)] * 2,
+                       "converged": [True, i != 1], "group": [0, i % 2],
+                       "kind": [None, RUNOFF if i == 2 else None]}
+                for i, name in enumerate(names)}
+        return {"panel": panel, "x": x, "activations": runs, "bayes": {"error": scale / 10}}
+
+    data = {"activations": names, "plan": {"F_left": 4, "nu_left": 10, "L": 5, "F_right": 2,
+                                           "H_right": 4},
+            "rows": [point("H", 1, 0.05), point("H", 2, 0.01), point("nu", 2, 0.2),
+                     point("nu", 8, 0.05)]}
+    fig = fig4.draw(data)
+    assert_clean(fig)
+    assert {"not certified", "keys diverged"} <= set(legend_texts(fig))
+
+
+def test_fig5():
+    from theory_kit.figures import fig5
+    rng = np.random.default_rng(0)
+    H, labels = 4, ["softmax", "softmax-1", "B-softmax"]
+    rows = [{"label": label, "key_images": [rng.standard_normal((H, 64))],
+             "matches": {"classes": [[h % 10 for h in range(H)]],
+                         "cosines": [[0.5] * H]},
+             "t": np.linspace(0, 100, 11), "error_curve_mean": 0.8 - 0.01 * i * np.arange(11),
+             "E_inf": [0.7 - 0.05 * i, 0.72 - 0.05 * i], "E_inf_mean": 0.71 - 0.05 * i,
+             "E_inf_sem": 0.01} for i, label in enumerate(labels)]
+    data = {"rows": rows, "image_shape": [8, 8], "chance_error": 0.8,
+            "templates": {"classes": list(range(10)), "images": rng.standard_normal((10, 64))},
+            "params": {"H": H, "L": 5, "nu": 10.0, "D": 64, "gamma": 1.0, "T": 100.0,
+                       "runs": 2},
+            "random_baseline_cosine": 0.2}
+    assert_clean(fig5.draw(data))
+
+
+def test_fig6():
+    from theory_kit import analysis
+    from theory_kit.figures import fig6
+    rng = np.random.default_rng(0)
+    D = np.array([250, 1000])
+    taus = [rng.normal(60 + 20 * np.log(d), 20, 24) for d in D]
+    taus[1][:2] = np.inf                                          # two runs never crossed
+    theory = {"per_D": [{"D": int(d), "tau": {"mean": 50 + 20 * np.log(d), "std": 25.0}}
+                        for d in D]}
+    stats = {k: analysis.concentration(D, taus, 0.2)[k]
+             for k in ("mean", "var", "std", "fraction")}
+    stats["rel_std"] = np.array([fig6.relative_spread(t) for t in taus])
+    stats["rel_quantile"] = np.array([fig6.quantile_spread(t) for t in taus])
+    # 50 resamples for the error bars, not the figure's 2000: only the drawing is tested
+    stats["rel_std_se"] = np.array([fig6.bootstrap_se(t, fig6.relative_spread, 50) for t in taus])
+    stats["var_se"] = np.array([fig6.bootstrap_se(t, fig6.variance, 50) for t in taus])
+    data = {"params": {"setting": {}, "D": D, "runs": 24, "T": 300.0, "delta": 0.2},
+            "tau": taus, **stats, "theory": theory}
+    assert_clean(fig6.draw(data))
+
+
+@pytest.mark.slow   # Figs. 7 and 8 were clean before issue #42
+def test_fig7():
+    from theory_kit.figures import fig7
+    t = np.linspace(0, 300, 31)
+    spread = np.outer(t / 150, 1.0 / np.arange(1, 7)) + 0.4
+    stats = {"mean": [140, 170, 205, 220, 257, np.nan], "std": [20, 40, 55, 40, 0, np.nan],
+             "var": [400, 1600, 3000, 1600, np.nan, np.nan],
+             "fraction": [1.0, 1.0, 0.9, 0.5, 0.1, 0.0]}
+    data = {"params": {"H": 10, "L": 5, "nu": 10.0, "D": 64, "gamma": 1.0, "threshold": 1.0,
+                       "runs": 10, "T": 300.0},
+            "t": t, "spread_mean": spread, "tau_stats": stats}
+    assert_clean(fig7.draw(data))
+
+
+@pytest.mark.slow
+def test_fig8():
+    from theory_kit.figures import fig8
+    rng = np.random.default_rng(0)
+    diffs = np.cumsum(rng.normal(0, 1e-3, (2, 31, 2)), axis=1) * np.array([10.0, 0.1])
+    pooled = diffs[:, 1:, :].reshape(-1, 2)
+    data = {"params": {"n_samples": 300, "pairs": 2}, "t": np.linspace(0, 30, 31),
+            "differences": diffs, "mean": pooled.mean(axis=0), "std": pooled.std(axis=0)}
+    assert_clean(fig8.draw(data))
+
+
+def test_fig11():
+    from theory_kit.figures import fig11
+    data = {"nu1": [1.0, 9.0], "nu2": [1.0, 9.0], "cosine": [[0.2, -0.63], [0.88, 0.88]],
+            "params": {"T": 1000.0}, "tau_2": [[598.0, 20.0], [np.inf, np.inf]],
+            "escape": {"D": 1e4, "tau_2_mean": [[356.0, 20.0], [np.inf, np.inf]],
+                       "fraction": [[1.0, 1.0], [0.0, 0.0]]}}
+    assert_clean(fig11.draw(data))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("number", range(1, 15))
+def test_quick_figure_from_its_computed_data(number, tmp_path):
+    """Every quick figure, computed (4–50 s each on 2 cores), drawn from its JSON."""
+    from theory_kit.cli import main
+    from theory_kit.figures import runner
+    from theory_kit.io.results import read_json, restore_non_finite
+    assert main(["figure", str(number), "--quick", "--out", str(tmp_path), "--no-progress",
+                 "--jobs", "1"]) == 0
+    _, js = runner.output_paths(tmp_path, number, quick=True)
+    data = restore_non_finite(read_json(js))["data"]
+    assert_clean(runner.figure_module(number).draw(data))

@@ -79,9 +79,9 @@ def draw_band_over_d(ax: Axes, result: dict) -> None:
     """Predicted ⟨τ⟩ ± std against D (shaded band, line at the mean)."""
     D = np.array([row["D"] for row in result["per_D"]], dtype=float)
     mean, std = predicted(result), predicted(result, "std")
-    ax.fill_between(D, mean - std, mean + std, color="C1", alpha=0.18, lw=0,
-                    label=r"theory $\langle\tau_2\rangle \pm$ std")
-    ax.plot(D, mean, "-", color="C1", lw=1.2)
+    label = r"theory $\langle\tau_2\rangle \pm$ std"   # one legend entry, band and line
+    ax.fill_between(D, mean - std, mean + std, color="C1", alpha=0.18, lw=0, label=label)
+    ax.plot(D, mean, "-", color="C1", lw=1.2, label=label)
 
 
 def draw_band_in_time(ax: Axes, result: dict) -> None:

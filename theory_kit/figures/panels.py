@@ -383,6 +383,7 @@ def overlay_summary(ode: dict, sim: dict, delta: float = analysis.DEFAULT_DELTA)
 
 # ----------------------------------------------------------------------------- drawing
 M_F2_INDEX = compare.PANELS.index("m_f2")  # the overlay panel that has every run's m_{h2}
+TAU_F_LABEL = r"$\tau_f$: the heads part along $f$"
 MOST = 0.5      # a τ mean of the SGD runs is drawn only when more than this share crossed
 
 
@@ -455,12 +456,11 @@ def draw_head_panels(axes: Sequence[Axes], traj: dict, title: str | None = None)
     taus = np.asarray(traj["tau"], dtype=float)
     first = float(np.min(taus)) if np.isfinite(taus).any() else float(t[-1])
     for f, ax in enumerate(axes[:F]):
-        if first > t[0]:   # a zero-width span would still put "unspecialised" in the legend
-            ax.axvspan(t[0], first, color="0.9", lw=0, zorder=0,
-                       label="unspecialised" if f == 0 else None)
         for h in range(H):
             ax.plot(t, M[:, h, f], color=colors[h], ls=head_style(h)["ls"], label=f"head {h + 1}")
-        _mark_taus(ax, [taus[f]])
+        if first > t[0]:   # a zero-width span would still put "unspecialised" in the legend
+            ax.axvspan(t[0], first, color="0.9", lw=0, zorder=0, label="unspecialised")
+        _mark_taus(ax, [taus[f]], label=TAU_F_LABEL)
         if np.isfinite(taus[f]):
             ax.annotate(rf" $\tau_{f + 1}$ = {taus[f]:.3g}", (taus[f], 0.97),
                         xycoords=("data", "axes fraction"), va="top", fontsize=SMALL, color="0.3")
@@ -634,10 +634,12 @@ def heads_draw(data: dict, titles: Sequence[str], suptitle: str, columns: int) -
         for ax in grid[r * F:(r + 1) * F, c]:
             ax.set_visible(False)
     fig.suptitle(suptitle, fontsize=9)
-    # one legend under the figure, from the group with the most heads: it names every head
-    # line of every group (a head keeps its colour and style across groups)
+    # one legend under the figure: the group with the most heads first, so that it names
+    # every head line of every group in order (a head keeps its colour and style across
+    # groups), then the other panels' shading and τ lines, each once
     widest = max(range(n_groups), key=lambda g: np.asarray(trajs[g]["M"]).shape[1])
-    legend_under_figure(fig, grid[widest // columns * F, widest % columns])
+    first = list(grid[widest // columns * F:(widest // columns + 1) * F, widest % columns])
+    legend_under_figure(fig, first + [ax for ax in axes if ax.get_visible()])
     return fig
 
 

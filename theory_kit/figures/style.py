@@ -64,7 +64,7 @@ def legend_below(ax: Axes, ncol: int = 2) -> None:
     tight = ax.get_tightbbox()
     assert tight is not None   # None only for an invisible axes, which gets no legend
     drop = (box.y0 - tight.y0) * 72 / fig.dpi
-    handles, labels = ax.get_legend_handles_labels()
+    handles, labels = labelled_handles(ax)
     cols = _fitting_columns(fig, handles, labels, ncol, box.width)
     ax.legend(handles, labels, loc="upper center", ncol=cols, fontsize=SMALL, frameon=False,
               bbox_to_anchor=(0.5, 0.0), borderaxespad=0.0,
