@@ -109,12 +109,12 @@ def compare(data: str | Path, activation: ActivationLike, *, L: int, nu: ArrayLi
                       strata_of(the_task), float(log.t[-1] - log.t[0]), settings.dt, log.D,
                       settings.runs, settings.error_samples, jobs)
         with open_executor(run.scheduler, jobs) as executor:
-            report, runs = compare_with_runs(
+            report, simulated = compare_with_runs(
                 log, the_task, act, settings,
                 workdir=None if path is None else beside(path, ".work"),
                 progress=run.progress, executor=executor, jobs=jobs)
         if path is not None:
-            write_report({**report, "request": request}, path, runs)
+            write_report({**report, "request": request}, path, simulated)
     return Comparison(report)
 
 

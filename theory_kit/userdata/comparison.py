@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -321,10 +321,10 @@ def compare_with_runs(log: TrainingLog, task: Task, act: Activation, settings: C
     odes, sim = theory_runs(log, task, act, ic, settings, workdir, progress, executor, jobs)
     b = bands(odes, sim, log.a is not None, log.b is not None)
     data = element_series(log.M, log.Q, log.a, log.b)
-    series = {"t": log.t,
-              "data": {**data, **({"loss": log.loss} if log.loss is not None else {})},
-              "data_err": {"loss": log.loss_err} if log.loss_err is not None else {},
-              "theory": b.theory, "theory_mc_err": b.mc_err, "spread_D": b.spread_D}
+    series: dict[str, Any] = {
+        "t": log.t, "data": {**data, **({"loss": log.loss} if log.loss is not None else {})},
+        "data_err": {"loss": log.loss_err} if log.loss_err is not None else {},
+        "theory": b.theory, "theory_mc_err": b.mc_err, "spread_D": b.spread_D}
     # the measured loss enters the verdict only with its error bar (module docstring)
     rows = {name: quantity_row(log.t, series["data"][name], b.theory[name],
                                expected_spread(series, name),
