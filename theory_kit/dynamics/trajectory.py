@@ -93,6 +93,7 @@ class Trajectory(OverlapPlots, Result):
                 f"E(T)={self.error[-1]:.6g})")
 
     def draw_series(self, axis: Any, values: np.ndarray, prefix: str) -> None:
+        """One line per head (``figures.series.draw_lines``)."""
         from ..figures.series import draw_lines
         draw_lines(axis, self.t, values, prefix)
 

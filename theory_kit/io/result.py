@@ -194,6 +194,7 @@ class OverlapPlots:
         return [p for p in PANELS if p != "m_f2" or self.M.shape[-1] >= 2]  # type: ignore[attr-defined]
 
     def heads(self) -> int:
+        """The number of heads H (the legend's columns hold H + 1 entries: heads and E)."""
         return int(self.M.shape[-2])  # type: ignore[attr-defined]
 
     def draw_panels(self, axes: list[Any], prefix: str) -> None:
