@@ -15,7 +15,7 @@ from ..io.stored import beside, out_json, request_of, reused, stored_output
 from ..model.task import strata_of
 from ..model.validation import ValidationError, check_int
 from ..options import Run
-from ..userdata.comparison import THRESHOLD, CompareSettings, compare_log, write_report
+from ..userdata.comparison import THRESHOLD, CompareSettings, compare_with_runs, write_report
 from ..userdata.logs import load_training_log
 from .inputs import ActivationLike, ArrayLike, as_activation, as_task, call_options, running
 
@@ -109,11 +109,12 @@ def compare(data: str | Path, activation: ActivationLike, *, L: int, nu: ArrayLi
                       strata_of(the_task), float(log.t[-1] - log.t[0]), settings.dt, log.D,
                       settings.runs, settings.error_samples, jobs)
         with open_executor(run.scheduler, jobs) as executor:
-            report = compare_log(log, the_task, act, settings,
-                                 workdir=None if path is None else beside(path, ".work"),
-                                 progress=run.progress, executor=executor, jobs=jobs)
+            report, simulated = compare_with_runs(
+                log, the_task, act, settings,
+                workdir=None if path is None else beside(path, ".work"),
+                progress=run.progress, executor=executor, jobs=jobs)
         if path is not None:
-            write_report({**report, "request": request}, path)
+            write_report({**report, "request": request}, path, simulated)
     return Comparison(report)
 
 
