@@ -476,8 +476,9 @@ class _Run:
                 self.record(0.0, self.y)
             self.started = True
         end = float(self.grid[-1])
-        bar = progress_bar(end, "ode", unit="t", initial=self.current_time()) \
-            if self.progress else None
+        # hidden without progress, but always there: its pilot guards the hour
+        bar = progress_bar(end, "ode", unit="t", initial=self.current_time(), pilot=True,
+                           show=self.progress)
         try:
             self.advance(bar)
         finally:

@@ -369,7 +369,7 @@ def simulate(cfg: SimConfig, checkpoint: Checkpoint | None = None) -> Simulation
     last_save = time.monotonic()
 
     with progress_bar(total=int(targets[-1]), desc=f"simulate ({cfg.method})", unit="step",
-                      initial=run.step_count) as bar:
+                      initial=run.step_count, pilot=True) as bar:
 
         def after_block(m: int) -> None:
             # saving rewrites every record so far, so it is rate-limited (its cost would grow

@@ -14,16 +14,85 @@ from tqdm.auto import tqdm
 ENV = "THEORY_KIT_NO_PROGRESS"
 
 
-def progress_bar(total: float, desc: str, unit: str = "it", initial: float = 0) -> tqdm:
-    """A tqdm bar on stderr; silenced when THEORY_KIT_NO_PROGRESS=1 (e.g. inside tests)."""
-    disable = os.environ.get(ENV) == "1"
+def progress_bar(total: float, desc: str, unit: str = "it", initial: float = 0,
+                 pilot: bool = False, show: bool = True) -> tqdm:
+    """A tqdm bar on stderr; silenced when THEORY_KIT_NO_PROGRESS=1 (e.g. inside tests).
+
+    ``pilot``: the bar's first :data:`PILOT_SECONDS` of work are the pilot of the run (for a
+    run whose total is known, e.g. steps or ODE time): from the measured rate it says the
+    estimated total time once (on stderr, when over :data:`SAY_ESTIMATE_SECONDS`) and applies
+    the hour guard (:class:`PilotGuard`), shown or not (``show``)."""
+    disable = not show or os.environ.get(ENV) == "1"
     # a float total (time t) prints rounded, never 29.999999999999925/30.0; maxinterval
     # keeps the bar (and its rate) updating at least every 10 s during slow steps
     fmt = None if isinstance(total, int) and isinstance(initial, int) else (
         "{l_bar}{bar}| {n:.4g}/{total:.4g} " + unit + " [{elapsed}<{remaining}]")
-    return tqdm(total=total, desc=desc, unit=unit, initial=initial, file=sys.stderr,
+    kind = PilotBar if pilot else tqdm
+    return kind(total=total, desc=desc, unit=unit, initial=initial, file=sys.stderr,
                 disable=disable, dynamic_ncols=True, leave=False, bar_format=fmt,
                 maxinterval=10.0)
+
+
+PILOT_SECONDS = 3.0          # the measured part of a run that its estimate comes from
+SAY_ESTIMATE_SECONDS = 30.0  # runs estimated longer say so once on stderr
+# every estimate said by this process, newest last (for benchmarks/bench_estimates.py)
+ESTIMATES: list[dict] = []
+
+
+class PilotGuard:
+    """The estimate of a run from its own measured rate: after :data:`PILOT_SECONDS` of work,
+    total time = elapsed × (work to do) / (work done).  Beyond the hour
+    (:data:`limits.MAX_SECONDS`) the run stops with a ResourceError unless the call allows
+    long runs (``--yes``, ``Limits(allow_long=True)``, THEORY_KIT_YES=1): measured on this
+    machine, now, not taken from a cost model of another."""
+
+    def __init__(self, desc: str, unit: str, total: float, initial: float) -> None:
+        self.desc, self.unit = desc, unit
+        self.total, self.initial = float(total), float(initial)
+        self.start = time.perf_counter()
+        self.estimate: float | None = None
+
+    def update(self, done: float) -> None:
+        """Work done so far (in the bar's units, from 0); decides once, after the pilot."""
+        elapsed = time.perf_counter() - self.start
+        todo = self.total - self.initial
+        did = float(done) - self.initial
+        if self.estimate is not None or did <= 0 or todo <= 0 or elapsed < PILOT_SECONDS:
+            return
+        self.estimate = elapsed * todo / did
+        basis = (f"measured over its first {elapsed:.1f} s ({did:.4g} of {todo:.4g} "
+                 f"{self.unit})")
+        ESTIMATES.append({"what": self.desc, "seconds": self.estimate, "basis": basis})
+        from .limits import check_time
+        check_time(self.estimate, self.desc, "lower the run's size", basis=basis)
+        if self.estimate > SAY_ESTIMATE_SECONDS:
+            print(f"{self.desc}: about {_duration(self.estimate)} in all ({basis})",
+                  file=sys.stderr)
+
+
+def _duration(seconds: float) -> str:
+    """Seconds as a readable duration: 45 s, 3.2 min, 1.5 h."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.2g} min" if seconds < 5400 else f"{seconds / 3600:.2g} h"
+
+
+class PilotBar(tqdm):
+    """A tqdm bar whose updates feed a :class:`PilotGuard` (counted also when the bar is
+    hidden, where tqdm itself stops counting)."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        initial = float(kwargs.get("initial") or 0)  # type: ignore[arg-type]
+        self.guard = PilotGuard(str(kwargs.get("desc")), str(kwargs.get("unit")),
+                                float(kwargs.get("total") or 0), initial)  # type: ignore[arg-type]
+        self.counted = initial
+
+    def update(self, n: float | None = 1) -> bool | None:
+        self.counted += float(n or 0)
+        shown = super().update(n)
+        self.guard.update(self.counted)
+        return shown
 
 
 @contextmanager
