@@ -148,7 +148,7 @@ def build_cases() -> list[tuple[str, list[str], str]]:
     add("drift --gamma-b -1", with_eq("drift", "--gamma-b", "-1"), "gamma_b")
     add("drift --engine quad --fresh", BASE["drift"] + ["--engine", "quad", "--fresh"], "engine")
     add("ode --a0 malformed", with_opt("ode", "--a0", "[1"), "a0")
-    add("ode --b0 length 3", with_opt("ode", "--b0", "[0,0,0]"), "b")
+    add("ode --b0 length 3", with_opt("ode", "--b0", "[0,0,0]"), "b0")   # named as given
     add("ode --gamma-a nan", with_eq("ode", "--gamma-a", "nan"), "gamma_a")
     add("simulate --gamma-b -1", with_eq("simulate", "--gamma-b", "-1"), "gamma_b")
     add("simulate --seed -1", with_eq("simulate", "--seed", "-1"), "seed")

@@ -681,8 +681,8 @@ def initial_condition(act: Activation, task: Task, H: int | None = None,
         if Q.shape != (H, H):
             fail("Q0", f"must have shape (H, H) = ({H}, {H})", Q.shape)
         check_psd(Q, "Q0")
-        a = act.a_default(H, task.L) if a0 is None else a0
-        b = act.b_default(H, task.L) if b0 is None else b0
+        a = act.a_default(H, task.L) if a0 is None else head_vector(a0, "a0", H)
+        b = act.b_default(H, task.L) if b0 is None else head_vector(b0, "b0", H)
         return InitialCondition.from_arrays(M, Q, a, b)
     if D is None:
         raise ValidationError("D: give either M0 and Q0, or D (with eta, seed) to draw them")
@@ -692,9 +692,17 @@ def initial_condition(act: Activation, task: Task, H: int | None = None,
     if a0 is None and b0 is None:
         return ic
     s = ic.state
-    state = type(s)(s.M, s.Q, s.a if a0 is None else np.asarray(a0, float),
-                    s.b if b0 is None else np.asarray(b0, float))
+    state = type(s)(s.M, s.Q, s.a if a0 is None else head_vector(a0, "a0", H),
+                    s.b if b0 is None else head_vector(b0, "b0", H))
     return InitialCondition(state, ic.origin, ic.D, ic.eta, ic.seed)
+
+
+def head_vector(value: object, param: str, H: int) -> np.ndarray:
+    """A given a0 or b0: H finite numbers (named as given, not as the state's a or b)."""
+    arr = as_finite_array(value, param, ndim=1)
+    if arr.shape != (H,):
+        fail(param, f"must have length H = {H}", arr)
+    return arr
 
 
 MAX_START_ERROR = 1e-2  # step-doubling difference allowed at t = 0, relative to max(1, |y|)
