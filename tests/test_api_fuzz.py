@@ -261,3 +261,10 @@ def test_a_state_whose_q_overflows_when_symmetrised_is_refused():
         State(np.zeros((2, 2)), 1e308 * np.eye(2), np.ones(2))
     assert np.isfinite(State(np.zeros((2, 2)), 1e300 * np.eye(2), np.ones(2)).Q).all()
 
+
+def test_an_unknown_activation_suggests_the_nearest_preset():
+    with pytest.raises(ValidationError, match=r"did you mean softmax\?"):
+        tk.activation("softmx")
+    with pytest.raises(ValidationError) as info:
+        tk.activation("xyz")
+    assert "did you mean" not in str(info.value)

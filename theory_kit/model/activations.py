@@ -29,6 +29,7 @@ computed in the log domain (a max-shift that keeps κ exact), so scores of ±10�
 """
 from __future__ import annotations
 
+import difflib
 import hashlib
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
@@ -370,9 +371,13 @@ PRESETS: dict[str, Callable[[], Activation]] = {
 
 
 def get_activation(name: str) -> Activation:
-    """A preset by name (see ``PRESETS``; the README lists each preset's defaults)."""
+    """A preset by name (see ``PRESETS``; the README lists each preset's defaults); an
+    unknown name is refused with the nearest presets ("did you mean softmax?")."""
     if not isinstance(name, str) or name not in PRESETS:
-        fail("activation", f"must be one of {', '.join(PRESETS)}", name)
+        close = difflib.get_close_matches(name, list(PRESETS), n=1) if isinstance(
+            name, str) else []
+        hint = f"; did you mean {close[0]}?" if close else ""
+        fail("activation", f"must be one of {', '.join(PRESETS)}{hint}", name)
     return PRESETS[name]()
 
 
