@@ -40,7 +40,8 @@ def fail(param: str, allowed: str, got: object) -> NoReturn:
 
 def _foreign_entry(x: object) -> str | None:
     """What makes x (a scalar, an array or nested lists from JSON) not a real number anywhere:
-    ``"bool"``, ``"text"``, ``"complex"`` or ``"none"``; None when every entry is a number.
+    ``"bool"``, ``"text"`` or ``"complex"``; None when every entry is a number (None, JSON's
+    null, reads as NaN and is refused as not finite).
 
     NumPy converts True/False to 1.0/0.0 and the text "1" to 1.0, and drops the imaginary
     part of a complex array with only a warning, so each would otherwise be read silently
@@ -55,8 +56,6 @@ def _foreign_entry(x: object) -> str | None:
             return "text"
         if isinstance(item, (complex, np.complexfloating)):
             return "complex"
-        if item is None:
-            return "none"
         if isinstance(item, np.ndarray):
             kind = item.dtype.kind
             if kind in "bUSc":
@@ -71,13 +70,12 @@ def _foreign_entry(x: object) -> str | None:
 # what to say of each kind of entry that is not a real number
 _FOREIGN = {"bool": "entries must be numbers, not true/false",
             "text": "must be numbers, not text",
-            "complex": "must be real numbers (complex values are not accepted)",
-            "none": "must be numbers (got None in place of a number)"}
+            "complex": "must be real numbers (complex values are not accepted)"}
 
 
 def as_finite_array(x: object, param: str, ndim: int | None = None) -> np.ndarray:
-    """Convert to a float array, rejecting booleans, text, complex values, None, NaN/inf and
-    wrong dimensionality."""
+    """Convert to a float array, rejecting booleans, text, complex values, NaN/inf (and None)
+    and wrong dimensionality."""
     foreign = _foreign_entry(x)
     if foreign is not None:  # shown as given: converted, True would read as 1.0 in the message
         fail(param, _FOREIGN[foreign], x if isinstance(x, np.ndarray) else reprlib.repr(x))
