@@ -8,6 +8,8 @@ below, if evaluated, would create it.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -451,6 +453,33 @@ def test_compare_resource_bombs_exit_4_before_allocating(name, tmp_path, capsys)
     status, _, err = run_cli(argv, capsys)
     assert_one_line(err, "compare", status, 4, "resources: ")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["log.json"]
+
+
+def test_the_memory_guard_respects_the_address_space_limit(monkeypatch):
+    """Under ``ulimit -v`` (RLIMIT_AS) the default limit is the room left under it, not half
+    the RAM: a 7.4 GiB quadrature under an 8 GiB cap ran 25 s and died with exit 4.  A process
+    started with a 3 GiB soft cap reports a limit below it; here (the cap read as 3 GiB) a
+    3.3 GiB simulation is refused up front, naming that limit."""
+    resource = pytest.importorskip("resource")
+    from theory_kit.io import limits
+    if limits.physical_memory() / 2 < 4 * 2 ** 30:
+        pytest.skip("half the RAM is below the request: refused without the address-space cap")
+    cap = 3 * 2 ** 30
+
+    def capped() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (cap, resource.getrlimit(resource.RLIMIT_AS)[1]))
+    code = "from theory_kit.io.limits import memory_limit; print(memory_limit())"
+    shown = subprocess.run([sys.executable, "-c", code], preexec_fn=capped, capture_output=True,
+                           text=True, check=True)
+    assert 0 < int(shown.stdout) < cap
+    monkeypatch.setattr(resource, "getrlimit", lambda what: (cap, resource.RLIM_INFINITY))
+    assert limits.memory_limit() < cap
+    import theory_kit as tk
+    from theory_kit.model.validation import ResourceError
+    with pytest.raises(ResourceError, match=r"needs about 3.28 GiB of memory, over the limit of "
+                                            r"(\d\.\d+ GiB|\d+ MiB)"):
+        tk.simulate("softmax", L=2, nu=[2, 2], H=2, D=10 ** 7, runs=5, method="brute", T=1e-3,
+                    run=tk.Run(progress=False))
 
 
 @pytest.mark.parametrize("bad", ["abc", "-1G", "0", "1X"])

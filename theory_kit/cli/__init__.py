@@ -94,7 +94,8 @@ def build_parser(verb: str | None = None):
                              "(also anywhere after the verb)")
     parser.add_argument("--max-memory", metavar="SIZE",
                         help="refuse runs estimated to need more memory (8G, 512M, 30%%; "
-                             "default 50%% of RAM; also anywhere after the verb)")
+                             "default 50%% of RAM, at most what ulimit -v leaves; also "
+                             "anywhere after the verb)")
     parser.add_argument("--yes", action="store_true",
                         help="run requests estimated to take over an hour (also after the verb)")
     # every verb's --help shows its defaults
