@@ -9,6 +9,7 @@ from typing import Callable
 from ..figures import runner
 from ..io.executor import check_scheduler, open_executor
 from ..io.limits import check_compare
+from ..io.progress import note
 from ..io.result import Comparison, FigureResult
 from ..io.results import read_json, restore_non_finite
 from ..io.stored import beside, out_json, request_of, reused, stored_output
@@ -45,6 +46,7 @@ def default_jobs() -> int:
 
 
 FIGURE_RUN = Run(jobs=default_jobs())
+SAY_ESTIMATE_SECONDS = 60.0   # compare says its estimate up front when longer than this
 
 
 def compare(data: str | Path, activation: ActivationLike, *, L: int, nu: ArrayLike,
@@ -134,9 +136,13 @@ def compare(data: str | Path, activation: ActivationLike, *, L: int, nu: ArrayLi
             stored = stored_output(path, request)
             if stored is not None:
                 return reused(Comparison(stored))
-        check_compare(settings.ode_seeds, settings.samples, log.H, the_task.L,
-                      strata_of(the_task), float(log.t[-1] - log.t[0]), settings.dt, log.D,
-                      settings.runs, settings.error_samples, jobs)
+        seconds = check_compare(settings.ode_seeds, settings.samples, log.H, the_task.L,
+                                strata_of(the_task), log.t, settings.dt, log.D, settings.runs,
+                                settings.error_samples, jobs)
+        if seconds > SAY_ESTIMATE_SECONDS:
+            note(f"compare: about {seconds / 60:.1f} min for {log.n_times} recorded times "
+                 f"(a reference estimate of a 2-core reference machine, not a measurement of "
+                 f"this one)")
         with open_executor(run.scheduler, jobs) as executor:
             report = compare_log(log, the_task, act, settings,
                                  workdir=None if path is None else beside(path, ".work"),
