@@ -18,7 +18,10 @@ import re
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
 
 from ..model.validation import ResourceError, ValidationError
 
@@ -293,7 +296,7 @@ def check_einf(runs: int, jobs: int, samples: int, H: int, L: int, strata: int, 
                "lower --runs, --samples or --solver-points (or add --jobs)")
 
 
-def rk4_steps(times: Sequence[float], dt: float) -> float:
+def rk4_steps(times: ArrayLike, dt: float) -> float:
     """RK4 steps of an ODE recorded at ``times`` (from the first) with steps of at most dt:
     every interval between records takes at least one (``dynamics.ode``'s grid), so a log
     recorded at 20 000 times costs 20 000 steps however short its span."""
@@ -303,7 +306,7 @@ def rk4_steps(times: Sequence[float], dt: float) -> float:
 
 
 def compare_seconds(ode_seeds: int, samples: int, H: int, L: int, strata: int,
-                    times: Sequence[float], dt: float, D: int, runs: int,
+                    times: ArrayLike, dt: float, D: int, runs: int,
                     error_samples: int) -> float:
     """CPU seconds of ``compare``: ``ode_seeds`` RK4 integrations through the log's times
     (:func:`rk4_steps`, four drift evaluations a step) and ``runs`` reduced simulations over
@@ -311,14 +314,16 @@ def compare_seconds(ode_seeds: int, samples: int, H: int, L: int, strata: int,
     ``error_samples`` draws (:data:`SECONDS_PER_SCORE` per score).  Measured (softmax, H = 2,
     L = 3, D = 1000, the default settings): 100 and 400 records, 12.4 and 48.7 CPU s against
     13.6 and 53 s estimated."""
-    T = float(times[-1]) - float(times[0])
-    ode = ode_seeds * 4.0 * rk4_steps(times, dt) * drift_seconds(samples, H, L, strata)
-    records = float(len(times)) * runs * error_samples * H * L * SECONDS_PER_SCORE
+    import numpy as np
+    t = np.asarray(times, dtype=float)
+    T = float(t[-1] - t[0])
+    ode = ode_seeds * 4.0 * rk4_steps(t, dt) * drift_seconds(samples, H, L, strata)
+    records = float(len(t)) * runs * error_samples * H * L * SECONDS_PER_SCORE
     return ode + simulation_seconds(D, H, L, runs, T, "reduced") + records
 
 
 def check_compare(ode_seeds: int, samples: int, H: int, L: int, strata: int,
-                  times: Sequence[float], dt: float, D: int, runs: int, error_samples: int,
+                  times: ArrayLike, dt: float, D: int, runs: int, error_samples: int,
                   jobs: int) -> float:
     """``compare``: ``ode_seeds`` RK4 integrations through the log's recorded ``times`` and
     ``runs`` reduced simulations at the log's D, recording their loss from ``error_samples``
@@ -330,11 +335,13 @@ def check_compare(ode_seeds: int, samples: int, H: int, L: int, strata: int,
     check_memory(simulation_bytes(D, H, L, runs, "reduced", error_samples),
                  f"compare's {runs} simulations (their loss from {error_samples} draws each)",
                  "lower --runs")
-    T = float(times[-1]) - float(times[0])
-    seconds = compare_seconds(ode_seeds, samples, H, L, strata, times, dt, D, runs,
+    import numpy as np
+    t = np.asarray(times, dtype=float)
+    T = float(t[-1] - t[0])
+    seconds = compare_seconds(ode_seeds, samples, H, L, strata, t, dt, D, runs,
                               error_samples) / max(1, min(jobs, ode_seeds + 1, cores()))
-    check_time(seconds, f"compare over t = {T:g} with {len(times)} recorded times "
-               f"({ode_seeds} ODE seeds of {rk4_steps(times, dt):.3g} steps, {runs} "
+    check_time(seconds, f"compare over t = {T:g} with {len(t)} recorded times "
+               f"({ode_seeds} ODE seeds of {rk4_steps(t, dt):.3g} steps, {runs} "
                f"simulations of {T * D:.3g} steps at D = {D}, each recording its loss at "
                f"every time)", "lower --samples or --runs, or record fewer times")
     return seconds

@@ -130,12 +130,10 @@ def _read_npz(path: Path) -> dict[str, object]:
         if not isinstance(data, np.lib.npyio.NpzFile):   # a .npy array named .npz
             raise ValueError(f"it holds one {type(data).__name__}, not named arrays")
         with data:
-            fields = {k: data[k] for k in data.files}
+            arrays = {k: data[k] for k in data.files}
     except (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
         raise ValidationError(f"data: {path} is not a readable NPZ archive ({exc})")
-    for key, val in list(fields.items()):
-        if val.ndim == 0:
-            fields[key] = val.item()
+    fields: dict[str, object] = {k: v.item() if v.ndim == 0 else v for k, v in arrays.items()}
     return fields
 
 
