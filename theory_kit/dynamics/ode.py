@@ -56,7 +56,7 @@ from scipy.integrate import DOP853, RK45
 
 from ..expect.drift import DriftMeans, MonteCarloDrift
 from ..expect.engines import DriftEngine
-from ..io.progress import progress_bar
+from ..io.progress import note, progress_bar
 from ..io.results import Checkpoint
 from ..model.activations import Activation
 from ..model.initial import InitialCondition
@@ -396,6 +396,9 @@ def integrate_ode(task: Task, act: Activation, ic: InitialCondition, gamma: floa
                   checkpoint_every, progress)
     if saved is not None:
         run.restore(saved)
+        assert checkpoint is not None            # (saved comes from it)
+        note(f"ode: resumed from t = {run.current_time():.6g} ({len(run.rec.rows['t'])} of "
+             f"{len(t_out)} records) from {checkpoint.path}")
     traj = run.go()
     probe = getattr(engine, "probe", None)       # set by auto (``engines.SelectedEngine``)
     if probe is not None:

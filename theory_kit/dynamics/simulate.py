@@ -63,7 +63,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from ..expect.error import squared_residual
-from ..io.progress import progress_bar
+from ..io.progress import note, progress_bar
 from ..io.results import (
     Checkpoint,
     is_current,
@@ -350,6 +350,8 @@ def _resumed_run(cfg: SimConfig, kernels: Any, checkpoint: Checkpoint | None) ->
             RecursionError, UnicodeDecodeError) as exc:
         _set_aside(checkpoint, str(exc) or type(exc).__name__)
         return _Run(cfg, kernels)
+    note(f"simulate: resumed from t = {run.step_count / cfg.D:.6g} ({len(run.records)} of "
+         f"{len(cfg.times)} records) from {checkpoint.path}")
     return run
 
 
