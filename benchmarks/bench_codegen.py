@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from theory_kit.kernels import codegen
+from theory_kit import kernels
 from theory_kit.symbolic import derive
 from theory_kit.model.activations import get_activation
 
@@ -50,18 +50,18 @@ def main() -> None:
 
     start = time.perf_counter()
     expanded = derive.derive_expanded(act, H, L)
-    plain = codegen.lambdify_expanded(expanded, cse=False)
-    with_cse = codegen.lambdify_expanded(expanded, cse=True)
+    plain = kernels.lambdify_expanded(expanded, cse=False)
+    with_cse = kernels.lambdify_expanded(expanded, cse=True)
     setup_expanded = time.perf_counter() - start
     start = time.perf_counter()
-    mod = codegen.load_module(act)
+    mod = kernels.load_module(act)
     setup_generated = time.perf_counter() - start
 
     def generated() -> dict:
         W, D, D2 = mod.normalised(S + (b + mod.offsets(qdiag))[:, None])
         e = -mod.token_weights(W, D, D2, None, a)["w"]
         e[:, 0] += 1.0
-        return {"e": e, **mod.first_order(W, D, D2, e, a), **mod.stein_kernel(W, D, D2, e, a)}
+        return {"e": e, **mod.first_order(W, D, D2, e, a), **mod.stein(W, D, D2, e, a)}
 
     ref = generated()
     out = plain(S, a, b, qdiag, ref["e"])

@@ -44,7 +44,7 @@ from oracle import reference_drift_integrands  # noqa: E402
 
 from bench_codegen import best_cpu, best_time  # noqa: E402  (benchmarks/ is on sys.path as the script dir)
 
-from theory_kit.kernels import codegen  # noqa: E402
+from theory_kit import kernels  # noqa: E402
 from theory_kit.model.activations import custom_activation, get_activation  # noqa: E402
 from theory_kit.expect.drift import MonteCarloDrift  # noqa: E402
 from theory_kit.model.task import Task
@@ -77,7 +77,7 @@ def jax_drift(act, task: Task, engine: MonteCarloDrift, H: int):
         return None
     jax.config.update("jax_enable_x64", True)
     import jax.numpy as jnp
-    source = codegen.module_source(act)
+    source = kernels.module_source(act)
     source = source.replace("import numpy\n", "import jax.numpy as numpy\n")
     source = source.replace("from theory_kit.model.activations import NUMPY_NAMESPACE as _NS, log_normalise",
                             "import jax\n_NS = {'Sigmoid': jax.nn.sigmoid, 'Softplus': jax.nn.softplus}")
@@ -221,7 +221,7 @@ def run_sample_kernels(label: str, act, H: int, L: int, repeats: int) -> str:
     """``kern.weights`` + ``kern.vjp`` on n = 10⁵ rows (objectives / error use them): with b,
     qdiag, a shared by all rows (the lane kernels) against the same call with per-row copies
     (one sample at a time, the previous path), ms per call, wall."""
-    kern = codegen.sample_kernels(act, "numba")
+    kern = kernels.sample_kernels(act, "numba")
     rng = np.random.default_rng(H * 100 + L)
     S, v = rng.standard_normal((N_SAMPLE_ROWS, H, L)), rng.standard_normal((N_SAMPLE_ROWS, L))
     shared = (0.2 * rng.standard_normal(H), rng.uniform(0.5, 2.0, H), rng.uniform(0.3, 1.0, H))
@@ -264,7 +264,7 @@ def main() -> None:
     print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {platform.machine()}, "
           f"{platform.processor() or platform.platform()}, {os.cpu_count()} cores; python "
           f"{platform.python_version()}; load average {os.getloadavg()[0]:.1f}; compiled kernels "
-          f"on {codegen.compute_threads()} threads")
+          f"on {kernels.compute_threads()} threads")
     print(f"# one RHS = {2 * N_DRAWS} rows; ms per RHS, wall (ratio to the oracle); "
           "ns/row and GFlop/s of the compiled kernel, wall; CPU ns: its CPU time per row "
           "(all threads); CPU x: the oracle's CPU time over the compiled kernel's")

@@ -26,18 +26,28 @@ def _codegen_cache_root(config) -> str:
 def pytest_configure(config):
     """Set the cache before collection: test modules that build kernels at import (module-
     level fixtures) would otherwise load them from the user's cache, and the in-process
-    module table (codegen._MODULES) would keep those for the whole run."""
+    module table (kernels.cache._MODULES) would keep those for the whole run."""
     root = _codegen_cache_root(config)
     _compile_kernels_at_low_optimisation(root)
     if os.environ.get("THEORY_KIT_TEST_CPU"):   # before the warm-up, so it is logged too
         _record_numba_cache_events()
     os.environ["THEORY_KIT_TEST_CACHE"] = root
     os.environ["THEORY_KIT_CACHE"] = root
+    _register_toy_backend()
     if not hasattr(config, "workerinput"):   # the controller (or a run without xdist)
         os.environ.pop("THEORY_KIT_TEST_WARM_RUN", None)
         if _warms_kernels(config):   # the workers, started after this, inherit it
             import uuid
             os.environ["THEORY_KIT_TEST_WARM_RUN"] = uuid.uuid4().hex
+
+
+def _register_toy_backend() -> None:
+    """Register the tests' own backend (tests/toy_backend.py) through the public interface,
+    before collection: the suites parametrised over ``kernels.backend_names()`` run it too."""
+    from toy_backend import ReversedSums
+
+    from theory_kit.kernels import register_backend
+    register_backend(ReversedSums(), replace=True)
 
 
 def _compile_kernels_at_low_optimisation(root: str) -> None:

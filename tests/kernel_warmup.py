@@ -53,7 +53,7 @@ def warm_activation(name: str) -> None:
     the per-sample drift (``drift_rows``, which the oracle tests call), each once on tiny
     inputs."""
     import numpy as np
-    from theory_kit.kernels import codegen
+    from theory_kit import kernels
     from theory_kit.figures import runner
     act = _activation(name)
     for part in runner.KERNEL_PARTS:
@@ -62,7 +62,7 @@ def warm_activation(name: str) -> None:
         return
     rng = np.random.default_rng(0)
     S, zeta = rng.standard_normal((8, 2, 3)), rng.standard_normal((8, 2, 3))
-    codegen.drift_integrand(act, backend="numba")(
+    kernels.drift_integrand(act, backend="numba")(
         S, zeta, np.sign(rng.standard_normal((8, 2))), 0.3 * rng.standard_normal((2, 2)),
         np.array([[1.2, 0.1], [0.1, 1.1]]), np.ones(2), np.zeros(2))
 

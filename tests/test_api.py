@@ -167,7 +167,9 @@ def test_plot_overlays_simulation_on_ode():
     fig = tr.plot(tk.simulate("softmax", **SIM, run=QUIET))
     axes = fig.axes
     assert len(axes) == 4
-    assert len(axes[1].lines) >= 2 and axes[1].containers   # ODE lines and SGD error bars
+    # ODE lines, and the SGD runs as a 10–90 % band (or every run where they split)
+    assert len(axes[1].lines) >= 2 and (axes[1].collections or len(axes[1].lines) > 4)
+    assert len(fig.legends) == 1                          # one legend for the figure
 
 
 def test_to_xarray_labels_dims():

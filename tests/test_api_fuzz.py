@@ -50,14 +50,14 @@ BASE: dict[str, dict] = {
 WORK = {
     "error": ["theory_kit.expect.error.population_error"],
     "bayes_error": ["theory_kit.expect.error.bayes_error"],
-    "derive": ["theory_kit.symbolic.derive.render", "theory_kit.kernels.codegen.module_source"],
+    "derive": ["theory_kit.symbolic.derive.render", "theory_kit.kernels.generate_source"],
     "drift": ["theory_kit.api.derivation.build_engine"],
     "ode": ["theory_kit.api.dynamics.build_engine", "theory_kit.api.dynamics.integrate_ode"],
     "simulate": ["theory_kit.dynamics.simulate.simulate",
                  "theory_kit.dynamics.simulate.simulate_to_file"],
     "einf": ["theory_kit.asymptotic.runs.asymptotic_error"],
     "escape": ["theory_kit.api.dynamics.escape_law"],
-    "compare": ["theory_kit.api.userdata.compare_log"],
+    "compare": ["theory_kit.api.userdata.compare_with_runs"],
     "figure": ["theory_kit.figures.runner.run_figure", "theory_kit.figures.runner.redraw"],
 }
 
@@ -126,7 +126,7 @@ COMMON: dict[str, list] = {
     "T": numbers(0, -1.0), "times": TIMES, "M0": MATRICES, "Q0": MATRICES, "D": integers(0),
 }
 OWN: dict[str, dict[str, list]] = {
-    "derive": {"format": CHOICES},
+    "derive": {"format": CHOICES, "backend": CHOICES},
     "ode": {"a0": VECTORS, "b0": VECTORS, "integrator": INTEGRATORS},
     "simulate": {"gamma": numbers(-1.0, 1e200), "error_samples": integers(0)},
     "einf": {"stop": STOPS, "solver": SOLVERS, "evaluation": EVALUATIONS, "D": integers(3),

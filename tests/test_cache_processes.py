@@ -14,16 +14,16 @@ import numpy as np
 BUILD = """
 import json, sys
 import numpy as np
-from theory_kit.kernels import codegen
+from theory_kit import kernels
 from theory_kit.model.activations import get_activation
 act = get_activation("linear")           # the cheapest kernels to compile
 rng = np.random.default_rng(0)
 S = rng.standard_normal((5, 2, 3))
 b, q, a = 0.1 * rng.standard_normal((5, 2)), rng.uniform(0.5, 2, (5, 2)), rng.uniform(0.5, 1, (5, 2))
-W, D, D2, w = codegen.sample_kernels(act, "numba").weights(S, b, q, a)
-ref = codegen.sample_kernels(act, "numpy").weights(S, b, q, a)
-print(json.dumps({"w": w.tolist(), "ref": ref[3].tolist(), "stats": codegen.STATS,
-                  "path": str(codegen.cache_path(act, "numba"))}))
+W, D, D2, w = kernels.sample_kernels(act, "numba").weights(S, b, q, a)
+ref = kernels.sample_kernels(act, "numpy").weights(S, b, q, a)
+print(json.dumps({"w": w.tolist(), "ref": ref[3].tolist(), "stats": kernels.STATS,
+                  "path": str(kernels.cache_path(act, "numba"))}))
 """
 
 

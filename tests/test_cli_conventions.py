@@ -153,7 +153,7 @@ def test_rerun_of_escape_returns_the_stored_result(tmp_path, capsys, monkeypatch
 
 def test_rerun_of_compare_returns_the_stored_result(tmp_path, capsys, monkeypatch):
     import theory_kit.api.userdata as cmd
-    calls = counted(monkeypatch, cmd, "compare_log")
+    calls = counted(monkeypatch, cmd, "compare_with_runs")
     argv = compare_argv(tmp_path, str(tmp_path / "cmp.json"))
     assert main(argv) == 0 and len(calls) == 1
     first = capsys.readouterr().out

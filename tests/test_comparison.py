@@ -142,19 +142,26 @@ def test_figure_data_come_from_the_report():
     t = [0.0, 1.0, 2.0]
     names = element_series(np.zeros((3, 2, 2)), np.zeros((3, 2, 2)))
     flat = {k: [0.0, 0.1, 0.2] for k in names}
+    rows = {k: {"in_verdict": True} for k in flat}
     report = {"series": {"t": t, "data": {**flat, "loss": [0.8, 0.7, 0.6]},
                          "theory": {**flat, "loss": [0.8, 0.7, 0.5]},
                          "theory_mc_err": {**{k: [0, 0, 0] for k in flat}, "loss": [0, 0, 0]},
                          "spread_D": {**{k: [0, 0.1, 0.1] for k in flat}, "loss": [0, .05, .05]}},
-              "params": {"log": {"H": 2, "F": 2}, "settings": {"runs": 8}}}
-    comp = figure_comparison(json.loads(json.dumps(report)))
-    assert set(comp.sim_mean) == {"error", "m_f1", "m_f2", "orthogonal"}
-    np.testing.assert_allclose(comp.deviation["error"][:, 0], [0, 0, 2.0])
-    assert comp.worst()["panel"] == "error" and comp.worst()["t"] == 2.0
+              "quantities": {**rows, "loss": {"in_verdict": True}},
+              "worst": {"quantity": "loss", "max_abs_z": 2.0, "t_max_z": 2.0},
+              "max_abs_z": 2.0, "verdict": "consistent", "threshold": 5.0,
+              "params": {"log": {"H": 2, "F": 2}, "settings": {"runs": 8, "D": 100}}}
+    lo = figure_comparison(json.loads(json.dumps(report)))
+    assert set(lo.data) == {"error", "m_f1", "m_f2", "orthogonal"} and lo.runs is None
+    np.testing.assert_allclose(lo.z["loss"], [0, 0, 2.0])
+    assert lo.worst["quantity"] == "loss" and lo.worst["max_abs_z"] == 2.0
     report["series"]["data_err"] = {"loss": [0.0, 0.0, 0.12]}      # measured loss's error bar
-    comp = figure_comparison(report)
-    np.testing.assert_allclose(comp.sim_spread["error"][:, 0], [0, 0.05, 0.13])
-    np.testing.assert_allclose(comp.deviation["error"][:, 0], [0, 0, 0.1 / 0.13])
+    lo = figure_comparison(report)
+    np.testing.assert_allclose(lo.spread["error"][:, 0], [0, 0.05, 0.13])
+    np.testing.assert_allclose(lo.z["loss"], [0, 0, 0.1 / 0.13])
+    # the simulated runs, when kept, are stacked per panel: runs × times × heads
+    runs = {k: np.zeros((4, 3)) for k in [*flat, "loss"]}
+    assert figure_comparison(report, runs).runs["m_f2"].shape == (4, 3, 2)
 
 
 # ----------------------------------------------------------------------------- CLI input errors

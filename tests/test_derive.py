@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import sympy as sp
 
-from theory_kit.kernels import codegen
+from theory_kit import kernels
 from theory_kit.symbolic import derive
 from theory_kit.model.activations import PRESETS, get_activation
 from theory_kit.cli import main
@@ -21,12 +21,12 @@ pytestmark = pytest.mark.usefixtures("private_codegen_cache")
 
 
 def _generated_pieces(act, S, a, b, qdiag):
-    mod = codegen.load_module(act)
+    mod = kernels.load_module(act)
     W, D, D2 = mod.normalised(S + (b + mod.offsets(qdiag))[:, None])
     w = mod.token_weights(W, D, D2, None, a)["w"]
     e = -w
     e[:, 0] += 1.0
-    pieces = {"w": w, **mod.first_order(W, D, D2, e, a), **mod.stein_kernel(W, D, D2, e, a)}
+    pieces = {"w": w, **mod.first_order(W, D, D2, e, a), **mod.stein(W, D, D2, e, a)}
     return pieces, e
 
 
@@ -37,7 +37,7 @@ def test_structured_equals_expanded(name, activation_by_name):
     S = 1.5 * RNG.standard_normal((n, H, L))
     a, b, qdiag = RNG.uniform(0.2, 1.0, H), 0.3 * RNG.standard_normal(H), RNG.uniform(0.5, 2.0, H)
     pieces, e = _generated_pieces(act, S, a, b, qdiag)
-    expanded = codegen.lambdify_expanded(derive.derive_expanded(act, H, L))(S, a, b, qdiag, e)
+    expanded = kernels.lambdify_expanded(derive.derive_expanded(act, H, L))(S, a, b, qdiag, e)
     for key, ref in expanded.items():
         assert np.allclose(pieces[key], ref, rtol=1e-10, atol=1e-12), key
         assert np.all(np.isfinite(ref)), key
@@ -102,7 +102,7 @@ def test_cli_prints_documents_and_source(capsys):
                  "--format", "markdown"]) == 0
     assert "# Derivation for" in capsys.readouterr().out
     assert main(["derive", "--activation", "bsoftmax", "--format", "python"]) == 0
-    assert "def stein_kernel(W, D, D2, e, a):" in capsys.readouterr().out
+    assert "def stein(W, D, D2, e, a):" in capsys.readouterr().out
 
 
 def test_cli_bad_input_exits_2(capsys):

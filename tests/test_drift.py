@@ -213,18 +213,18 @@ def test_engines_default_generated_paths_equal_the_oracle(case, activation_by_na
 
 def test_fused_path_is_used_by_default():
     """The default engine never builds per-sample arrays: it calls the fused group sums."""
-    from theory_kit.kernels import codegen
+    from theory_kit import kernels
     task = Task(3, make_prior("flipping", nu=[2.0, 2.0]))
     act = get_activation("softmax")
     engine = MonteCarloDrift(50, seed=1)
-    assert isinstance(engine.generated(act), codegen.CompiledIntegrand)
+    assert isinstance(engine.generated(act), kernels.CompiledIntegrand)
     calls = []
-    original = codegen.CompiledIntegrand.__call__
+    original = kernels.CompiledIntegrand.__call__
     try:
-        codegen.CompiledIntegrand.__call__ = lambda self, *a, **k: calls.append(1) or original(self, *a, **k)
+        kernels.CompiledIntegrand.__call__ = lambda self, *a, **k: calls.append(1) or original(self, *a, **k)
         engine.evaluate(task, act, M_TEST, Q_TEST, act.a_default(2, 3), act.b_default(2, 3))
     finally:
-        codegen.CompiledIntegrand.__call__ = original
+        kernels.CompiledIntegrand.__call__ = original
     assert calls == []
     with pytest.raises(ValidationError, match="^projection:"):
         MonteCarloDrift(10, projection="fourier")

@@ -4,15 +4,16 @@ import numpy as np
 import pytest
 import sympy as sp
 
-from theory_kit.kernels import codegen
-from theory_kit.kernels.codegen_numba import LANES
+from theory_kit import kernels
 from theory_kit.model.activations import custom_activation, get_activation
 from theory_kit.expect.drift import MonteCarloDrift
 from theory_kit.model.task import Task
 from theory_kit.model.priors import make_prior
+from theory_kit.model.validation import ValidationError
 from oracle import reference_drift_integrands
 
 numba = pytest.importorskip("numba")
+LANES = pytest.importorskip("theory_kit.kernels.numba_runtime").NB   # samples per block
 pytestmark = pytest.mark.usefixtures("private_codegen_cache")
 FIELDS = ("dM", "dQ_lin", "dQ_noise", "da", "db")
 
@@ -42,15 +43,15 @@ def test_drift_sums_bit_identical_for_any_thread_count_and_split(threads, monkey
     M, Q = _state(np.random.default_rng(3), H, task.F)
     a, b = act.a_default(H, L), act.b_default(H, L)
     results, splits = [], []
-    original = codegen.run_ranges
+    original = kernels.run_ranges
 
     def counting(fn, n_items, min_items=1):
-        splits.append(min(codegen.compute_threads(), n_items))
+        splits.append(min(kernels.compute_threads(), n_items))
         return original(fn, n_items, min_items)
 
-    monkeypatch.setattr(codegen, "run_ranges", counting)
+    monkeypatch.setattr(kernels.runtime, "run_ranges", counting)
     for min_rows, n_threads in ((10 ** 9, 1), (1, 1), (1, 2)):
-        monkeypatch.setattr(codegen.CompiledIntegrand, "MIN_ROWS", min_rows)
+        monkeypatch.setattr(kernels.CompiledIntegrand, "MIN_ROWS", min_rows)
         threads(n_threads)
         results.append(MonteCarloDrift(1500, seed=4).evaluate(task, act, M, Q, a, b))
     assert splits[-1] == 2 or numba.config.NUMBA_NUM_THREADS < 2
@@ -65,7 +66,7 @@ def test_drift_sums_bit_identical_for_any_thread_count_and_split(threads, monkey
 def test_partial_blocks_agree_with_the_oracle(n, threads, monkeypatch):
     """Row counts around the block length (padding lanes are copies of a real sample and are
     never written out), also when the rows are split over two threads."""
-    monkeypatch.setattr(codegen.CompiledIntegrand, "MIN_ROWS", 16)
+    monkeypatch.setattr(kernels.CompiledIntegrand, "MIN_ROWS", 16)
     threads(2)
     act = custom_activation("softplus(s)", norm="per-head", kappa=0.5)
     rng = np.random.default_rng(n)
@@ -76,7 +77,7 @@ def test_partial_blocks_agree_with_the_oracle(n, threads, monkeypatch):
     S = zeta.copy()
     S[:, :, 0] += theta @ M.T
     a, b = rng.uniform(0.3, 1.0, H), 0.2 * rng.standard_normal(H)
-    got = codegen.drift_integrand(act, "conditional", "numba")(S, zeta, theta, M, Q, a, b, 0.2)
+    got = kernels.drift_integrand(act, "conditional", "numba")(S, zeta, theta, M, Q, a, b, 0.2)
     ref = reference_drift_integrands(act, S, zeta, theta, M, Q, a, b, 0.2)
     for field in FIELDS + ("sq_err",):
         assert getattr(got, field).shape == getattr(ref, field).shape
@@ -87,7 +88,8 @@ def test_partial_blocks_agree_with_the_oracle(n, threads, monkeypatch):
 def test_vectorised_exp_is_within_an_ulp_of_exp():
     """_vexp (the branch-free exp of the normalised weights) against NumPy's exp: ≤ 1 ulp in the
     normal range, subnormals to within one subnormal step, 0 below −745, NaN kept."""
-    vexp = codegen.load_numba_module(get_activation("softmax"))._vexp
+    from theory_kit.kernels import numba_runtime
+    vexp = numba_runtime._vexp
     rng = np.random.default_rng(0)
     x = np.concatenate([np.linspace(-708, 709, 20001), rng.uniform(-40, 1, 20000),
                         [0.0, -0.0, 1e-300, -1e-300, 0.5 * np.log(2), -0.5 * np.log(2)]])
@@ -142,10 +144,10 @@ def test_packed_samples_are_reused_and_match_a_fresh_pack():
     for field in FIELDS:
         assert np.array_equal(getattr(first, field), getattr(again, field))
         assert not np.array_equal(getattr(first, field), getattr(second, field)) or field == "db"
-    integrand = codegen.drift_integrand(act, "conditional", "numba")
+    integrand = kernels.drift_integrand(act, "conditional", "numba")
     smp = engine._samples(task, H)
     packed = integrand.pack(smp.g, smp.theta, smp.weights, (2,))
-    with pytest.raises(codegen.ValidationError, match="^packed:"):
+    with pytest.raises(ValidationError, match="^packed:"):
         integrand.group_sums(None, None, None, Q, M, Q, a, b, 0.0, (1, 2), packed=packed)
 
 
@@ -153,7 +155,7 @@ def test_branch_free_softplus_and_sigmoid_are_within_two_ulps():
     """The vectorisable scalar functions of a user's φ against mpmath at 60 digits, over the
     whole float range (no overflow: log(1+e^s) = s for large s, e^s for very negative s)."""
     mpmath = pytest.importorskip("mpmath")
-    mod = codegen.load_numba_module(custom_activation("log(1+exp(s))", norm="per-head"))
+    from theory_kit.kernels import numba_runtime as mod
     rng = np.random.default_rng(1)
     x = np.concatenate([rng.uniform(-40, 40, 3000), np.linspace(-740, 740, 301),
                         [0.0, 1e-300, -1e-300, 36.7, -36.7, 1e300, -1e300]])
@@ -185,9 +187,10 @@ def test_packed_copies_of_replaced_sample_sets_are_dropped():
 def test_reductions_fused_in_order_and_shared_up_to_index_order():
     """Sums of one shape share a loop nest only when none reads another of its nest, and a sum
     equal to another with its free indices swapped reads that slot transposed."""
-    from theory_kit.kernels import codegen_numba as nb
+    from theory_kit.kernels.backend_numba import _fused_groups
+    from theory_kit.kernels.generator import IndexLowering
     from theory_kit.symbolic import derive as dv
-    low = nb._LoopLowering()
+    low = IndexLowering()
     W, h, g, x, m = dv.W_, dv.h, dv.g, dv.x, dv.m
     a = low.lower(sp.Sum(W[h, x] ** 2 * W[g, x], (x, 0, 5)))
     b = low.lower(sp.Sum(W[h, x] * W[g, x] ** 2, (x, 0, 5)))
@@ -198,18 +201,18 @@ def test_reductions_fused_in_order_and_shared_up_to_index_order():
     low.lower(sp.Sum(W[g, x] * W[g, x] * sp.Sum(W[g, m], (m, 0, 5)), (x, 0, 5)))  # r2 reads r1
     low.lower(sp.Sum(W[h, x] * W[h, x] * W[h, x], (x, 0, 5)))               # r3: like r1
     assert [r.name for r in low.reductions] == ["r0", "r1", "r2", "r3"]
-    groups = [[r.name for r in grp] for grp in nb._fused_groups(low.reductions)]
+    groups = [[r.name for r in grp] for grp in _fused_groups(low.reductions)]
     assert groups == [["r0"], ["r1"], ["r2", "r3"]]
 
 
 @pytest.mark.parametrize("shape, n", [((2,), 1554), ((6, 2, 2), 24 * 300), ((2,) * 7, 128 * 3)])
 def test_compiled_gather_packs_the_same_lanes_as_numpy_indexing(shape, n):
     """``pack_rows`` (one compiled pass) and NumPy fancy indexing give the same packed lanes."""
-    mod = codegen.load_numba_module(get_activation("softmax"))
+    from theory_kit.kernels import numba_runtime as mod
     rng = np.random.default_rng(n)
     g, theta, w = rng.standard_normal((n, 3, 4)), rng.standard_normal((n, 2)), rng.random(n)
-    ref = codegen.pack_lanes(g, theta, w, shape, 256, int(mod.NB))
-    got = codegen.pack_lanes(g, theta, w, shape, 256, int(mod.NB), mod.pack_rows)
+    ref = kernels.pack_lanes(g, theta, w, shape, 256, int(mod.NB))
+    got = kernels.pack_lanes(g, theta, w, shape, 256, int(mod.NB), mod.pack_rows)
     for name in ("g", "theta", "weights"):
         assert np.array_equal(getattr(got, name), getattr(ref, name)), name
     # stratum i of group q sits at position i * per + q of its pass (sub-block, lane)
@@ -223,15 +226,15 @@ def test_one_head_compiles_no_read_only_twin():
     """At H = 1, np.diag(Q) and broadcast a, b are read-only contiguous views; passed as they
     are, numba compiles a second version of every kernel (≈ 14 CPU s per activation)."""
     import theory_kit.api as api
-    from theory_kit.kernels import codegen
+    from theory_kit import kernels
     for H, M, Q in ((2, [[0.6, 0.15], [0.5, -0.1]], [[1.3, 0.2], [0.2, 1.1]]),
                     (1, [[0.6, 0.15]], [[1.3]])):
         api.drift(activation="softmax", L=3, prior="flipping", nu=[2.0, 2.0], gamma=1.0,
                   M=M, Q=Q, engine="mc")
-    kernels = [getattr(m, name) for m in codegen._MODULES.values()
-               for name in ("drift_blocks", "weights_block") if hasattr(m, name)]
-    assert kernels
-    for kernel in kernels:
+    found = [getattr(m, name) for m in kernels.cache._MODULES.values()
+                     for name in ("drift_blocks", "weights_block") if hasattr(m, name)]
+    assert found
+    for kernel in found:
         read_only = [str(t) for sig in kernel.signatures for t in sig if "readonly" in str(t)]
         assert read_only == [], read_only
 
@@ -245,7 +248,7 @@ def test_lane_batches_agree_with_per_sample_kernels_for_any_split(name, threads,
     one thread or split over two."""
     act = (custom_activation("log(1+exp(s))", norm="per-head", kappa=0.5) if name == "user"
            else get_activation(name))
-    kern = codegen.sample_kernels(act, "numba")
+    kern = kernels.sample_kernels(act, "numba")
     H, L = 3, 5
     for n in (1, LANES + 1):
         rng = np.random.default_rng(n)
@@ -257,7 +260,7 @@ def test_lane_batches_agree_with_per_sample_kernels_for_any_split(name, threads,
             np.testing.assert_allclose(got, want, rtol=2e-15, atol=1e-300)
         for got, want in zip(kern.vjp(*single[:3], a, v), kern.vjp(*single[:3], tiled[2], v)):
             assert np.array_equal(got, want)
-    monkeypatch.setattr(codegen.SampleKernels, "MIN_ROWS", 16)
+    monkeypatch.setattr(kernels.SampleKernels, "MIN_ROWS", 16)
     rng = np.random.default_rng(7)
     S, v = rng.standard_normal((1000, H, L)), rng.standard_normal((1000, L))
     b, qdiag, a = np.zeros(H), np.ones(H), np.full(H, 0.7)

@@ -137,7 +137,7 @@ def test_noise_covariance_matches_one_reduced_simulation_step(name):
 
 
 class _HandKernels:
-    """Stand-in for ``codegen.sample_kernels(act)`` built on the hand oracle kernel."""
+    """Stand-in for ``kernels.sample_kernels(act)`` built on the hand oracle kernel."""
 
     def __init__(self, act):
         self.act, self.kern = act, None
@@ -157,10 +157,10 @@ class _HandKernels:
 def test_increments_from_generated_kernels_equal_the_hand_kernel(name, monkeypatch):
     """escape.fluctuations.increments on the generated sample kernels gives the numbers of the
     hand VJP kernel (same draws) to 1e-12, Bayes offsets (∂ŷ/∂Q_hh) and trained a, b included.
-    ``fluctuations.increments`` looks ``codegen.sample_kernels`` up at call time, so the patch
+    ``fluctuations.increments`` looks ``kernels.sample_kernels`` up at call time, so the patch
     on ``codegen`` reaches it."""
     from theory_kit.dynamics.escape import fluctuations
-    from theory_kit.kernels import codegen
+    from theory_kit import kernels
     act = get_activation(name)
     M = np.array([[0.8, 0.3], [0.5, -0.2]])
     state = State(M, M @ M.T + np.array([[1.0, 0.3], [0.3, 0.8]]), act.a_default(2, 5) * 1.1,
@@ -168,7 +168,7 @@ def test_increments_from_generated_kernels_equal_the_hand_kernel(name, monkeypat
     coords = escape.Coordinates(2, 2)
     args = (task(), act, coords, state, (1.0, 0.5, 0.3))
     got = fluctuations.increments(*args, np.random.default_rng(5), 400)
-    monkeypatch.setattr(codegen, "sample_kernels", lambda a, backend=None: _HandKernels(a))
+    monkeypatch.setattr(kernels, "sample_kernels", lambda a, backend=None: _HandKernels(a))
     want = fluctuations.increments(*args, np.random.default_rng(5), 400)
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
     assert np.abs(want).max() > 0.1

@@ -62,11 +62,11 @@ def expected(seed: int) -> dict:
 
 def kernel_loads(_: int) -> tuple[int, int]:
     """(worker pid, generated modules this piece had to build or read from the disk cache)."""
-    from theory_kit.kernels import codegen
+    from theory_kit import kernels
     from theory_kit.model.activations import get_activation
-    before = codegen.STATS["generated"] + codegen.STATS["loaded"]
-    codegen.load_module(get_activation("softmax1"))
-    return os.getpid(), codegen.STATS["generated"] + codegen.STATS["loaded"] - before
+    before = kernels.STATS["generated"] + kernels.STATS["loaded"]
+    kernels.load_module(get_activation("softmax1"))
+    return os.getpid(), kernels.STATS["generated"] + kernels.STATS["loaded"] - before
 
 
 def shared_identity(_: int, shared: dict) -> tuple[int, int, float]:

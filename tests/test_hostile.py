@@ -480,7 +480,7 @@ def test_compare_counts_its_recorded_times(tmp_path, capsys, monkeypatch):
 
     def stop(*args, **kwargs):
         raise KeyboardInterrupt
-    monkeypatch.setattr("theory_kit.api.userdata.compare_log", stop)
+    monkeypatch.setattr("theory_kit.api.userdata.compare_with_runs", stop)
     status, _, err = run_cli(["compare", "--data", str(tmp_path / "log.json"), *RUN[:-4],
                               "--no-progress", "--out", str(tmp_path / "cmp")], capsys)
     assert status == 130

@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import kernels
 from ..dynamics.ode import build_system, drift_at_state
 from ..expect.engines import build_engine
 from ..io.result import Derivation, Drift
-from ..kernels import codegen
 from ..model.phi_parser import refuse_non_finite
 from ..model.state import check_state_for_task
-from ..model.validation import check_choice, check_flag, check_int, check_number
+from ..model.validation import check_choice, check_flag, check_int, check_number, fail
 from ..options import Rates, Run
 from ..symbolic import derive as symbolic
 from .inputs import (
@@ -28,7 +28,8 @@ from .inputs import (
 FORMATS = ("markdown", "latex", "python")
 
 
-def derive(activation: ActivationLike, *, format: str = "markdown") -> Derivation:
+def derive(activation: ActivationLike, *, format: str = "markdown",
+           backend: str | kernels.KernelBackend = "numpy") -> Derivation:
     """The symbolic derivation of the drift integrands, or the generated source.
 
     Parameters
@@ -36,7 +37,10 @@ def derive(activation: ActivationLike, *, format: str = "markdown") -> Derivatio
     activation : str or Activation
     format : str
         ``markdown`` or ``latex`` (φ, its derivatives, the weights, J·e, J·J, the Stein
-        term and the drifts), or ``python`` (the generated NumPy module).
+        term and the drifts), or ``python`` (the generated module).
+    backend : str or KernelBackend
+        With ``format="python"``: whose module, ``numpy`` (default) or ``numba``, or any
+        registered backend (:func:`theory_kit.kernels.backend_names`).
 
     Returns
     -------
@@ -49,8 +53,11 @@ def derive(activation: ActivationLike, *, format: str = "markdown") -> Derivatio
     True
     """
     check_choice(format, "format", FORMATS)
+    if not isinstance(backend, kernels.KernelBackend) and backend not in kernels.backend_names():
+        fail("backend", f"must be one of {', '.join(kernels.backend_names())}", backend)
     act = as_activation(activation)
-    text = codegen.module_source(act) if format == "python" else symbolic.render(act, format)
+    text = (kernels.generate_source(act, backend) if format == "python"
+            else symbolic.render(act, format))
     return Derivation({"text": text + "\n", "format": format,
                        "params": {"activation": act.params()}})
 

@@ -23,7 +23,7 @@ from ..model.validation import (
     fail,
 )
 from ..options import Run
-from ..userdata.comparison import THRESHOLD, CompareSettings, compare_log, write_report
+from ..userdata.comparison import THRESHOLD, CompareSettings, compare_with_runs, write_report
 from ..userdata.logs import TIME_UNITS, load_training_log
 from .inputs import (
     MAX_SCALE,
@@ -144,11 +144,12 @@ def compare(data: str | Path, activation: ActivationLike, *, L: int, nu: ArrayLi
                  f"(a reference estimate of a 2-core reference machine, not a measurement of "
                  f"this one)")
         with open_executor(run.scheduler, jobs) as executor:
-            report = compare_log(log, the_task, act, settings,
-                                 workdir=None if path is None else beside(path, ".work"),
-                                 progress=run.progress, executor=executor, jobs=jobs)
+            report, simulated = compare_with_runs(
+                log, the_task, act, settings,
+                workdir=None if path is None else beside(path, ".work"),
+                progress=run.progress, executor=executor, jobs=jobs)
         if path is not None:
-            write_report({**report, "request": request}, path)
+            write_report({**report, "request": request}, path, simulated)
     return Comparison(report)
 
 

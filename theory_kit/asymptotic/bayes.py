@@ -31,7 +31,7 @@ import numpy as np
 
 from ..expect import montecarlo as mc
 from ..expect.error import ErrorValue, bayes_error
-from ..kernels.codegen import sample_kernels
+from ..kernels import sample_kernels
 from ..model.activations import Activation, get_activation
 from ..model.priors import Prior
 from ..model.state import State

@@ -47,7 +47,7 @@ from scipy.stats import qmc
 
 from ..expect import montecarlo as mc
 from ..expect.error import log_bayes_factor, squared_residual
-from ..kernels.codegen import sample_kernels
+from ..kernels import sample_kernels
 from ..model.activations import Activation
 from ..model.priors import Prior
 from ..model.state import State
@@ -266,7 +266,7 @@ class SampledError(KeySpace):
     def _per_sample(self, x: np.ndarray) -> tuple:
         """(K, w (n, L), e (n, L), Jv (n, H, L), Av, Bv, Qv (n, H)) at x, v = e = target − w
         (target: the posterior p with ``control``, else the one-hot ẽ): the generated kernels
-        of ``codegen.sample_kernels`` (numba, or NumPy without it)."""
+        of ``kernels.sample_kernels`` (numba, or NumPy without it)."""
         K, a, b = self.unpack(x)
         S = self.scores(K)
         kern = sample_kernels(self.act)

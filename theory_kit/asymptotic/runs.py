@@ -337,14 +337,39 @@ class EinfResult(Result):
                 f"{_plus_minus(d['abs_err'])}{floor})")
 
     def plot(self, other: Result | None = None, ax: Any = None) -> Any:
-        """E∞ of each run (dots), and the Bayes floor (dashed)."""
-        from ..figures.style import label_axes, new_figure
-        fig, axes = new_figure(1, 1) if ax is None else (ax.figure, [ax])
+        """E at each run's end point (one marker per end-point group, hollow when the run is
+        not certified, bars: its error ``abs_err_total``), the mean E∞, the Bayes floor and
+        the global minimum; one legend under the panel (right of ``ax`` when given).
+
+        Parameters
+        ----------
+        other : Result, optional
+            Not used (E∞ has no second result to overlay).
+        ax : Axes, optional
+            The axes to draw on (default: a new figure).
+
+        Returns
+        -------
+        Figure
+        """
+        from ..figures.einf import draw_einf_runs
+        from ..figures.style import legend_right, legend_under_figure, new_figure
+        new = ax is None
+        fig, axes = new_figure(1, 1, panel_size=(4.4, 3.0)) if new else (ax.figure, [ax])
         values = [r.error.value for r in self.runs]
-        axes[0].plot(range(len(values)), values, "o", label="runs")
-        if self.bayes is not None:
-            axes[0].axhline(self.bayes.value, ls="--", color="k", label="E_Bayes")
-        label_axes(axes[0], "run", r"$E_\infty$")
+        errors = [r.abs_err_total for r in self.runs]
+        floors = {"bayes": None if self.bayes is None else self.bayes.value,
+                  "global_min": None if self.minimum is None else self.minimum.error.value}
+        if self.stored is not None:       # read back from a file: the floors are numbers
+            floors = {k: self.stored.get(k) for k in floors}
+        draw_einf_runs(axes[0], [r.seed for r in self.runs], values, errors,
+                       [r.converged for r in self.runs], self.groups, floors)
+        axes[0].set_title(f"E∞ = {self.mean:.6g} over {len(self.runs)} run(s), "
+                          f"{len(self.groups)} end point(s)", fontsize=9)
+        if new:
+            legend_under_figure(fig, axes[0], ncol=2)
+        else:
+            legend_right(axes[0])
         return fig
 
     def _computed_dict(self) -> dict:

@@ -10,12 +10,15 @@ from .common import add_activation_args, build_activation
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("derive", help="derivation of the ODE integrands of an activation, "
-                                      "as Markdown/LaTeX or as the generated NumPy source")
+                                      "as Markdown/LaTeX or as the generated source")
     add_activation_args(p)
     p.add_argument("--format", default="markdown", help=f"one of {', '.join(FORMATS)}")
+    p.add_argument("--backend", default="numpy",
+                   help="with --format python: whose generated module, numpy or numba")
     p.set_defaults(func=run_derive)
 
 
 def run_derive(args: argparse.Namespace) -> int:
-    print(api.derive(build_activation(args), format=args.format).text, end="")
+    print(api.derive(build_activation(args), format=args.format, backend=args.backend).text,
+          end="")
     return 0

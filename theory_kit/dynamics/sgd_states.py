@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..kernels import codegen
+from .. import kernels
 from ..model.activations import Activation
 from ..model.initial import InitialCondition, keys_from_state
 from ..model.task import Task
@@ -139,12 +139,12 @@ def draw_samples(task: Task, rng: np.random.Generator, steps: int, runs: int) ->
 
 # ----------------------------------------------------------------------------- SGD coefficients
 def step_kernels(act: Activation) -> Any:
-    """The generated per-sample kernels of ``act`` (:func:`codegen.sample_kernels`), compiled
+    """The generated per-sample kernels of ``act`` (:func:`kernels.sample_kernels`), compiled
     for the array layout of :mod:`theory_kit.dynamics.sgd_step` (a no-op once cached)."""
-    kernels = codegen.sample_kernels(act)
-    kernels.weights1.compile(WEIGHTS_SIG)
-    kernels.vjp1.compile(VJP_SIG)
-    return kernels
+    kern = kernels.sample_kernels(act)
+    kern.weights1.compile(WEIGHTS_SIG)
+    kern.vjp1.compile(VJP_SIG)
+    return kern
 
 
 @dataclass

@@ -20,7 +20,7 @@ so it is β G βᵀ.  Writing G = Σ_n g_n g_nᵀ over D − F − H i.i.d. g_n 
 which is C B Bᵀ Cᵀ for any C with C Cᵀ = β βᵀ.  An H × H factor replaces the L × L one of
 G: H(H+1)/2 random numbers per step instead of L(L+1)/2, and O(H³) flops instead of O(H L²).
 
-The per-sample kernels come from :func:`theory_kit.kernels.codegen.sample_kernels` and enter as
+The per-sample kernels come from :func:`theory_kit.kernels.sample_kernels` and enter as
 first-class function arguments of type :data:`WEIGHTS_FN` / :data:`VJP_FN`, so the loop is
 compiled once (and cached on disk) for every activation.  ``chol`` is :func:`factor_into`:
 Cholesky, or the clipped eigendecomposition of the symmetrised matrix when O is not

@@ -43,7 +43,7 @@ Methods (both vectorised over runs, same law at every D):
   continues the same stream.
 
 The step coefficients of both methods come from the generated per-sample kernels of the
-activation (:func:`codegen.sample_kernels`), the same code for presets and a user's φ.
+activation (:func:`kernels.sample_kernels`), the same code for presets and a user's φ.
 
 Recorded at each requested time: M, Q, a, b, the population error E = Δ + E|δ_ε − w|²
 estimated by Monte Carlo from the exact law of the scores given (M, Q, a, b) (``error``, with

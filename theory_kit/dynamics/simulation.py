@@ -35,6 +35,7 @@ class Simulation(OverlapPlots, Result):
 
     kind: ClassVar[str] = "simulate"
     runs_axis: ClassVar[bool] = True
+    default_label: ClassVar[str] = "SGD"
 
     t: np.ndarray
     M: np.ndarray
@@ -61,10 +62,11 @@ class Simulation(OverlapPlots, Result):
                 f"H={self.M.shape[2]}, gamma={p.get('gamma')}; {len(self.t)} times up to "
                 f"t={self.t[-1]:g}; E(T)={final.mean():.4g} +/- {final.std():.2g} over runs)")
 
-    def draw_series(self, axis: Any, values: np.ndarray, color: Any, label: bool) -> None:
-        spread = values.std(axis=0, ddof=1) if values.shape[0] > 1 else None
-        axis.errorbar(self.t, values.mean(axis=0), yerr=spread, fmt="o", ms=3, color=color,
-                      capsize=2, label="SGD" if label else None)
+    def draw_series(self, axis: Any, values: np.ndarray, prefix: str) -> None:
+        """The runs as a 10–90 % band around their median, or as every run's trace where
+        they break a symmetry in different ways (``figures.series.draw_runs``)."""
+        from ..figures.series import draw_runs
+        draw_runs(axis, self.t, values, prefix)
 
     def to_xarray(self) -> Any:
         """The arrays labelled by ``run``, ``t``, ``head``, ``head2`` and ``feature``."""

@@ -48,6 +48,7 @@ class Trajectory(OverlapPlots, Result):
     """
 
     kind: ClassVar[str] = "ode"
+    default_label: ClassVar[str] = "ODE"
 
     t: np.ndarray
     M: np.ndarray
@@ -91,8 +92,10 @@ class Trajectory(OverlapPlots, Result):
                 f"engine={engine_text(p)}; {len(self.t)} times up to t={self.t[-1]:g}; "
                 f"E(T)={self.error[-1]:.6g})")
 
-    def draw_series(self, axis: Any, values: np.ndarray, color: Any, label: bool) -> None:
-        axis.plot(self.t, values, color=color, label="ODE" if label else None)
+    def draw_series(self, axis: Any, values: np.ndarray, prefix: str) -> None:
+        """One line per head (``figures.series.draw_lines``)."""
+        from ..figures.series import draw_lines
+        draw_lines(axis, self.t, values, prefix)
 
     def to_xarray(self) -> Any:
         """The arrays labelled by ``t``, ``head``, ``head2`` and ``feature``."""

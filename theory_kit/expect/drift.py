@@ -18,7 +18,7 @@ as a product of sign axes, and each axis is summed as a pair (x + (−x) = 0 in 
 before anything else is added.  So with a flipping prior and m_{:,f} = 0 the drift of m_{:,f}
 is exactly zero.
 
-By default the integrand is the code-generated one of ``codegen.drift_integrand`` for the
+By default the integrand is the code-generated one of ``kernels.drift_integrand`` for the
 activation at hand (``projection`` "conditional" or "stein", ``backend`` numba or numpy, default
 ``$THEORY_KIT_BACKEND``).  With the numba backend one fused compiled pass over the whitened draws
 produces the weighted per-group sums and their squares directly (no (n, H, L) temporaries); with
@@ -35,7 +35,7 @@ from typing import Callable, cast
 import numpy as np
 from scipy import special, stats
 
-from ..kernels import codegen
+from .. import kernels
 from ..kernels.integrands import DriftSamples
 from ..model.activations import Activation
 from ..model.priors import FlippingPrior, GaussianPrior, Prior
@@ -117,12 +117,15 @@ class _Accumulator:
 
 
 # ----------------------------------------------------------------------------- engines
-def _checked_integrand_choice(projection: str, backend: str | None) -> tuple[str, str | None]:
-    """Validate the projection form and backend names early (backend None: decided at use)."""
-    if projection not in codegen.PROJECTIONS:
-        fail("projection", f"must be one of {', '.join(codegen.PROJECTIONS)}", projection)
-    if backend is not None and backend not in codegen.BACKENDS:
-        fail("backend", f"must be one of {', '.join(codegen.BACKENDS)}", backend)
+def _checked_integrand_choice(projection: str, backend: "str | kernels.KernelBackend | None"
+                              ) -> tuple[str, "str | kernels.KernelBackend | None"]:
+    """Validate the projection form and the backend (a registered name or a backend object)
+    early (backend None: decided at use)."""
+    if projection not in kernels.PROJECTIONS:
+        fail("projection", f"must be one of {', '.join(kernels.PROJECTIONS)}", projection)
+    if (backend is not None and not isinstance(backend, kernels.KernelBackend)
+            and backend not in kernels.backend_names()):
+        fail("backend", f"must be one of {', '.join(kernels.backend_names())}", backend)
     return projection, backend
 
 
@@ -131,7 +134,7 @@ class SampleDrift:
 
     integrand: Integrand | None = None
     projection: str = "conditional"
-    backend: str | None = None
+    backend: "str | kernels.KernelBackend | None" = None
     fresh: bool = False
     head_symmetric: bool = False
     _cache: mc.Samples | None = None
@@ -164,12 +167,12 @@ class SampleDrift:
 
     def generated(self, act: Activation) -> Callable[..., DriftSamples]:
         """The generated integrand of ``act`` for this engine's projection and backend."""
-        return codegen.drift_integrand(act, self.projection, self.backend)
+        return kernels.drift_integrand(act, self.projection, self.backend)
 
     def integrand_name(self) -> str:
         if self.integrand is not None:
             return getattr(self.integrand, "__name__", "custom")
-        return f"generated[{codegen.resolve_backend(self.backend)}, {self.projection}]"
+        return f"generated[{kernels.resolve_backend(self.backend)}, {self.projection}]"
 
     def evaluate(self, task: Task, act: Activation, M: np.ndarray, Q: np.ndarray,
                  a: np.ndarray, b: np.ndarray) -> DriftMeans:
@@ -182,7 +185,7 @@ class SampleDrift:
         generated = self.generated(act) if self.integrand is None else None
         acc = _Accumulator()
         if hasattr(generated, "group_sums"):
-            compiled = cast(codegen.CompiledIntegrand, generated)   # the fused numba pass
+            compiled = cast(kernels.CompiledIntegrand, generated)   # the fused numba pass
             acc.total, acc.square, acc.groups = compiled.group_sums(
                 None, None, None, mc.sqrtm_psd(Q), M, Q, a, b, task.delta, shape,
                 packed=self._packed(compiled, smp, shape))
@@ -198,8 +201,8 @@ class SampleDrift:
                           acc.total["da"], acc.total["db"],
                           task.delta + float(acc.total["sq_err"]), stderr)
 
-    def _packed(self, generated: "codegen.CompiledIntegrand", smp: mc.Samples,
-                shape: tuple[int, ...]) -> "codegen.PackedLanes":
+    def _packed(self, generated: "kernels.CompiledIntegrand", smp: mc.Samples,
+                shape: tuple[int, ...]) -> "kernels.PackedLanes":
         """The sample set in the compiled pass's lane layout, packed once per sample set (a
         fixed set is reused along the whole trajectory; a fresh one is packed at every use)."""
         if self.fresh:
@@ -246,7 +249,8 @@ class MonteCarloDrift(SampleDrift):
 
     def __init__(self, n_samples: int = 20_000, seed: int = 0, fresh: bool = False,
                  integrand: Integrand | None = None, head_symmetric: bool = False,
-                 projection: str = "conditional", backend: str | None = None) -> None:
+                 projection: str = "conditional",
+                 backend: "str | kernels.KernelBackend | None" = None) -> None:
         self.n_samples = check_int(n_samples, "samples", 2)
         self.seed = int(seed)
         self.fresh = bool(fresh)
@@ -310,8 +314,8 @@ class QuadratureDrift(SampleDrift):
     def __init__(self, points: int = 8, max_tensor_dim: int = 6, qmc_points: int = 2 ** 15,
                  seed: int = 0, integrand: Integrand | None = None,
                  head_symmetric: bool = False, projection: str = "conditional",
-                 backend: str | None = None, replicates: int = 16,
-                 name: str = "quad") -> None:
+                 backend: "str | kernels.KernelBackend | None" = None,
+                 replicates: int = 16, name: str = "quad") -> None:
         # the engine's name as the caller asked for it: ``sobol`` is this class with Sobol
         # points at every dimension, and its records must say sobol, not quad
         self.name = name
@@ -484,9 +488,9 @@ def stratify_theta(prior: Prior, g: np.ndarray, weights: np.ndarray,
 
 
 def generated_integrand(act: Activation, projection: str = "conditional") -> Integrand:
-    """The code-generated integrand of ``codegen.drift_integrand`` (bound to ``act``), with the
+    """The code-generated integrand of ``kernels.drift_integrand`` (bound to ``act``), with the
     engines' calling convention ``(act, S, zeta, theta, M, Q, a, b, delta)`` (per-sample path)."""
-    bound = codegen.drift_integrand(act, projection)
+    bound = kernels.drift_integrand(act, projection)
     fingerprint = act.fingerprint()
 
     def integrand(act_: Activation, S: np.ndarray, zeta: np.ndarray, theta: np.ndarray,

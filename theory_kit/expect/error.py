@@ -19,10 +19,10 @@ from typing import ClassVar, cast
 import numpy as np
 from scipy import special
 
+from .. import kernels
 from ..io.limits import check_memory, check_monte_carlo
 from ..io.result import PROVENANCE, Result, provenance_of
 from ..io.results import stamps
-from ..kernels import codegen
 from ..model.activations import Activation
 from ..model.priors import GaussianPrior, Prior
 from ..model.state import State, check_state_for_task
@@ -127,14 +127,14 @@ def check_seed(seed: object) -> int:
 def population_error_mc(task: Task, act: Activation, state: State, n: int = 200_000,
                         seed: int = 0) -> ErrorValue:
     """Monte Carlo estimate of E with its standard error (θ stratified, see ``expect.montecarlo``);
-    the token weights come from the generated kernels (``codegen.sample_kernels``).
+    the token weights come from the generated kernels (``kernels.sample_kernels``).
 
     n: samples (integer >= 2), seed: integer >= 0."""
     n, seed = check_samples(n), check_seed(seed)
     check_state_for_task(state, task)
     check_monte_carlo(n, state.H, task.L)
     rng = np.random.default_rng(seed)
-    kernels = codegen.sample_kernels(act)
+    kern = kernels.sample_kernels(act)
     total, sq = 0.0, 0.0
     chunk = max(1, min(n, 2_000_000 // max(1, state.H * task.L * 8)))
     done = 0
@@ -143,7 +143,7 @@ def population_error_mc(task: Task, act: Activation, state: State, n: int = 200_
         m = min(chunk, n - done)
         smp = mc.draw_samples(task.prior, state.H, task.L, m, rng)
         S, _ = mc.scores(smp, state.M, state.Q)
-        w = kernels.weights(S, state.b, np.diag(state.Q), state.a)[3]
+        w = kern.weights(S, state.b, np.diag(state.Q), state.a)[3]
         mean, se = mc.weighted_mean(smp, squared_residual(w))
         means.append((m, float(mean)))
         errs.append((m, float(se)))

@@ -2,7 +2,8 @@
 
 Panels: the population error; m_{h1} (the constant direction); m_{h2} (the first flipping
 direction, when F ≥ 2); the orthogonal component diag(Q − M Mᵀ) of each head.  Simulation:
-dots at the recorded times, mean ± run-to-run standard deviation; ODE: lines.  The ODE is
+a 10–90 % band of the runs around their median at the recorded times (each run where the runs
+break a symmetry in different ways, see :mod:`theory_kit.figures.series`); ODE: lines.  The ODE is
 interpolated linearly in t at the simulation times, and each quantity's deviation is
 |mean_sim − ODE| / std_sim; the report gives the largest one (and where it occurs).
 
@@ -17,11 +18,22 @@ from typing import Any
 
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from ..io.results import read_json, write_json
 from ..model.validation import ValidationError
-from .style import label_axes, new_figure, series_colors
+from .series import (
+    draw_band,
+    draw_lines,
+    draw_mean_std,
+    draw_points,
+    draw_runs,
+    series_label,
+    series_legend,
+    series_style,
+)
+from .style import label_axes, new_figure
 
 PANELS = ("error", "m_f1", "m_f2", "orthogonal")
 PANEL_LABELS = {"error": "population error E", "m_f1": r"$m_{h1}$ (constant direction)",
@@ -111,26 +123,112 @@ def compare(sim: dict, ode: dict) -> Comparison:
     return Comparison(t_sim, t_ode, mean, spread, at_sim, o_series, dev, runs)
 
 
-def comparison_figure(comp: Comparison, title: str | None = None) -> Figure:
-    """Four panels (error, m along f = 1, m along f = 2, orthogonal part): dots ± std for the
-    simulation, lines for the ODE, one colour per head."""
+def comparison_figure(comp: Comparison, title: str | None = None,
+                      runs: dict[str, np.ndarray] | None = None) -> Figure:
+    """Four panels (error, m along f = 1, m along f = 2, orthogonal part): lines for the
+    ODE, one colour and style per head, and the simulation as a 10–90 % band around the
+    median of its ``runs`` (panel → runs × times × series; every run's trace where they break
+    a symmetry in different ways), or as mean ± std without them; one legend under the
+    panels.  The title gives the largest deviation of :meth:`Comparison.worst`."""
     names = [p for p in PANELS if p in comp.sim_mean]
-    fig, axes = new_figure(1, len(names))
+    fig, axes = new_figure(1, len(names), panel_size=(3.3, 2.6))
     for ax, name in zip(axes, names):
-        n_series = comp.sim_mean[name].shape[-1]
-        colors = series_colors(n_series)
-        for j in range(n_series):
-            tag = "" if name == "error" else f" h={j + 1}"
-            ax.plot(comp.t_ode, comp.ode[name][:, j], color=colors[j], label=f"ODE{tag}")
-            ax.errorbar(comp.t_sim, comp.sim_mean[name][:, j],
-                        yerr=np.nan_to_num(comp.sim_spread[name][:, j]), fmt="o", ms=3,
-                        color=colors[j], capsize=2, label=f"SGD{tag}" if j == 0 else None)
-        label_axes(ax, "t = steps / D", PANEL_LABELS[name],
-                   legend=(name == names[0]) or n_series > 1)
+        draw_lines(ax, comp.t_ode, comp.ode[name], "ODE")
+        if runs is not None and name in runs:
+            draw_runs(ax, comp.t_sim, runs[name], "SGD")
+        else:
+            draw_mean_std(ax, comp.t_sim, comp.sim_mean[name], comp.sim_spread[name], "SGD")
+        label_axes(ax, r"$t$ = steps / $D$", PANEL_LABELS[name], legend=False)
     worst = comp.worst()
     fig.suptitle((title + "; " if title else "") + f"{comp.runs} runs, largest deviation "
-                 f"{comp.max_deviation:.2f} std ({worst['panel']}, t = {worst['t']})", fontsize=9)
-    fig.tight_layout()
+                 f"|mean − ODE| = {worst['deviation']:.2f} std ({worst['panel']}, "
+                 f"series {worst['series']}, t = {worst['t']:g})", fontsize=9)
+    series_legend(fig, axes, max(comp.sim_mean[name].shape[-1] for name in names))
+    return fig
+
+
+# ----------------------------------------------------------------------------- a user's log
+SPREAD_TEXT = "± expected spread"   # the band drawn when the simulated runs were not kept
+@dataclass
+class LogOverlay:
+    """A user's training log against the theory, as ``compare.png`` draws it.
+
+    Per panel (``error``, ``m_f1``, ``m_f2``, ``orthogonal``), arrays times × series: the
+    user's run (``data``), the ODE from its first state (``theory``), the expected spread
+    sqrt(σ_D² + σ_MC² [+ loss_err²]) (``spread``) and, when kept, the simulated runs at the
+    log's D (``runs``, runs × times × series).  ``z`` holds z(t) of every quantity that
+    enters the verdict, and ``worst`` is the verdict's own record of its largest |z|."""
+
+    t: np.ndarray
+    data: dict[str, np.ndarray]
+    theory: dict[str, np.ndarray]
+    spread: dict[str, np.ndarray]
+    runs: dict[str, np.ndarray] | None
+    z: dict[str, np.ndarray]
+    worst: dict
+    verdict: str
+    threshold: float
+    D: int
+    n_runs: int
+
+
+def _draw_log_panel(ax: Axes, lo: LogOverlay, name: str) -> None:
+    """The simulated runs (band or traces; without them the ODE ± the expected spread),
+    the ODE's lines and the user's run as dark-edged markers."""
+    if lo.runs is not None:
+        draw_runs(ax, lo.t, lo.runs[name], f"SGD at D = {lo.D}", markers=False)
+        draw_lines(ax, lo.t, lo.theory[name], "ODE")
+    else:   # the band shares the line's label: one legend entry draws both
+        theory, spread = lo.theory[name], lo.spread[name]
+        n = theory.shape[-1]
+        for j in range(n):
+            draw_band(ax, lo.t, theory[:, j] - spread[:, j], theory[:, j] + spread[:, j], None,
+                      series_style(j, n), series_label("ODE", j, n, SPREAD_TEXT))
+        draw_lines(ax, lo.t, theory, "ODE", SPREAD_TEXT)
+    draw_points(ax, lo.t, lo.data[name], "your run")
+    label_axes(ax, r"$t$ = steps / $D$", PANEL_LABELS[name], legend=False)
+
+
+def _draw_verdict_panel(ax: Axes, lo: LogOverlay) -> None:
+    """|z(t)| of every judged quantity (grey), the verdict's worst one (red) with its
+    maximum starred, and the threshold: the picture of the verdict itself."""
+    quantity = lo.worst["quantity"]
+    others = [z for name, z in lo.z.items() if name != quantity]
+    for i, z in enumerate(others):
+        ax.plot(lo.t, np.abs(z), color="0.6", lw=0.8,
+                label=f"|z| of the {len(others)} other quantities" if i == 0 else None)
+    ax.plot(lo.t, np.abs(lo.z[quantity]), color="C3", lw=1.6, label=f"|z| of {quantity}")
+    ax.plot([lo.worst["t_max_z"]], [lo.worst["max_abs_z"]], "*", ms=10, color="C3",
+            mec="k", mew=0.5, label=f"verdict's largest |z| = {lo.worst['max_abs_z']:.2f}")
+    ax.axhline(lo.threshold, color="k", ls="--", lw=1, label=f"threshold {lo.threshold:g}")
+    ax.set_ylim(0, 1.15 * max(lo.threshold, np.nanmax([lo.worst["max_abs_z"], 0.0])))
+    label_axes(ax, r"$t$ = steps / $D$", r"$|z|$ (in expected spreads)",
+               f"verdict: {lo.verdict}", legend=False)
+
+
+def log_rank(label: str) -> int:
+    """Legend groups of compare.png: the ODE, your run, SGD, the verdict's entries."""
+    for rank, start in enumerate(("ODE", "your run", "SGD")):
+        if label.startswith(start):
+            return rank
+    return 3
+
+
+def log_overlay_figure(lo: LogOverlay) -> Figure:
+    """``compare.png``: a panel per kind of order parameter (the error when the log has a
+    loss, m along each direction, the orthogonal part), then the verdict's panel; one legend
+    under the panels.  The title's worst deviation is ``lo.worst``, the verdict's record."""
+    names = [p for p in PANELS if p in lo.data]
+    fig, axes = new_figure(1, len(names) + 1, panel_size=(3.3, 2.6))
+    for ax, name in zip(axes, names):
+        _draw_log_panel(ax, lo, name)
+    _draw_verdict_panel(axes[-1], lo)
+    w = lo.worst
+    fig.suptitle(f"Your run against the ODE from its first state and {lo.n_runs} SGD runs at "
+                 f"D = {lo.D}: {lo.verdict} (largest |z| = {w['max_abs_z']:.2f} on "
+                 f"{w['quantity']} at t = {w['t_max_z']:.3g}; threshold {lo.threshold:g})",
+                 fontsize=9)
+    series_legend(fig, axes, max(lo.data[name].shape[-1] for name in names), log_rank)
     return fig
 
 
@@ -142,7 +240,7 @@ def write_comparison(sim_path: str | Path, ode_path: str | Path, out_prefix: str
     comp = compare(sim, ode)
     prefix = Path(out_prefix)
     png, js = prefix.with_suffix(".png"), prefix.with_suffix(".json")
-    fig = comparison_figure(comp, title)
+    fig = comparison_figure(comp, title, panel_series(sim, True))
     png.parent.mkdir(parents=True, exist_ok=True)
     tmp = png.with_name(f".{png.name}.tmp.png")
     fig.savefig(tmp, format="png")

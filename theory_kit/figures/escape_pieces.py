@@ -79,16 +79,18 @@ def draw_band_over_d(ax: Axes, result: dict) -> None:
     """Predicted ⟨τ⟩ ± std against D (shaded band, line at the mean)."""
     D = np.array([row["D"] for row in result["per_D"]], dtype=float)
     mean, std = predicted(result), predicted(result, "std")
-    ax.fill_between(D, mean - std, mean + std, color="C1", alpha=0.18, lw=0,
-                    label=r"theory $\langle\tau_2\rangle \pm$ std")
-    ax.plot(D, mean, "-", color="C1", lw=1.2)
+    label = r"theory $\langle\tau_2\rangle \pm$ std"   # one legend entry, band and line
+    ax.fill_between(D, mean - std, mean + std, color="C1", alpha=0.18, lw=0, label=label)
+    ax.plot(D, mean, "-", color="C1", lw=1.2, label=label)
 
 
 def draw_band_in_time(ax: Axes, result: dict) -> None:
-    """The predicted τ band of one D as a vertical span (mean ± std) with a line at the mean."""
+    """The predicted τ band of one D as a vertical span (mean ± std) with a line at the mean
+    (one label: one legend entry drawing both)."""
     row = result["per_D"][0]["tau"]
     if not np.isfinite(row["mean"]):
         return
+    label = r"$\tau_2$ SGD predicted (mean $\pm$ std)"
     ax.axvspan(row["mean"] - row["std"], row["mean"] + row["std"], color="C4", alpha=0.15,
-               lw=0, label=r"$\tau_2$ SGD predicted ($\pm$ std)")
-    ax.axvline(row["mean"], color="C4", lw=1.0)
+               lw=0, label=label)
+    ax.axvline(row["mean"], color="C4", lw=1.0, label=label)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from .escape_pieces import EscapePiece, draw_band_in_time
@@ -29,7 +30,6 @@ from .panels import (
     overlay_draw,
     run_pieces,
 )
-from .style import legend_right
 
 NUMBER = 1
 CAPTION = ("ODE (lines; one style per head) against SGD (markers, one shape per "
@@ -67,9 +67,11 @@ def compute(quick: bool, workdir: Path, jobs: int = 1, executor: object | None =
 
 def draw(data: dict) -> Figure:
     activation = data["rows"][0]["setting"]["activation"]
-    fig = overlay_draw(data, f"Fig. 1: {activation}, L = 10, H = 2, flipping ν = (2, 2)")
-    if data.get("theory") is not None:
-        ax = fig.axes[M_F2_PANEL]
-        draw_band_in_time(ax, data["theory"])
-        legend_right(fig.axes[M_F2_PANEL + 1], source=ax)  # the band joins the row's legend
-    return fig
+    theory = data.get("theory")
+
+    def band(axes: list[Axes]) -> None:
+        if theory is not None:
+            draw_band_in_time(axes[M_F2_PANEL], theory)
+
+    return overlay_draw(data, f"Fig. 1: {activation}, L = 10, H = 2, flipping ν = (2, 2)",
+                        band)

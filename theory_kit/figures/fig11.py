@@ -120,7 +120,8 @@ def _draw_escape(fig: Figure, ax: Axes, data: dict) -> None:
     _grid_axes(ax, nu1, nu2)
     fig.colorbar(image, ax=ax,
                  label=rf"predicted $\langle\tau_2\rangle$ of SGD at D = {esc['D']:g}")
-    ax.set_title("how long specialisation takes (theory; ODE's τ₂ in brackets)", fontsize=SMALL)
+    ax.set_title("how long specialisation takes\n(theory; the ODE's τ₂ in brackets)",
+                 fontsize=SMALL)
 
 
 def draw(data: dict) -> Figure:

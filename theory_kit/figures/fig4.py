@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullFormatter, ScalarFormatter
 
@@ -352,8 +353,23 @@ def draw(data: dict) -> Figure:
     done = sum(sum(d["converged"]) for r in data["rows"] for d in r["activations"].values())
     total = sum(len(d["converged"]) for r in data["rows"] for d in r["activations"].values())
     fig.suptitle(f"Fig. 4: E∞ (gradient flow, solved fixed points); {done}/{total} runs "
-                 "certified\n(hollow: not certified; crosses: keys diverged; triangles/squares: "
-                 "other fixed points)",
-                 fontsize=9)
-    legend_under_figure(fig, left, ncol=4)
+                 "certified", fontsize=9)
+    _glyph_legend(left, data)
+    legend_under_figure(fig, [left, right], ncol=4)
     return fig
+
+
+def _glyph_legend(ax: Axes, data: dict) -> None:
+    """Legend entries (grey, no data) for the run markers that occur: the colour says the
+    activation, the shape and fill say what became of the run."""
+    runs = [d for r in data["rows"] for d in r["activations"].values()]
+    kinds = [k for d in runs for k in d.get("kind", [None] * len(d["einf_runs"]))]
+    groups = [g for d in runs for g in d.get("group", [0] * len(d["einf_runs"]))]
+    certified = [ok for d in runs for ok in d["converged"]]
+    for g in sorted(set(min(g, len(MARKERS) - 1) for g in groups)):
+        ax.plot([], [], MARKERS[g], ms=3.5, color="0.4",
+                label="run, lowest fixed point" if g == 0 else f"run, fixed point {g + 1} by E")
+    if not all(certified):
+        ax.plot([], [], MARKERS[0], ms=3.5, color="0.4", mfc="none", label="not certified")
+    if RUNOFF in kinds:
+        ax.plot([], [], RUNOFF_MARKER, ms=3.5, color="0.4", label="keys diverged")

@@ -31,7 +31,7 @@ from ..model.state import State
 from . import digits
 from .digitsim import DigitSetup, DigitSimPiece, data_fingerprint
 from .panels import ACT_LABELS, run_pieces
-from .style import RC, SMALL, label_axes, legend_below, series_colors
+from .style import RC, SMALL, label_axes, labelled_handles, series_colors
 
 NUMBER = 5
 CAPTION = ("Digit-detection task (UCI 8×8 digits offline, or --data): left, the learned keys "
@@ -178,30 +178,43 @@ def _draw_keys(fig: Figure, spec: SubplotSpec, data: dict) -> None:
             ax.set_ylabel("templates", fontsize=SMALL)
 
 
+CHANCE_LABEL = "keys = 0: 1 − 1/L"
+
+
 def _draw_curves(ax: plt.Axes, data: dict) -> None:
     for row, color in zip(data["rows"], series_colors(len(data["rows"]))):
         ax.plot(row["t"], row["error_curve_mean"], color=color, label=row["label"])
-    ax.axhline(data["chance_error"], color="0.5", ls=":", lw=1, label="keys = 0: 1 − 1/L")
+    ax.axhline(data["chance_error"], color="0.5", ls=":", lw=1, label=CHANCE_LABEL)
     label_axes(ax, r"$t$ = steps / D", "population error", "training", legend=False)
-    legend_below(ax, ncol=3)
 
 
 def _draw_einf(ax: plt.Axes, data: dict) -> None:
+    """E∞ per activation: a bar at the mean (the activation's colour and label, so the
+    figure's legend names bar and curve together), its standard error, every run."""
     rows = data["rows"]
     x = np.arange(len(rows))
-    colors = series_colors(len(rows))
-    ax.bar(x, [r["E_inf_mean"] for r in rows], yerr=[r["E_inf_sem"] for r in rows],
-           color=colors, alpha=0.6, capsize=4)
-    for i, row in enumerate(rows):
-        ax.plot(np.full(len(row["E_inf"]), x[i]), row["E_inf"], "k.", ms=4)
+    for i, (row, color) in enumerate(zip(rows, series_colors(len(rows)))):
+        ax.bar(x[i], row["E_inf_mean"], color=color, alpha=0.6, label=row["label"])
+        ax.plot(np.full(len(row["E_inf"]), x[i]), row["E_inf"], "k.", ms=4,
+                label="each run" if i == 0 else None)
         ax.annotate(f"{row['E_inf_mean']:.3f}", (x[i], row["E_inf_mean"] + row["E_inf_sem"]),
                     ha="center",
                     va="bottom", fontsize=SMALL, xytext=(0, 6), textcoords="offset points")
-    ax.axhline(data["chance_error"], color="0.5", ls=":", lw=1)
+    ax.errorbar(x, [r["E_inf_mean"] for r in rows], yerr=[r["E_inf_sem"] for r in rows],
+                fmt="none", ecolor="k", capsize=4, label="mean ± s.e.m. over runs")
+    ax.axhline(data["chance_error"], color="0.5", ls=":", lw=1, label=CHANCE_LABEL)
     ax.set_xticks(x, [r["label"] for r in rows], fontsize=SMALL)
     lo = min(min(r["E_inf"]) for r in rows)
     ax.set_ylim(max(0.0, lo - 0.1), data["chance_error"] + 0.05)
     label_axes(ax, "activation", r"$E^\sigma_\infty$", "achieved error", legend=False)
+
+
+def _legend_under(fig: Figure, axes: list[plt.Axes]) -> None:
+    """One legend for the two right panels, centred under them (the key images need none)."""
+    handles, labels = labelled_handles(axes)
+    left, right = axes[0].get_position().x0, axes[-1].get_position().x1
+    fig.legend(handles, labels, loc="lower center", bbox_to_anchor=(0.5 * (left + right), 0.01),
+               ncol=3, fontsize=SMALL, frameon=False)
 
 
 def draw(data: dict) -> Figure:
@@ -210,8 +223,10 @@ def draw(data: dict) -> Figure:
         outer = fig.add_gridspec(1, 3, width_ratios=[3.0, 1.15, 1.0], wspace=0.28, left=0.03,
                                  right=0.99, bottom=0.24, top=0.84)  # room for the legend below
         _draw_keys(fig, outer[0], data)
-        _draw_curves(fig.add_subplot(outer[1]), data)
-        _draw_einf(fig.add_subplot(outer[2]), data)
+        curves, einf = fig.add_subplot(outer[1]), fig.add_subplot(outer[2])
+        _draw_curves(curves, data)
+        _draw_einf(einf, data)
+        _legend_under(fig, [curves, einf])
         p = data["params"]
         base = data.get("random_baseline_cosine")
         extra = f"; random keys: mean max-cosine {base:.2f}" if base is not None else ""

@@ -14,7 +14,7 @@ import os
 import tempfile
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Generic, Protocol, Sequence, TypeVar
+from typing import Any, Callable, Generic, Protocol, Sequence, TypeVar
 
 import numpy as np
 from matplotlib.axes import Axes
@@ -35,12 +35,11 @@ from ..model.state import State
 from ..model.task import Task
 from ..model.validation import ValidationError
 from . import compare
+from .series import draw_lines, draw_mean_std, draw_runs, series_legend
 from .style import (
-    LEGEND_WIDTH,
     SMALL,
     head_style,
     label_axes,
-    legend_right,
     legend_under_figure,
     new_figure,
     series_colors,
@@ -383,7 +382,9 @@ def overlay_summary(ode: dict, sim: dict, delta: float = analysis.DEFAULT_DELTA)
 
 
 # ----------------------------------------------------------------------------- drawing
-M_F2_INDEX = compare.PANELS.index("m_f2")  # the overlay panel that shows every head's series
+M_F2_INDEX = compare.PANELS.index("m_f2")  # the overlay panel that has every run's m_{h2}
+TAU_F_LABEL = r"$\tau_f$: the heads part along $f$"
+MOST = 0.5      # a τ mean of the SGD runs is drawn only when more than this share crossed
 
 
 def _mark_taus(ax: Axes, taus: Sequence[float], style: str = "--", color: str = "0.35",
@@ -394,43 +395,54 @@ def _mark_taus(ax: Axes, taus: Sequence[float], style: str = "--", color: str = 
             ax.axvline(tau, ls=style, color=color, lw=1, label=label if i == 0 else None)
 
 
-def _sim_points(ax: Axes, t: np.ndarray, mean: np.ndarray, spread: np.ndarray,
-                runs_values: np.ndarray | None, color: object, label: str,
-                marker: str = "o") -> None:
-    """SGD as markers: every run (faint) when given, else mean ± std over runs."""
-    if runs_values is not None:
-        for r, run in enumerate(runs_values):
-            ax.plot(t, run, marker, ls="none", ms=2.4, color=color, alpha=0.45,
-                    label=label if r == 0 else None)
-        return
-    ax.errorbar(t, mean, yerr=np.nan_to_num(spread), fmt=marker, ms=3, color=color,
-                capsize=1.5, elinewidth=0.8, alpha=0.85, label=label)
+def crossed(overlay: dict, f: int = 1) -> tuple[int, int]:
+    """(k, n): how many of the n SGD runs of an overlay crossed τ_{f+1} by T."""
+    taus = np.asarray(overlay["tau_sim"], dtype=float).reshape(-1, len(overlay["tau_ode"]))
+    return int(np.isfinite(taus[:, f]).sum()), int(taus.shape[0])
+
+
+def sgd_tau_text(overlay: dict) -> str:
+    """The m_{h2} panel's title: how many runs crossed, and whether their mean is drawn."""
+    k, n = crossed(overlay)
+    if k > MOST * n:
+        return rf"SGD $\tau_2$: {k} of {n} runs crossed"
+    return rf"SGD $\tau_2$: {k} of {n} runs crossed (no mean)"
+
+
+def _mark_overlay_taus(ax: Axes, overlay: dict) -> None:
+    """The ODE's τ_2 (dashed) and the SGD runs' mean τ_2 (dotted), the latter only when most
+    runs crossed: a mean over the few early ones would claim a time most runs never reach."""
+    _mark_taus(ax, [overlay["tau_ode"][1]], "--", label=r"$\tau_2$ theory")
+    k, n = crossed(overlay)
+    if k > MOST * n:
+        # how many crossed is in the panel's title: one legend entry for every row
+        _mark_taus(ax, [overlay["tau_sim_mean"][1]], ":", "0.6",
+                   label=r"$\tau_2$ SGD mean (most runs crossed)")
 
 
 def draw_overlay_row(axes: Sequence[Axes], overlay: dict, row_title: str | None = None) -> None:
     """One row of the Fig. 1 layout: error, m_{h1}, m_{h2}, diag(Q − MMᵀ); ODE lines, SGD
-    markers, one line style and marker per head (mean ± std over runs; every run for m_{h2},
-    whose sign differs between runs); dashed line at the ODE's τ_2, dotted at the runs' mean τ_2."""
+    markers, one line style and marker per head.  SGD is the mean ± std band over runs where
+    only those were kept, and the runs themselves for m_{h2} (a 10–90 % band, or every run
+    where they take different signs: ``series.draw_runs``); dashed line at the ODE's τ_2,
+    dotted at the runs' mean τ_2 when most runs crossed (the m_{h2} panel's title says how
+    many did)."""
     comp = overlay["comparison"]
     t_ode, t_sim = np.asarray(comp["t_ode"]), np.asarray(comp["t_sim"])
     names = [p for p in compare.PANELS if p in comp["sim_mean"]]
     for ax, name in zip(axes, names):
-        ode = np.asarray(comp["ode"][name])
-        mean, spread = np.asarray(comp["sim_mean"][name]), np.asarray(comp["sim_spread"][name])
+        draw_lines(ax, t_ode, np.asarray(comp["ode"][name]), "theory")
         per_run = overlay.get("sim_m_f2") if name == "m_f2" else None
-        colors = series_colors(ode.shape[-1])
-        for j in range(ode.shape[-1]):
-            head = "" if name == "error" else f" h = {j + 1}"
-            style = head_style(j)
-            ax.plot(t_ode, ode[:, j], color=colors[j], ls=style["ls"], label=f"theory{head}")
-            runs_j = None if per_run is None else np.asarray(per_run)[:, :, j]
-            what = "each run" if runs_j is not None else "mean ± std"
-            _sim_points(ax, t_sim, mean[:, j], spread[:, j], runs_j, colors[j],
-                        f"SGD{head} ({what})", style["marker"])
+        if per_run is not None:
+            draw_runs(ax, t_sim, np.asarray(per_run, dtype=float), "SGD")
+        else:
+            draw_mean_std(ax, t_sim, np.asarray(comp["sim_mean"][name]),
+                          np.asarray(comp["sim_spread"][name]), "SGD")
         if name != "error" and len(overlay["tau_ode"]) > 1:
-            _mark_taus(ax, [overlay["tau_ode"][1]], "--", label=r"$\tau_2$ theory")
-            _mark_taus(ax, [overlay["tau_sim_mean"][1]], ":", "0.6", label=r"$\tau_2$ SGD mean")
+            _mark_overlay_taus(ax, overlay)
         title = row_title if (row_title and name == names[0]) else None
+        if name == "m_f2" and len(overlay["tau_ode"]) > 1:
+            title = sgd_tau_text(overlay)
         label_axes(ax, r"$t$ = steps / $D$", compare.PANEL_LABELS[name], title, legend=False)
 
 
@@ -444,12 +456,11 @@ def draw_head_panels(axes: Sequence[Axes], traj: dict, title: str | None = None)
     taus = np.asarray(traj["tau"], dtype=float)
     first = float(np.min(taus)) if np.isfinite(taus).any() else float(t[-1])
     for f, ax in enumerate(axes[:F]):
-        if first > t[0]:   # a zero-width span would still put "unspecialised" in the legend
-            ax.axvspan(t[0], first, color="0.9", lw=0, zorder=0,
-                       label="unspecialised" if f == 0 else None)
         for h in range(H):
             ax.plot(t, M[:, h, f], color=colors[h], ls=head_style(h)["ls"], label=f"head {h + 1}")
-        _mark_taus(ax, [taus[f]])
+        if first > t[0]:   # a zero-width span would still put "unspecialised" in the legend
+            ax.axvspan(t[0], first, color="0.9", lw=0, zorder=0, label="unspecialised")
+        _mark_taus(ax, [taus[f]], label=TAU_F_LABEL)
         if np.isfinite(taus[f]):
             ax.annotate(rf" $\tau_{f + 1}$ = {taus[f]:.3g}", (taus[f], 0.97),
                         xycoords=("data", "axes fraction"), va="top", fontsize=SMALL, color="0.3")
@@ -555,20 +566,22 @@ def overlay_compute(plan: OverlayPlan, workdir: Path, jobs: int = 1,
     return {"params": plan.params(), "rows": rows}
 
 
-def overlay_draw(data: dict, what: str) -> Figure:
-    """Rows of four panels (one row per setting), ODE lines against SGD dots; the title is
-    ``what`` followed by the SGD dimension and number of runs."""
+def overlay_draw(data: dict, what: str,
+                 decorate: Callable[[list[Axes]], None] | None = None) -> Figure:
+    """Rows of four panels (one row per setting), ODE lines against SGD, one legend under
+    them all; the title is ``what`` followed by the SGD dimension and number of runs.
+    ``decorate(axes)`` draws more before the legend is made (Fig. 1's predicted τ band)."""
     rows = data["rows"]
-    fig, axes = new_figure(len(rows), 4, panel_size=(3.3, 2.6), extra_width=LEGEND_WIDTH)
+    fig, axes = new_figure(len(rows), 4, panel_size=(3.3, 2.6))
     for r, row in enumerate(rows):
         s = row["setting"]
         draw_overlay_row(axes[4 * r:4 * r + 4], row,
                          ACT_LABELS.get(s["activation"], s["activation"]))
-        # one legend per row, right of it: the m_f2 panel has every head's line and markers
-        legend_right(axes[4 * r + 3], source=axes[4 * r + M_F2_INDEX])
+    if decorate is not None:
+        decorate(axes)
     fig.suptitle(f"{what}; theory vs SGD at D = {rows[0]['D']} ({rows[0]['runs']} runs)",
                  fontsize=9)
-    fig.tight_layout()
+    series_legend(fig, fig.axes, max(int(row["setting"]["H"]) for row in rows))
     return fig
 
 
@@ -621,10 +634,12 @@ def heads_draw(data: dict, titles: Sequence[str], suptitle: str, columns: int) -
         for ax in grid[r * F:(r + 1) * F, c]:
             ax.set_visible(False)
     fig.suptitle(suptitle, fontsize=9)
-    # one legend under the figure, from the group with the most heads: it names every head
-    # line of every group (a head keeps its colour and style across groups)
+    # one legend under the figure: the group with the most heads first, so that it names
+    # every head line of every group in order (a head keeps its colour and style across
+    # groups), then the other panels' shading and τ lines, each once
     widest = max(range(n_groups), key=lambda g: np.asarray(trajs[g]["M"]).shape[1])
-    legend_under_figure(fig, grid[widest // columns * F, widest % columns])
+    first = list(grid[widest // columns * F:(widest // columns + 1) * F, widest % columns])
+    legend_under_figure(fig, first + [ax for ax in axes if ax.get_visible()])
     return fig
 
 

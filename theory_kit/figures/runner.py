@@ -158,9 +158,9 @@ def figure_activations(module: ModuleType, quick: bool) -> set[str]:
 def uncompiled(names: set[str]) -> list[str]:
     """The activations whose generated numba module is not in the cache yet (their kernels
     compile during the run)."""
-    from ..kernels import codegen
+    from .. import kernels
     from ..model.activations import get_activation
-    return sorted(n for n in names if not codegen.cache_path(get_activation(n), "numba").is_file())
+    return sorted(n for n in names if not kernels.cache_path(get_activation(n), "numba").is_file())
 
 
 # ----------------------------------------------------------------------------- cold kernels
@@ -177,8 +177,8 @@ def compile_kernels(act: "Activation | str", part: str) -> None:
     per-sample forms at the reduced simulation's signature (``simulate.step_kernels``)."""
     import numpy as np
 
+    from .. import kernels
     from ..dynamics import simulate
-    from ..kernels import codegen
     from ..model.activations import get_activation
     if part not in KERNEL_PARTS:
         raise ValueError(f"part must be one of {KERNEL_PARTS}, got {part!r}")
@@ -190,11 +190,11 @@ def compile_kernels(act: "Activation | str", part: str) -> None:
     S = rng.standard_normal((n, H, L))
     if part == "drift":
         theta = np.sign(rng.standard_normal((n, F)))
-        integrand = cast(codegen.CompiledIntegrand, codegen.drift_integrand(act, backend="numba"))
+        integrand = cast(kernels.CompiledIntegrand, kernels.drift_integrand(act, backend="numba"))
         integrand.group_sums(
             S, theta, np.full(n, 1.0 / n), np.linalg.cholesky(Q), M, Q, a, b, 0.0, (2,))
         return
-    kern = codegen.sample_kernels(act, "numba")
+    kern = kernels.sample_kernels(act, "numba")
     v = rng.standard_normal((n, L))
     # b, diag Q, a shared by the samples (weights_rows, vjp_rows) and per sample (*_batch)
     for b_, q_, a_ in ((b, np.diag(Q), a), (np.tile(b, (n, 1)), np.tile(np.diag(Q), (n, 1)),
@@ -252,8 +252,8 @@ def compile_seconds(module: ModuleType, cold: list[str], jobs: int,
 
 
 def numba_backend() -> bool:
-    from ..kernels import codegen
-    return codegen.resolve_backend() == "numba"
+    from .. import kernels
+    return kernels.resolve_backend() == "numba"
 
 
 def figure_pieces(module: ModuleType, quick: bool) -> int | None:

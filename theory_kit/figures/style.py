@@ -64,7 +64,7 @@ def legend_below(ax: Axes, ncol: int = 2) -> None:
     tight = ax.get_tightbbox()
     assert tight is not None   # None only for an invisible axes, which gets no legend
     drop = (box.y0 - tight.y0) * 72 / fig.dpi
-    handles, labels = ax.get_legend_handles_labels()
+    handles, labels = labelled_handles(ax)
     cols = _fitting_columns(fig, handles, labels, ncol, box.width)
     ax.legend(handles, labels, loc="upper center", ncol=cols, fontsize=SMALL, frameon=False,
               bbox_to_anchor=(0.5, 0.0), borderaxespad=0.0,
@@ -80,26 +80,53 @@ def head_style(j: int) -> dict:
 LEGEND_WIDTH = 2.3  # inches kept right of a row of panels for its legend
 
 
-def legend_right(ax: Axes, source: Axes | None = None) -> None:
-    """A legend right of ax, outside the data, of the labelled artists of ``source``
-    (default ax itself); make the figure :data:`LEGEND_WIDTH` wider for it
-    (``new_figure(..., extra_width=LEGEND_WIDTH)``)."""
-    handles, labels = (source or ax).get_legend_handles_labels()
+def legend_right(ax: Axes, source: Axes | Sequence[Axes] | None = None) -> None:
+    """A legend right of ax, outside the data, of the labelled artists of ``source`` (one
+    axes or several, default ax itself; see :func:`labelled_handles`); make the figure
+    :data:`LEGEND_WIDTH` wider for it (``new_figure(..., extra_width=LEGEND_WIDTH)``)."""
+    handles, labels = labelled_handles(source if source is not None else ax)
     ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.04, 1.0), fontsize=SMALL,
               frameon=False, borderaxespad=0.0)
 
 
-def legend_under_figure(fig: Figure, source: Axes | None, ncol: int = 6) -> None:
-    """One legend for the whole figure under its panels, of ``source``'s labelled artists;
-    the figure grows by the legend's height and ``tight_layout`` keeps the panels above it.
-    Without a source (or labelled artists) only the layout is tightened."""
-    handles, labels = source.get_legend_handles_labels() if source is not None else ([], [])
+def labelled_handles(source: Axes | Sequence[Axes]) -> tuple[list[Any], list[str]]:
+    """The labelled artists of one or several axes, each label once, in drawing order.
+
+    Artists of one axes that share a label become one entry drawn on top of each other
+    (a quantile band and its median markers, say): a figure's legend then names every
+    series it draws once, whichever panels it comes from."""
+    axes = [source] if isinstance(source, Axes) else list(source)
+    order: list[str] = []
+    groups: dict[str, list[Any]] = {}
+    for ax in axes:
+        seen_here: dict[str, list[Any]] = {}
+        handles, labels = ax.get_legend_handles_labels()
+        for handle, label in zip(handles, labels):
+            seen_here.setdefault(label, []).append(handle)
+        for label, found in seen_here.items():
+            if label not in groups:
+                order.append(label)
+                groups[label] = found
+    return [groups[k][0] if len(groups[k]) == 1 else tuple(groups[k]) for k in order], order
+
+
+def legend_under_figure(fig: Figure, source: Axes | Sequence[Axes] | None,
+                        ncol: int = 6,
+                        entries: tuple[list[Any], list[str]] | None = None) -> None:
+    """One legend for the whole figure under its panels, of the labelled artists of
+    ``source`` (one axes or several, see :func:`labelled_handles`) or of the given
+    ``entries`` (handles, labels); the figure grows by the legend's height and
+    ``tight_layout`` keeps the panels above it.  Without entries only the layout is
+    tightened."""
+    if entries is None:
+        entries = labelled_handles(source) if source is not None else ([], [])
+    handles, labels = entries
     if not handles:
         fig.tight_layout()
         return
     ncol = _fitting_columns(fig, handles, labels, ncol, fig.bbox.width)
     lines = -(-len(handles) // ncol)
-    extra = 0.28 * lines + 0.15
+    extra = 0.22 * lines + 0.2
     width, height = fig.get_size_inches()
     fig.set_size_inches(width, height + extra)
     fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=SMALL, frameon=False)

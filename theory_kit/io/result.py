@@ -139,34 +139,76 @@ class OverlapPlots:
     """The Fig. 1 panels of a result holding t, M, Q, error over time (ODE or simulation)."""
 
     runs_axis: ClassVar[bool] = False
+    default_label: ClassVar[str] = ""
 
-    def plot(self, other: Result | None = None, ax: Any = None) -> Any:
-        """The four panels of the paper's Fig. 1 (E, m along f = 1, f = 2, orthogonal part).
+    def plot(self, other: Result | None = None, ax: Any = None,
+             label: str | None = None) -> Any:
+        """The four panels of the paper's Fig. 1 (E, m along f = 1, f = 2, orthogonal part)
+        and one legend right of them naming every series drawn on these axes.
 
-        ``other``: a second result drawn on the same axes (an ODE as lines, a simulation as
-        mean ± std dots): ``ode.plot(sim)``. ``ax``: 3–4 axes to draw on (default: a new
-        figure)."""
-        from ..figures.compare import PANEL_LABELS, PANELS, panel_series
-        from ..figures.style import label_axes, new_figure, series_colors
-        series = panel_series(self.to_dict(), self.runs_axis)  # type: ignore[attr-defined]
-        names = [p for p in PANELS if p in series]
+        Parameters
+        ----------
+        other : Result, optional
+            A second result drawn on the same axes: ``ode.plot(sim)`` draws the ODE as
+            lines and the simulation's runs as a 10–90 % band around their median (or as
+            every run's trace where the runs break a symmetry in different ways).
+        ax : sequence of Axes, optional
+            3–4 axes to draw on (default: a new figure).  Plotting a second result on the
+            same axes adds it to the legend: give each a ``label``.
+        label : str, optional
+            This result's name in the legend (default ``ODE`` or ``SGD``), e.g. the
+            activation when two trajectories share the axes.
+
+        Returns
+        -------
+        Figure
+            The figure the axes are on.
+        """
+        from ..figures.series import series_legend, series_legend_right
+        from ..figures.style import new_figure
         fig: Any                                 # a Figure (or the SubFigure ``ax`` is on)
-        if ax is None:
-            fig, axes = new_figure(1, len(names))
+        new = ax is None
+        if new:
+            fig, axes = new_figure(1, len(self.panel_names()), panel_size=(3.3, 2.6))
         else:
             axes = list(np.atleast_1d(ax))
             fig = axes[0].figure
-        for axis, name in zip(axes, names):
-            values = series[name]
-            colors = series_colors(values.shape[-1])
-            for j in range(values.shape[-1]):
-                self.draw_series(axis, values[..., j], colors[j], name == "error" or j == 0)
-            label_axes(axis, "t", PANEL_LABELS[name])
-        if other is not None:
+        axes = axes[:len(self.panel_names())]
+        self.draw_panels(axes, label or self.default_label)
+        if isinstance(other, OverlapPlots):
+            other.draw_panels(axes, other.default_label)
+        elif other is not None:
             other.plot(ax=axes)
+        # one legend naming every result drawn on these axes so far: under a figure of our
+        # own, right of the caller's axes (a second plot there replaces it with one naming
+        # both, and the caller's tight_layout keeps it in view)
+        if new:
+            series_legend(fig, axes, self.heads())
+        else:
+            series_legend_right(axes[-1], axes)
         return fig
 
-    def draw_series(self, axis: Any, values: np.ndarray, color: Any, label: bool) -> None:
+    def panel_names(self) -> list[str]:
+        """The panels this result has (no m along f = 2 with a single direction)."""
+        from ..figures.compare import PANELS
+        return [p for p in PANELS if p != "m_f2" or self.M.shape[-1] >= 2]  # type: ignore[attr-defined]
+
+    def heads(self) -> int:
+        """The number of heads H (the legend's columns hold H + 1 entries: heads and E)."""
+        return int(self.M.shape[-2])  # type: ignore[attr-defined]
+
+    def draw_panels(self, axes: list[Any], prefix: str) -> None:
+        """Draw this result's series on the panels' axes, named ``prefix`` in the legend."""
+        from ..figures.compare import PANEL_LABELS, panel_series
+        series = panel_series(self.to_dict(), self.runs_axis)  # type: ignore[attr-defined]
+        for axis, name in zip(axes, self.panel_names()):
+            self.draw_series(axis, series[name], prefix)
+            axis.set_xlabel(r"$t$ = steps / $D$")
+            axis.set_ylabel(PANEL_LABELS[name])
+
+    def draw_series(self, axis: Any, values: np.ndarray, prefix: str) -> None:
+        """Draw one panel's values (times × series, runs first for a simulation), named
+        ``prefix`` in the legend."""
         raise NotImplementedError
 
 

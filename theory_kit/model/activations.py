@@ -16,7 +16,7 @@ and offsets o_h = 0 (``offset="none"``) or the Bayes offsets o_h = −Q_{hh}/2 +
 Here: the normalised weights in NumPy (``Activation.normalised``, ``weights``), which the
 hand-written test oracle (``tests/oracle.py``) builds its vector–Jacobian products on; the
 production path uses the kernels generated from the SymPy derivation
-(``codegen.sample_kernels``).  With D_{hl} = φ'(t_{hl})/N and W_{hl} = φ(t_{hl})/N
+(``kernels.sample_kernels``).  With D_{hl} = φ'(t_{hl})/N and W_{hl} = φ(t_{hl})/N
 (so σ = a W), for any vector v over tokens:
 
 * per-head:    (J_{hl}·v) = a_h D_{hl} (v_l − W_h·v)

@@ -39,14 +39,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.figure import Figure
 
 from ..dynamics.ode import integrate_ode
 from ..dynamics.simulate import SimConfig, simulate
 from ..expect.engines import build_engine
-from ..figures.compare import Comparison, comparison_figure
+from ..figures.compare import LogOverlay, log_overlay_figure
 from ..io.executor import run_sweep, runs_in_process
 from ..io.results import atomic_replace, read_json, read_piece, to_jsonable, write_json
 from ..model.activations import Activation, activation_from_params
@@ -273,6 +275,26 @@ def null_max_z(b: Bands, names: list[str]) -> list[float]:
     return out
 
 
+def expected_spread(series: dict, name: str) -> np.ndarray:
+    """The unit of quantity ``name``'s score: sqrt(σ_D² + σ_MC² [+ the file's error²]), from
+    a report's ``series`` (``spread_D``, ``theory_mc_err``, ``data_err``).  The verdict and
+    ``compare.png`` both take it from here."""
+    var = (np.asarray(series["spread_D"][name], dtype=float) ** 2
+           + np.asarray(series["theory_mc_err"][name], dtype=float) ** 2)
+    err = series.get("data_err", {})
+    if name in err:
+        var = var + np.asarray(err[name], dtype=float) ** 2
+    return np.sqrt(var)
+
+
+def quantity_z(series: dict, name: str) -> np.ndarray:
+    """z(t) of quantity ``name``: (data − ODE) / :func:`expected_spread`, as the verdict
+    scores it."""
+    deviation = (np.asarray(series["data"][name], dtype=float)
+                 - np.asarray(series["theory"][name], dtype=float))
+    return scores(deviation, expected_spread(series, name))
+
+
 def compare_log(log: TrainingLog, task: Task, act: Activation, settings: CompareSettings,
                 workdir: Path | None = None, progress: bool = True,
                 executor: object | None = None, jobs: int = 1) -> dict:
@@ -281,6 +303,16 @@ def compare_log(log: TrainingLog, task: Task, act: Activation, settings: Compare
     ``executor``, see :func:`theory_runs`).
 
     See the module docstring for the statistic and the threshold."""
+    return compare_with_runs(log, task, act, settings, workdir, progress, executor, jobs)[0]
+
+
+def compare_with_runs(log: TrainingLog, task: Task, act: Activation, settings: CompareSettings,
+                      workdir: Path | None = None, progress: bool = True,
+                      executor: object | None = None,
+                      jobs: int = 1) -> tuple[dict, dict[str, np.ndarray]]:
+    """:func:`compare_log`'s report, and the simulated runs behind its spread (quantity →
+    runs × times, keyed like :func:`element_series`, ``loss`` the population error) for
+    ``compare.png`` to draw; the runs are not part of the report."""
     if log.F != task.F:
         fail("M", f"the log has F = {log.F} signal directions but --nu gives {task.F}", log.F)
     if log.D is not None and log.D != settings.D:
@@ -289,34 +321,33 @@ def compare_log(log: TrainingLog, task: Task, act: Activation, settings: Compare
     odes, sim = theory_runs(log, task, act, ic, settings, workdir, progress, executor, jobs)
     b = bands(odes, sim, log.a is not None, log.b is not None)
     data = element_series(log.M, log.Q, log.a, log.b)
-    rows = {name: quantity_row(log.t, data[name], b.theory[name],
-                               np.sqrt(b.spread_D[name] ** 2 + b.mc_err[name] ** 2), True)
-            for name in data}
-    if log.loss is not None:
-        loss_err = np.zeros(log.n_times) if log.loss_err is None else log.loss_err
-        unit = np.sqrt(b.spread_D["loss"] ** 2 + b.mc_err["loss"] ** 2 + loss_err ** 2)
-        rows["loss"] = quantity_row(log.t, log.loss, b.theory["loss"], unit,
-                                    log.loss_err is not None)
+    series: dict[str, Any] = {
+        "t": log.t, "data": {**data, **({"loss": log.loss} if log.loss is not None else {})},
+        "data_err": {"loss": log.loss_err} if log.loss_err is not None else {},
+        "theory": b.theory, "theory_mc_err": b.mc_err, "spread_D": b.spread_D}
+    # the measured loss enters the verdict only with its error bar (module docstring)
+    rows = {name: quantity_row(log.t, series["data"][name], b.theory[name],
+                               expected_spread(series, name),
+                               name != "loss" or log.loss_err is not None)
+            for name in series["data"]}
     judged = {k: v for k, v in rows.items() if v["in_verdict"]}
     worst_name = max(judged, key=lambda k: judged[k]["max_abs_z"])
     max_z = judged[worst_name]["max_abs_z"]
-    return {
+    report = {
         "verdict": VERDICTS[0] if max_z <= settings.threshold else VERDICTS[1],
         "max_abs_z": max_z, "threshold": settings.threshold,
         "worst": {"quantity": worst_name, **judged[worst_name]},
         "quantities": rows,
         "null_max_z": null_max_z(b, list(data)),
         "notes": notes(log, act, settings),
-        "series": {"t": log.t,
-                   "data": {**data, **({"loss": log.loss} if log.loss is not None else {})},
-                   "data_err": {"loss": log.loss_err} if log.loss_err is not None else {},
-                   "theory": b.theory, "theory_mc_err": b.mc_err, "spread_D": b.spread_D},
+        "series": series,
         "params": {"task": task.params(), "activation": act.params(), "settings": settings.params(),
                    "log": {"source": log.source, "D": log.D, "gamma": log.gamma, "H": log.H,
                            "F": log.F, "n_times": log.n_times,
                            "t_span": [float(log.t[0]), float(log.t[-1])]},
                    "initial": ic.params()},
     }
+    return report, b.sim
 
 
 def notes(log: TrainingLog, act: Activation, settings: CompareSettings) -> list[str]:
@@ -338,40 +369,54 @@ def notes(log: TrainingLog, act: Activation, settings: CompareSettings) -> list[
 PANEL_ELEMENTS = {"m_f1": "M[{h},0]", "m_f2": "M[{h},1]", "orthogonal": "orth[{h},{h}]"}
 
 
-def figure_comparison(report: dict) -> Comparison:
-    """The report's series as a :class:`figures.compare.Comparison`: the user's data as dots,
-    the expected spread sqrt(σ_D² + σ_MC² [+ loss_err²]) as error bars, the ODE as lines."""
-    ser = report["series"]
-    t = np.asarray(ser["t"], dtype=float)
+def _panel_elements(report: dict) -> dict[str, list[str]]:
+    """The quantities each panel of ``compare.png`` draws, one per series (head)."""
     H, F = report["params"]["log"]["H"], report["params"]["log"]["F"]
     panels = {name: [pat.format(h=h) for h in range(H)] for name, pat in PANEL_ELEMENTS.items()
               if name != "m_f2" or F >= 2}
-    if "loss" in ser["data"]:
-        panels["error"] = ["loss"]
-
-    def stack(source: dict, names: list[str]) -> np.ndarray:
-        return np.stack([np.asarray(source[n], dtype=float) for n in names], axis=-1)
-
-    data = {p: stack(ser["data"], n) for p, n in panels.items()}
-    theory = {p: stack(ser["theory"], n) for p, n in panels.items()}
-    data_err = ser.get("data_err", {})
-    unit = {p: np.sqrt(stack(ser["spread_D"], n) ** 2 + stack(ser["theory_mc_err"], n) ** 2
-                       + (stack(data_err, n) ** 2 if set(n) <= set(data_err) else 0.0))
-            for p, n in panels.items()}
-    dev = {p: np.abs(scores(data[p] - theory[p], unit[p])) for p in panels}
-    return Comparison(t, t, data, unit, theory, theory, dev,
-                      report["params"]["settings"]["runs"])
+    if "loss" in report["series"]["data"]:
+        panels = {"error": ["loss"], **panels}
+    return panels
 
 
-def write_report(report: dict, out: str | Path) -> tuple[Path, Path]:
+def figure_comparison(report: dict, runs: dict[str, np.ndarray] | None = None) -> LogOverlay:
+    """The report as ``compare.png`` draws it (:class:`figures.compare.LogOverlay`): the
+    user's data, the ODE, the expected spread of :func:`expected_spread` per panel, the
+    simulated ``runs`` when given (quantity → runs × times, from :func:`compare_with_runs`),
+    z(t) of every quantity in the verdict (:func:`quantity_z`) and the verdict's own worst."""
+    ser = report["series"]
+
+    def stack(names: list[str], get: Callable[[str], np.ndarray]) -> np.ndarray:
+        return np.stack([np.asarray(get(n), dtype=float) for n in names], axis=-1)
+
+    panels = _panel_elements(report)
+    z = {name: quantity_z(ser, name) for name, row in report["quantities"].items()
+         if row["in_verdict"]}
+    return LogOverlay(
+        t=np.asarray(ser["t"], dtype=float),
+        data={p: stack(n, lambda k: ser["data"][k]) for p, n in panels.items()},
+        theory={p: stack(n, lambda k: ser["theory"][k]) for p, n in panels.items()},
+        spread={p: stack(n, lambda k: expected_spread(ser, k)) for p, n in panels.items()},
+        runs=None if runs is None else {p: stack(n, runs.__getitem__)
+                                        for p, n in panels.items()},
+        z=z, worst={**report["worst"], "max_abs_z": report["max_abs_z"]},
+        verdict=report["verdict"], threshold=report["threshold"],
+        D=report["params"]["settings"]["D"], n_runs=report["params"]["settings"]["runs"])
+
+
+def report_figure(report: dict, runs: dict[str, np.ndarray] | None = None) -> Figure:
+    """``compare.png`` of a report (and of its simulated runs, when kept)."""
+    return log_overlay_figure(figure_comparison(report, runs))
+
+
+def write_report(report: dict, out: str | Path,
+                 runs: dict[str, np.ndarray] | None = None) -> tuple[Path, Path]:
     """The report as JSON and the overlay as PNG beside it (``x.json`` → ``x.png``); a folder
-    ``out`` (no ``.json`` suffix) gets ``compare.json`` and ``compare.png``."""
+    ``out`` (no ``.json`` suffix) gets ``compare.json`` and ``compare.png``.  ``runs``, the
+    simulated runs of :func:`compare_with_runs`, are drawn when given (not written)."""
     out = Path(out)
     js = write_json(out if out.suffix == ".json" else out / "compare.json", report)
-    D = report["params"]["settings"]["D"]
-    title = (f"user data (dots, bars: expected spread at D = {D}) vs ODE (lines): "
-             f"{report['verdict']}")
-    fig = comparison_figure(figure_comparison(report), title)
+    fig = report_figure(report, runs)
     png = js.with_name(js.stem + ".png")
     atomic_replace(png, lambda handle: fig.savefig(handle, format="png"), ".png")
     plt.close(fig)

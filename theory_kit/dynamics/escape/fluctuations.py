@@ -28,7 +28,7 @@ import math
 import numpy as np
 from scipy.linalg import expm
 
-from ...kernels import codegen
+from ... import kernels
 from ...model.activations import Activation
 from ...model.state import State
 from ...model.task import Task
@@ -52,7 +52,7 @@ def increments(task: Task, act: Activation, coords: Coordinates, state: State,
     S = M @ p + psd_factor(state.orthogonal_part()) @ rng.standard_normal((n, H, L))
     c = rng.standard_normal((n, L))
     y = c[:, 0] + math.sqrt(task.delta) * rng.standard_normal(n)
-    kern = codegen.sample_kernels(act)
+    kern = kernels.sample_kernels(act)
     W, D, D2, w = kern.weights(S, state.b, np.diag(Q), state.a)
     # ∂ŷ/∂s_hl = J_hl·c and ∂ŷ/∂a_h, ∂ŷ/∂b_h, ∂ŷ/∂Q_hh (generated VJPs with v = c)
     G, dy_da, dy_db, dy_dq = kern.vjp(W, D, D2, state.a, c)
