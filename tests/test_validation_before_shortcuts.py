@@ -55,6 +55,7 @@ def stored(tmp_path_factory):
     for verb in KEEPING[:-1]:
         assert main(filled(BASE[verb], root) + ["--no-progress"] * (verb == "simulate")) == 0
     store_figure(root)
+    api_call("escape", root, QUIET)        # (escape's base command keeps no file)
     return root
 
 
@@ -95,14 +96,17 @@ def api_call(verb: str, root, run: tk.Run):
         return tk.simulate(softmax, **task, D=50, H=2, T=1.0, run=run, out=root / "sim.json")
     if verb == "compare":
         return tk.compare(root / "log.json", softmax, **task, run=run, out=root / "cmp")
+    if verb == "escape":
+        return tk.escape(softmax, **task, H=2, gamma=1.0, T=4.0, dt=1.0, points=16, runs=10,
+                         D=[100], run=run, out=root / "esc.json")
     return tk.figure(1, quick=True, out=root / "fig", run=run)
 
 
-@pytest.mark.parametrize("verb", KEEPING)
+@pytest.mark.parametrize("verb", KEEPING + ("escape",))
 def test_the_api_refuses_bad_run_options_beside_a_stored_result(verb, stored):
     """``run`` never enters a stored request (it changes how a verb runs, not its numbers),
-    so it was not checked at all by the verbs that return a stored result: ode, simulate
-    (Run(jobs=0) returned the stored result)."""
+    so it was not checked at all by some verbs that return a stored result: ode, simulate
+    and escape returned it for Run(jobs=0)."""
     assert api_call(verb, stored, QUIET).reused
     for run in BAD_RUNS:
         with pytest.raises(ValidationError, match="^(jobs|progress|scheduler|limits): "):
