@@ -538,3 +538,23 @@ def test_polish_modes_differ_only_on_joint_normalisers_with_two_or_three_heads()
     point = {"panel": "H", "x": 2.0, "F": 4, "nu": 10.0, "H": 2}
     assert fig4.FULL.polish == "per-head" and not fig4.polished(point, fig4.FULL, "bsoftmax")
     assert fig4.polished(point, dataclasses.replace(fig4.FULL, polish="pairwise"), "bsoftmax")
+
+
+def test_every_stage_of_the_solve_shows_and_is_recorded(monkeypatch, capsys):
+    """After the flow, the solve's stages appear on their own bar (stage name, E and the
+    gradient norm as it works) and each stage's time, evaluations and bar updates are in the
+    run's history: a user can tell a crawl from a hang.  Fails if a stage is not reported."""
+    monkeypatch.delenv("THEORY_KIT_NO_PROGRESS", raising=False)
+    act = get_activation("softmax")
+    ic = InitialCondition.draw(act, 2, 2, 5, 10_000, 1.0, seed=3)
+    run = einf.run_to_convergence(TASK, act, ic, FAST, progress=True)
+    stages = run.history["timing"]["stages"]
+    names = [s["name"] for s in stages]
+    assert names[0].startswith("sampled solve on")
+    for needed in ("minimise (L-BFGS)", "classify", "certificate", "precise E at the solution"):
+        assert any(n.startswith(needed) for n in names), (needed, names)
+    assert all(s["updates"] >= 1 and s["seconds"] >= 0 for s in stages)
+    minimise = [s for s in stages if s["name"] == "minimise (L-BFGS)"]
+    assert sum(s["evaluations"] for s in minimise) >= 2
+    shown = capsys.readouterr().err
+    assert "solving" in shown and "minimise (L-BFGS)" in shown

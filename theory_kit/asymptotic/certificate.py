@@ -46,6 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..io.progress import stage
 from ..model.state import State
 from .objectives import DRIFT_TOL, Objective, SampledError
 
@@ -190,7 +191,8 @@ def _newton_ready(local: _Local) -> bool:
 def _classify(obj: Objective, x: np.ndarray) -> _Local:
     """Quotient Hessian at x (gauge removed) and the kind of stationary point it indicates."""
     Z = obj.quotient(x)
-    Hq, fd_err = obj.hessian(x, Z)
+    with stage(f"classify (Hessian, {Z.shape[1]} directions)"):
+        Hq, fd_err = obj.hessian(x, Z)
     eigs, vecs = np.linalg.eigh(Hq)
     etol = max(_eig_tol(eigs), fd_err)
     kind = "minimum"
@@ -202,6 +204,11 @@ def _classify(obj: Objective, x: np.ndarray) -> _Local:
 
 
 def _certificate(obj: SampledError, x: np.ndarray, local: _Local, tol: float) -> Certificate:
+    with stage("certificate"):
+        return _certificate_at(obj, x, local, tol)
+
+
+def _certificate_at(obj: SampledError, x: np.ndarray, local: _Local, tol: float) -> Certificate:
     g = obj.value_and_grad(x)[1]
     return Certificate(0.5 * float(np.linalg.norm(g)), 0.5 * _drift_tol(x, tol),
                        float(local.eigs[0]), local.eig_tol, local.kind, local.zero_modes,

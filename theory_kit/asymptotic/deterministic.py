@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..io.progress import tick
 from ..model.activations import Activation
 from ..model.state import State
 from ..model.task import Task
@@ -170,6 +171,7 @@ class PairwiseError(DeterministicError):
         beyond the cap back onto it (a line search may try such points; E itself is never
         evaluated there)."""
         self.evaluations += 1
+        tick()
         K, a, b = self.unpack(x)
         cap = KeyCap(K)
         assert self.level is not None            # set in __post_init__

@@ -48,6 +48,7 @@ from typing import cast
 import numpy as np
 from scipy import optimize
 
+from ..io.progress import stage
 from ..model.state import State
 from .certificate import (
     PROBE_STEPS,
@@ -88,9 +89,10 @@ def _minimise(obj: Objective, x0: np.ndarray, maxiter: int,
         if outside(xk):
             raise StopIteration
 
-    res = optimize.minimize(obj.value_and_grad, x0, jac=True, method="L-BFGS-B",
-                            callback=watch, options={"maxiter": maxiter, "gtol": gtol,
-                                                     "ftol": 1e-15, "maxcor": 30})
+    with stage("minimise (L-BFGS)"):
+        res = optimize.minimize(obj.value_and_grad, x0, jac=True, method="L-BFGS-B",
+                                callback=watch, options={"maxiter": maxiter, "gtol": gtol,
+                                                         "ftol": 1e-15, "maxcor": 30})
     x = res.x if res.x is not None else last[0]
     return x, outside(x)
 
@@ -275,7 +277,8 @@ def _descend(obj, x: np.ndarray, tol: float, max_escapes: int, maxiter: int,
             # L-BFGS alone ended such a point at ½‖∇E‖ = 7.7e-7 (softmax-1, F = 4, ν = 10,
             # 4 heads, λ_min = 3.3e-5 against a tolerance 3.7e-5)
             if _newton_ready(local):
-                y, exact = _newton(obj, x, local.Z, local.Hq, tol)
+                with stage("Newton"):
+                    y, exact = _newton(obj, x, local.Z, local.Hq, tol)
                 moved = np.linalg.norm(y - x) > RECLASSIFY_MOVE * max(1.0, float(np.linalg.norm(x)))
                 x = y
                 if moved or not exact:
@@ -288,7 +291,8 @@ def _descend(obj, x: np.ndarray, tol: float, max_escapes: int, maxiter: int,
         if _stalled(saddles) or attempt == max_escapes:
             break
         attempt += 1
-        x = escape(obj, x, local.vecs[:, 0])
+        with stage("saddle escape"):
+            x = escape(obj, x, local.vecs[:, 0])
     return x, local, saddles
 
 
@@ -300,6 +304,13 @@ def _presolve(obj: SampledError, coarse: SampledError, x: np.ndarray, max_escape
     when it did not run off (``bound``) and ``obj``'s E is lower there than at x: a sample set
     4x smaller can have minima the keys fit (rare events at strong signal) that the full set
     does not, and then the full solve starts from x as without it."""
+    with stage(f"presolve on {coarse.n} points"):
+        return _coarse_descent(obj, coarse, x, max_escapes, maxiter, bound, key_bound)
+
+
+def _coarse_descent(obj: SampledError, coarse: SampledError, x: np.ndarray, max_escapes: int,
+                    maxiter: int, bound: float, key_bound: float) -> tuple[np.ndarray, list[dict]]:
+    """The loop of :func:`_presolve`."""
     y, saddles = x, []
     for attempt in range(max_escapes + 1):
         y, ran_off = _minimise(coarse, y, maxiter, bound, key_bound=key_bound)
@@ -311,7 +322,8 @@ def _presolve(obj: SampledError, coarse: SampledError, x: np.ndarray, max_escape
         saddles.append(_saddle_record(coarse, y, local.eigs[0], coarse.n))
         if _stalled(saddles) or attempt == max_escapes:
             break
-        y = escape(coarse, y, local.vecs[:, 0])
+        with stage("saddle escape"):
+            y = escape(coarse, y, local.vecs[:, 0])
     if obj.value_and_grad(y)[0] < obj.value_and_grad(x)[0]:
         return y, saddles
     return x, []

@@ -47,6 +47,7 @@ from scipy.stats import qmc
 
 from ..expect import montecarlo as mc
 from ..expect.error import log_bayes_factor, squared_residual
+from ..io.progress import tick
 from ..kernels import sample_kernels
 from ..model.activations import Activation
 from ..model.priors import Prior
@@ -323,7 +324,9 @@ class SampledError(KeySpace):
         value = self.floor + float(sample_sum(wts, np.sum(e ** 2, axis=1)))
         dK = (-2.0 * self.token_contraction(Jv * wts[:, None, None])
               - 4.0 * sample_sum(wts, Qv)[:, None] * K)
-        return value, self.pack(dK, -2.0 * sample_sum(wts, Av), -2.0 * sample_sum(wts, Bv))
+        grad = self.pack(dK, -2.0 * sample_sum(wts, Av), -2.0 * sample_sum(wts, Bv))
+        tick(E=value, grad=float(np.linalg.norm(grad)))
+        return value, grad
 
     def draw_values(self, x: np.ndarray) -> np.ndarray:
         """The summand of E_n − Δ per noise draw (θ strata of a draw summed), scaled so that

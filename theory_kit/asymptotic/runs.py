@@ -34,7 +34,7 @@ import numpy as np
 from ..dynamics.ode import BoundaryError
 from ..expect.error import ErrorValue
 from ..io.executor import Store, run_sweep, runs_in_process
-from ..io.progress import progress_bar
+from ..io.progress import progress_bar, stages
 from ..io.result import PROVENANCE, Result, provenance_of, setting_text
 from ..io.results import Checkpoint, read_json, read_piece, stamps, to_jsonable, write_json
 from ..model.activations import Activation, activation_from_params
@@ -218,7 +218,11 @@ def run_to_convergence(task: Task, act: Activation, ic: InitialCondition,
     fixed, shift = None, float("nan")
     hist["ode_end"] = state.to_dict()   # where the solver took over
     if settings.solve:
-        fixed, final, used = solve_checked(task, act, state, settings, engine)
+        # after the flow's bar, the solve's stages on a bar of their own (a solve at H = 8
+        # runs for minutes): the stage, the evaluations, E and the gradient norm
+        with stages(f"einf seed {ic.seed}: solving", show=progress) as log:
+            fixed, final, used = solve_checked(task, act, state, settings, engine)
+        hist["timing"] = {"stages": log.records}
         state = fixed.state
         hist["solver_points"] = used.solver_points
         if settings.shift_check and fixed.presolve is None:   # a polished point has no samples

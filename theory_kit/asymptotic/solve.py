@@ -33,6 +33,7 @@ import numpy as np
 from ..dynamics.ode import build_system
 from ..expect.engines import DriftEngine
 from ..expect.error import ErrorValue, population_error
+from ..io.progress import stage
 from ..model.activations import Activation
 from ..model.state import State
 from ..model.task import Task
@@ -137,11 +138,14 @@ def solve_checked(task: Task, act: Activation, start: State, settings: RunSettin
     polish = settings.polish != "none" and polish_applies(task, act, start.H, settings.polish)
     key_bound = polish_key_bound(start) if polish else np.inf
     for attempt in range(settings.solver_refine + 1):
-        fixed = solve_fixed_point(task, act, start, used, engine, key_bound=key_bound)
+        with stage(f"sampled solve on {used.solver_points} points" if settings.gradient_flow
+                   else "fixed point"):
+            fixed = solve_fixed_point(task, act, start, used, engine, key_bound=key_bound)
         if polish:      # the polish takes the sampled point or, after a run-off, the hand-over
             break       # (polish_pairwise): no precise E there, no re-solve on more points
-        final = precise_error(task, act, fixed.state, settings.error_method,
-                              settings.error_samples)
+        with stage("precise E at the solution"):
+            final = precise_error(task, act, fixed.state, settings.error_method,
+                                  settings.error_samples)
         if not settings.gradient_flow:
             break
         obj = solver_objective(task, act, start.H, used)  # the solver's, rebuilt
@@ -155,10 +159,12 @@ def solve_checked(task: Task, act: Activation, start: State, settings: RunSettin
             break
         used = dataclasses.replace(used, solver_points=4 * used.solver_points)
     if settings.gradient_flow and fixed.certificate.kind == RUNOFF and not polish:
-        check = held_out_runoff_check(task, act, start, fixed.state, used)
+        with stage("run-off check on held-out points"):
+            check = held_out_runoff_check(task, act, start, fixed.state, used)
         fixed = dataclasses.replace(fixed, runoff=check.to_dict())
     if polish:
-        fixed, final = polish_pairwise(task, act, start, fixed, settings.drift_tol)
+        with stage("polish (deterministic E)"):
+            fixed, final = polish_pairwise(task, act, start, fixed, settings.drift_tol)
     return fixed, final, used
 
 
