@@ -218,6 +218,22 @@ def test_drift_api_equals_cli(capsys):
     assert d.dM.shape == (2, 2) and d.dQ.shape == (2, 2) and "Drift(engine=" in repr(d)
 
 
+def test_the_sobol_engine_is_reported_as_sobol(capsys):
+    """The sobol engine is the quadrature class with Sobol points at every dimension; its
+    record, the result's summary and the command line's table said "quad" (issue 42 §2)."""
+    kw = dict(L=3, nu=[2, 2], gamma=1.0, M=[[0.6, 0.15], [0.5, -0.1]],
+              Q=[[1.3, 0.2], [0.2, 1.1]])
+    d = tk.drift("softmax", engine=tk.Engine("sobol", samples=64), run=QUIET, **kw)
+    assert d.data["engine"]["engine"] == "sobol" and "Drift(engine=sobol" in repr(d)
+    assert tk.drift("softmax", engine=tk.Engine("quad", samples=64), run=QUIET,
+                    **kw).data["engine"]["engine"] == "quad"
+    argv = ["drift", "--activation", "softmax", "--L", "3", "--nu", "2,2", "--gamma", "1",
+            "--M", json.dumps(kw["M"]), "--Q", json.dumps(kw["Q"]), "--engine", "sobol",
+            "--samples", "64", "--no-progress"]
+    assert main(argv) == 0
+    assert "(engine: sobol;" in capsys.readouterr().out
+
+
 @pytest.mark.slow   # ~15 CPU s; the golden test checks einf's API numbers in the default run
 def test_derive_and_einf_api_equal_cli(capsys, tmp_path):
     text = tk.derive("softmax1", format="latex").text

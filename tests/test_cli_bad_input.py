@@ -148,7 +148,7 @@ def build_cases() -> list[tuple[str, list[str], str]]:
     add("drift --gamma-b -1", with_eq("drift", "--gamma-b", "-1"), "gamma_b")
     add("drift --engine quad --fresh", BASE["drift"] + ["--engine", "quad", "--fresh"], "engine")
     add("ode --a0 malformed", with_opt("ode", "--a0", "[1"), "a0")
-    add("ode --b0 length 3", with_opt("ode", "--b0", "[0,0,0]"), "b")
+    add("ode --b0 length 3", with_opt("ode", "--b0", "[0,0,0]"), "b0")   # named as given
     add("ode --gamma-a nan", with_eq("ode", "--gamma-a", "nan"), "gamma_a")
     add("simulate --gamma-b -1", with_eq("simulate", "--gamma-b", "-1"), "gamma_b")
     add("simulate --seed -1", with_eq("simulate", "--seed", "-1"), "seed")
@@ -286,3 +286,19 @@ def test_einf_empty_workdir_exits_3_naming_it(workdir, tmp_path, capsys, monkeyp
     assert code == 3
     assert "workdir: must be a folder name (got an empty or blank path)" in err
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("verb, hint", [("figure", "; did you mean --quick?"), ("ode", ""),
+                                        ("bayes-error", "; did you mean --method?")])
+def test_an_unknown_option_shows_the_verbs_usage(verb, hint, files, capsys, monkeypatch):
+    """``figure 1 --quik`` printed the top-level usage (the list of verbs): argparse hands a
+    verb's leftover options to the top-level parser.  Now the verb's own usage, and the
+    nearest option it has."""
+    monkeypatch.chdir(files)
+    bad = "--metod" if verb == "bayes-error" else "--quik"
+    argv = [a.replace("{out}", str(files)) for a in BASE[verb]] + [bad]
+    status, err = run_cli(argv, capsys)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert status == 2
+    assert lines[0].startswith(f"usage: theory-kit {verb} "), lines[0]
+    assert lines[-1] == f"theory-kit {verb}: error: unrecognized arguments: {bad}{hint}"

@@ -69,6 +69,45 @@ def test_bayes_error_quad_matches_monte_carlo():
         assert abs(q.value - m.value) < 4 * m.abs_err, (prior, q.value, m.value, m.abs_err)
 
 
+def test_gaussian_bayes_quad_covers_every_token_of_the_psi_range():
+    """Z² Σν/2 > 200 (here ν = 6): the u grid dropped every token with ψ below ψ_max − 200,
+    which for this prior are the typical ones, and quad gave 0.959 ± 0.010 against Monte
+    Carlo's 0.399 (at ν = (30, 30), 1.0 ± 9e-16, which auto returned)."""
+    task = Task(3, make_prior("gaussian", nu=[6.0]))
+    q = err.bayes_error(task, method="quad")
+    m = err.bayes_error(task, method="mc", n=40_000, seed=3)
+    assert abs(q.value - m.value) < 4 * m.abs_err, (q.value, m.value, m.abs_err)
+
+
+def test_gaussian_bayes_beyond_the_grid_is_refused_before_any_node(monkeypatch, capsys):
+    """ν = 1e308 asked for about 1e154 trapezoid nodes: a huge ν is now refused by name
+    (bad input beyond 1e100; beyond the grid's ψ range a resource refusal, after which auto
+    takes Monte Carlo), before a node is made."""
+    from theory_kit.cli import main
+    from theory_kit.expect import quadrature
+    from theory_kit.model.validation import ResourceError
+
+    def no_nodes(*args, **kwargs):
+        raise AssertionError("nodes were built")
+    monkeypatch.setattr(quadrature, "gaussian_nodes", no_nodes)
+    big = Task(2, make_prior("gaussian", nu=[50.0, 50.0]))
+    with pytest.raises(ResourceError, match="sum\\(nu\\) up to 27.7 .*nu = 50, 50"):
+        err.bayes_error(big, method="quad")
+    assert err.bayes_error(big).method == "mc"            # auto falls back
+    assert main(["bayes-error", "--L", "2", "--prior", "gaussian", "--nu", "50,50",
+                 "--method", "quad"]) == 4
+    assert main(["bayes-error", "--L", "2", "--prior", "gaussian", "--nu", "1e308"]) == 2
+    assert "error: nu: every signal strength must be at most 1e+100" in capsys.readouterr().err
+
+
+def test_a_trapezoid_rule_beyond_the_memory_limit_is_refused():
+    from theory_kit.expect.quadrature import trapezoid_normal
+    from theory_kit.model.validation import ResourceError
+    with pytest.raises(ResourceError, match="quadrature rule of 5.67e\\+201 nodes"):
+        trapezoid_normal(1e200, 1.0)
+    assert len(trapezoid_normal(2.0, 1.0)[0]) == 115
+
+
 def test_bayes_tower_property():
     # E[p_ε] = E[Σ p_l²]: the quad engine computes both sides separately.
     r = err.bayes_error(Task(6, make_prior("flipping", nu=[3.0, 1.0])), method="quad")

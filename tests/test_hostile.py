@@ -8,6 +8,9 @@ below, if evaluated, would create it.
 from __future__ import annotations
 
 import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -451,6 +454,65 @@ def test_compare_resource_bombs_exit_4_before_allocating(name, tmp_path, capsys)
     status, _, err = run_cli(argv, capsys)
     assert_one_line(err, "compare", status, 4, "resources: ")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["log.json"]
+
+
+def test_compare_counts_its_recorded_times(tmp_path, capsys, monkeypatch):
+    """A log of 20 000 recorded times ran ~6 min with no estimate: every interval between
+    records takes an RK4 step, and the simulations estimate their loss at every time, yet
+    the check priced the span alone (0.02 of a minute).  Now the estimate counts the
+    records, is said up front when over a minute, and refuses beyond an hour."""
+    from theory_kit.io.limits import check_compare, compare_seconds
+    from theory_kit.model.validation import ResourceError
+    times = np.arange(20_000) / 1000            # D = 1000, one record a step
+    args = dict(ode_seeds=2, samples=20_000, H=2, L=3, strata=2, dt=0.1, D=1000,
+                error_samples=8192)
+    span_only = compare_seconds(times=times[[0, -1]], runs=32, **args)
+    seconds = compare_seconds(times=times, runs=32, **args)
+    assert span_only < 100 and 1500 < seconds < 3600
+    assert check_compare(times=times, runs=32, jobs=1, **args) == pytest.approx(seconds)
+    with pytest.raises(ResourceError, match="with 20000 recorded times .* record fewer times"):
+        check_compare(times=times, runs=64, jobs=1, **args)
+    # through the verb: the estimate is said before the work starts
+    n = 700
+    log = {"t": (np.arange(n) / 1000).tolist(), "M": [[[0.1, 0.0], [0.0, 0.1]]] * n,
+           "Q": [[[1.0, 0.0], [0.0, 1.0]]] * n, "gamma": 1.0, "D": 1000}
+    (tmp_path / "log.json").write_text(json.dumps(log))
+
+    def stop(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr("theory_kit.api.userdata.compare_with_runs", stop)
+    status, _, err = run_cli(["compare", "--data", str(tmp_path / "log.json"), *RUN[:-4],
+                              "--no-progress", "--out", str(tmp_path / "cmp")], capsys)
+    assert status == 130
+    assert re.search(r"theory-kit: compare: about \d+\.\d min for 700 recorded times "
+                     r"\(a reference estimate", err), err
+
+
+def test_the_memory_guard_respects_the_address_space_limit(monkeypatch):
+    """Under ``ulimit -v`` (RLIMIT_AS) the default limit is the room left under it, not half
+    the RAM: a 7.4 GiB quadrature under an 8 GiB cap ran 25 s and died with exit 4.  A process
+    started with a 3 GiB soft cap reports a limit below it; here (the cap read as 3 GiB) a
+    3.3 GiB simulation is refused up front, naming that limit."""
+    resource = pytest.importorskip("resource")
+    from theory_kit.io import limits
+    if limits.physical_memory() / 2 < 4 * 2 ** 30:
+        pytest.skip("half the RAM is below the request: refused without the address-space cap")
+    cap = 3 * 2 ** 30
+
+    def capped() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (cap, resource.getrlimit(resource.RLIMIT_AS)[1]))
+    code = "from theory_kit.io.limits import memory_limit; print(memory_limit())"
+    shown = subprocess.run([sys.executable, "-c", code], preexec_fn=capped, capture_output=True,
+                           text=True, check=True)
+    assert 0 < int(shown.stdout) < cap
+    monkeypatch.setattr(resource, "getrlimit", lambda what: (cap, resource.RLIM_INFINITY))
+    assert limits.memory_limit() < cap
+    import theory_kit as tk
+    from theory_kit.model.validation import ResourceError
+    with pytest.raises(ResourceError, match=r"needs about 3.28 GiB of memory, over the limit of "
+                                            r"(\d\.\d+ GiB|\d+ MiB)"):
+        tk.simulate("softmax", L=2, nu=[2, 2], H=2, D=10 ** 7, runs=5, method="brute", T=1e-3,
+                    run=tk.Run(progress=False))
 
 
 @pytest.mark.parametrize("bad", ["abc", "-1G", "0", "1X"])

@@ -104,6 +104,13 @@ MALFORMED = {
     "Q not PSD": (lambda f: f["Q"].__setitem__((1, 0, 0), -1.0), r"^Q at t=.*positive semi-definite"),
     # NumPy reads booleans as 1.0 / 0.0: a boolean array must be refused, not used as numbers
     "boolean a": (lambda f: f.update(a=np.ones_like(f["a"], dtype=bool)), r"^a: entries must be numbers"),
+    # issue 42 §6: an array time_unit crashed at unit.item(); text times were read as numbers;
+    # gaps below one SGD step (1/D) gave a verdict of "inf x the expected spread"
+    "time_unit an array": (lambda f: f.update(time_unit=np.array(["t", "steps"])),
+                           r"^time_unit: the file's time_unit must be one text"),
+    "times as text": (lambda f: f.update(t=f["t"].astype(str)), r"^t: must be numbers, not text"),
+    "gaps below one step": (lambda f: f.update(D=200, t=np.array([0, 1, 2, 3]) / 1000),
+                            r"^t: recorded times must be at least one SGD step apart"),
 }
 
 
@@ -118,6 +125,41 @@ def test_malformed_npz_names_its_field(tmp_path, case, capsys):
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "Traceback" not in err[0]
+
+
+def test_a_npy_file_named_npz_is_bad_input(tmp_path, capsys):
+    """np.load returns an array for a .npy file, and ``with`` on it crashed (exit 1)."""
+    path = tmp_path / "log.npz"
+    with open(path, "wb") as handle:
+        np.save(handle, np.zeros((3, 2)))
+    with pytest.raises(ValidationError, match=r"^data: .*log.npz is not a readable NPZ archive "
+                                              r"\(it holds one ndarray, not named arrays\)"):
+        load_training_log(path)
+    assert main(["compare", "--data", str(path), "--activation", "softmax", "--L", "4", "--nu",
+                 "2,2", "--gamma", "1", "--D", "200", "--out", str(tmp_path / "out")]) == 2
+
+
+def test_a_csv_head_index_beyond_its_rows_is_bad_input(tmp_path, capsys):
+    """A head index of 1e12 was allocated as a dense array and reported "out of memory"
+    (exit 4); it is the file's error, named by its column and line."""
+    fields = overlap_fields()
+    write_csv(tmp_path / "log.csv", fields, [f"{fields['t'][0]},M,1000000000000,,0,0.5"])
+    with pytest.raises(ValidationError, match=r"^h: index 1000000000000 of M \(line \d+\) "
+                                              r"leaves indices below it without rows"):
+        load_training_log(tmp_path / "log.csv")
+    assert main(["compare", "--data", str(tmp_path / "log.csv"), "--activation", "softmax",
+                 "--L", "4", "--nu", "2,2", "--gamma", "1", "--D", "200", "--out",
+                 str(tmp_path / "out")]) == 2
+    assert "error: h: index 1000000000000" in capsys.readouterr().err
+
+
+def test_times_one_step_apart_are_accepted(tmp_path):
+    fields = overlap_fields()
+    fields["t"] = np.array([0, 1, 2, 3]) / 200
+    np.savez(tmp_path / "log.npz", **fields)
+    assert load_training_log(tmp_path / "log.npz", D=200).n_times == 4
+    with pytest.raises(ValidationError, match="^t: recorded times must be at least one SGD"):
+        load_training_log(tmp_path / "log.npz", D=100)
 
 
 def test_raw_keys_validation(tmp_path):
@@ -174,11 +216,12 @@ def test_malformed_csv_and_json(tmp_path):
 
 def test_csv_steps_column_and_metadata(tmp_path):
     fields = overlap_fields()
-    write_csv(tmp_path / "log.csv", fields)
+    # the times as whole SGD steps (a gap below one step is refused)
+    write_csv(tmp_path / "log.csv", {**fields, "t": fields["t"] * 200})
     text = (tmp_path / "log.csv").read_text().replace("t,quantity", "steps,quantity")
     (tmp_path / "steps.csv").write_text("# D = 200\n" + text)
     log = load_training_log(tmp_path / "steps.csv")
-    np.testing.assert_allclose(log.t, fields["t"] / 200.0)
+    np.testing.assert_allclose(log.t, fields["t"])
     assert log.D == 200 and log.gamma == 1.5 and log.source["time_unit"] == "steps"
     with pytest.raises(ValidationError, match="^time_unit: the file gives its times as 'steps'"):
         load_training_log(tmp_path / "steps.csv", time_unit="t")

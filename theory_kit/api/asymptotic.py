@@ -1,6 +1,7 @@
 """The verb of the asymptotic error: E∞ per run, its groups, the global minimum, E_Bayes."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from ..asymptotic import runs as einf_runs
@@ -12,9 +13,17 @@ from ..io.executor import open_executor
 from ..io.limits import check_einf
 from ..model.activations import Activation
 from ..model.task import Task, strata_of
-from ..model.validation import OutputError, ValidationError, check_int, fail
+from ..model.validation import (
+    OutputError,
+    ValidationError,
+    check_flag,
+    check_int,
+    check_number,
+    fail,
+)
 from ..options import Engine, Evaluation, Run, Solver, Stop
 from .inputs import (
+    MAX_SCALE,
     ActivationLike,
     ArrayLike,
     EngineLike,
@@ -86,10 +95,15 @@ def einf(activation: ActivationLike, *, H: int, L: int, nu: ArrayLike, prior: st
     (1, True)
     """
     check_options(stop=(stop, Stop), solver=(solver, Solver), evaluation=(evaluation, Evaluation))
+    check_number(gamma, "gamma", above=0.0, maximum=MAX_SCALE)
+    check_number(eta, "eta", minimum=0.0, maximum=MAX_SCALE)
+    check_flag(gradient_flow, "gradient_flow")
+    check_flag(global_min, "global_min")
+    check_einf_options(stop, solver, evaluation)
     with running(run):
         the_task = as_task(L, prior, nu, delta)
         act = as_activation(activation)
-        eng = as_engine(engine)
+        eng = as_engine(engine, ENGINES)
         settings = run_settings(gamma, gradient_flow, eng, method, stop, solver, evaluation)
         check_workdir(workdir)
         check_int(min_starts, "min-starts", 1)
@@ -107,6 +121,24 @@ def einf(activation: ActivationLike, *, H: int, L: int, nu: ArrayLike, prior: st
                 workdir=None if workdir is None else str(workdir), jobs=jobs,
                 with_minimum=global_min, minimum_starts=min_starts, executor=executor,
                 progress=run.progress)
+
+
+def check_einf_options(stop: Stop, solver: Solver, evaluation: Evaluation) -> None:
+    """The fields of the option objects by type (the ranges that depend on each other are
+    checked by the solver's settings): numbers, integers and switches, by the command line's
+    names."""
+    for name, value in (("tol", stop.tol), ("chunk", stop.chunk), ("T_max", stop.T_max),
+                        ("drift_tol", solver.drift_tol)):
+        check_number(value, name, above=0.0)
+    check_number(stop.T_min, "T_min", minimum=0.0)
+    check_int(stop.window, "window", 1)
+    check_int(solver.points, "solver-points", 16)
+    check_int(evaluation.samples, "error-samples", 2)
+    check_flag(solver.solve, "solve")
+    check_flag(solver.shift_check, "shift_check")
+    for name, method in (("polish", solver.polish), ("error_method", evaluation.method)):
+        if not isinstance(method, str):
+            fail(name, "must be a method name (a str)", method)
 
 
 def run_settings(gamma: float, gradient_flow: bool, engine: Engine, method: str, stop: Stop,
@@ -131,6 +163,8 @@ def check_workdir(workdir: str | Path | None) -> None:
     saved, minutes later."""
     if workdir is None:
         return
+    if not isinstance(workdir, (str, os.PathLike)):
+        fail("workdir", "must be a folder name (a str or pathlib.Path)", workdir)
     if not str(workdir).strip():    # Path("") is the current folder: never what was meant
         raise OutputError("workdir: must be a folder name (got an empty or blank path)")
     if Path(workdir).exists() and not Path(workdir).is_dir():

@@ -9,10 +9,11 @@ from ..expect.engines import build_engine
 from ..io.result import Derivation, Drift
 from ..model.phi_parser import refuse_non_finite
 from ..model.state import check_state_for_task
-from ..model.validation import check_int, fail
+from ..model.validation import check_choice, check_flag, check_int, check_number, fail
 from ..options import Rates, Run
 from ..symbolic import derive as symbolic
 from .inputs import (
+    MAX_SCALE,
     ActivationLike,
     ArrayLike,
     EngineLike,
@@ -20,8 +21,7 @@ from .inputs import (
     as_engine,
     as_state,
     as_task,
-    check_options,
-    check_scales,
+    check_rates,
     running,
 )
 
@@ -52,8 +52,7 @@ def derive(activation: ActivationLike, *, format: str = "markdown",
     >>> "phi" in derive("softmax1").text.lower()
     True
     """
-    if format not in FORMATS:
-        fail("format", f"must be one of {', '.join(FORMATS)}", format)
+    check_choice(format, "format", FORMATS)
     if not isinstance(backend, kernels.KernelBackend) and backend not in kernels.backend_names():
         fail("backend", f"must be one of {', '.join(kernels.backend_names())}", backend)
     act = as_activation(activation)
@@ -101,8 +100,9 @@ def drift(activation: ActivationLike, *, L: int, nu: ArrayLike, M: ArrayLike, Q:
     >>> d.dM.shape, d.abs_err < 1e-6
     ((2, 2), True)
     """
-    check_options(rates=(rates, Rates))
-    check_scales(gamma=gamma, gamma_a=rates.gamma_a, gamma_b=rates.gamma_b)
+    check_rates(rates)
+    check_number(gamma, "gamma", above=0.0, maximum=MAX_SCALE)
+    check_flag(gradient_flow, "gradient_flow")
     with running(run):
         the_task = as_task(L, prior, nu, delta)
         act = as_activation(activation)

@@ -25,9 +25,17 @@ from ..io.stored import out_json, request_of, reused, stamp_output, stored_outpu
 from ..model.activations import Activation
 from ..model.initial import InitialCondition
 from ..model.task import Task, strata_of
-from ..model.validation import ValidationError, as_finite_array, check_int, fail
+from ..model.validation import (
+    ValidationError,
+    as_finite_array,
+    check_choice,
+    check_flag,
+    check_int,
+    check_number,
+)
 from ..options import Integrator, Rates, Run
 from .inputs import (
+    MAX_SCALE,
     ActivationLike,
     ArrayLike,
     EngineLike,
@@ -35,8 +43,9 @@ from .inputs import (
     as_engine,
     as_task,
     call_options,
-    check_options,
-    check_scales,
+    check_integrator,
+    check_path,
+    check_rates,
     optional_array,
     running,
 )
@@ -102,14 +111,21 @@ def ode(activation: ActivationLike, *, L: int, nu: ArrayLike, gamma: float, T: f
     (2, 2, 2)
     """
     options = call_options(locals())
-    check_options(rates=(rates, Rates), integrator=(integrator, Integrator))
-    check_scales(gamma=gamma, gamma_a=rates.gamma_a, gamma_b=rates.gamma_b, eta=eta)
+    check_rates(rates)
+    check_integrator(integrator)
+    check_number(gamma, "gamma", above=0.0, maximum=MAX_SCALE)
+    check_number(eta, "eta", minimum=0.0, maximum=MAX_SCALE)
+    check_number(T, "T", above=0.0)
+    check_flag(gradient_flow, "gradient_flow")
+    check_path(out, "out")
     with running(run):
         the_task = as_task(L, prior, nu, delta)
         act = as_activation(activation)
         eng = as_engine(engine)
         if H is not None:
             check_int(H, "H", 1)
+        if D is not None:
+            check_int(D, "D", 1)
         check_int(seed, "seed", 0)
         ic = initial_condition(act, the_task, H=H, M0=optional_array(M0, "M0", 2),
                                Q0=optional_array(Q0, "Q0", 2), a0=optional_array(a0, "a0", 1),
@@ -194,8 +210,16 @@ def simulate(activation: ActivationLike, *, L: int, nu: ArrayLike, H: int, D: in
     >>> sim.M.shape
     (2, 2, 2, 2)
     """
-    check_options(rates=(rates, Rates))
-    check_scales(gamma=gamma, gamma_a=rates.gamma_a, gamma_b=rates.gamma_b, eta=eta)
+    check_rates(rates)
+    check_number(gamma, "gamma", minimum=0.0, maximum=MAX_SCALE)   # 0 freezes the keys
+    check_number(eta, "eta", minimum=0.0, maximum=MAX_SCALE)
+    if T is not None:
+        check_number(T, "T", above=0.0)
+    check_choice(method, "method", sgd.METHODS)
+    for name, value, least in (("H", H, 1), ("D", D, 1), ("runs", runs, 1), ("seed", seed, 0),
+                               ("error_samples", error_samples, 1)):
+        check_int(value, name, least)
+    check_path(out, "out")
     with running(run):
         the_task = as_task(L, prior, nu, delta)
         act = as_activation(activation)
@@ -272,10 +296,19 @@ def escape(activation: ActivationLike, *, L: int, nu: ArrayLike, gamma: float,
     [100]
     """
     options = call_options(locals())
-    if not np.isfinite(label_noise) or label_noise < 0:
-        fail("label_noise", "label noise Delta must be a finite number >= 0", label_noise)
-    check_options(rates=(rates, Rates))
-    check_scales(gamma=gamma, gamma_a=rates.gamma_a, gamma_b=rates.gamma_b, eta=eta)
+    check_number(label_noise, "label_noise", minimum=0.0)
+    check_rates(rates)
+    check_number(gamma, "gamma", above=0.0, maximum=MAX_SCALE)
+    check_number(eta, "eta", minimum=0.0, maximum=MAX_SCALE)
+    for name, value in (("delta", delta), ("T", T), ("dt", dt)):
+        check_number(value, name, above=0.0)
+    for name, value, least in (("direction", direction, 1), ("runs", runs, 1),
+                               ("points", points, 1), ("seed", seed, 0)):
+        check_int(value, name, least)
+    if H is not None:
+        check_int(H, "H", 1)
+    check_flag(nonlinear, "nonlinear")
+    check_path(out, "out")
     with running(run):
         the_task = as_task(L, prior, nu, label_noise)
         act = as_activation(activation)

@@ -11,7 +11,7 @@ from ..model.phi_parser import refuse_non_finite
 from ..model.priors import make_prior
 from ..model.state import check_state_for_task
 from ..model.task import Task
-from ..model.validation import ValidationError
+from ..model.validation import ValidationError, check_choice
 from ..options import Run
 from .inputs import (
     ActivationLike,
@@ -115,6 +115,7 @@ def error(activation: ActivationLike, *, L: int, nu: ArrayLike, M: ArrayLike, Q:
     >>> round(r.value, 8), r.abs_err < 1e-8
     (0.49225658, True)
     """
+    check_choice(method, "method", expect_error.METHODS)
     with running(run):
         the_task = as_task(L, prior, nu, delta)
         act = as_activation(activation)
@@ -150,6 +151,7 @@ def bayes_error(*, L: int, nu: ArrayLike, prior: str = "flipping", delta: float 
     >>> round(bayes_error(L=4, nu=[2, 2], method="quad").value, 9)
     0.342927799
     """
+    check_choice(method, "method", expect_error.METHODS)
     with running(run):
         the_task = as_task(L, prior, nu, delta)
         result = expect_error.bayes_error(the_task, method=method)

@@ -8,7 +8,9 @@ range, with the command line's message.
 """
 from __future__ import annotations
 
+import os
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Iterator, Union
 
 import numpy as np
@@ -19,8 +21,16 @@ from ..model.activations import PRESETS, Activation, get_activation
 from ..model.priors import make_prior
 from ..model.state import State
 from ..model.task import Task
-from ..model.validation import ValidationError, as_finite_array
-from ..options import Engine, Run
+from ..model.validation import (
+    OutputError,
+    ValidationError,
+    as_finite_array,
+    check_flag,
+    check_int,
+    check_number,
+    fail,
+)
+from ..options import Engine, Integrator, Rates, Run
 
 ActivationLike = Union[str, Activation]
 ArrayLike = npt.ArrayLike
@@ -66,14 +76,77 @@ def as_state(act: Activation, task: Task, M: ArrayLike, Q: ArrayLike, a: ArrayLi
                  act.b_default(H, task.L) if b_arr is None else b_arr)
 
 
-def as_engine(engine: EngineLike) -> Engine:
-    """An engine name, or the Engine options themselves."""
-    if isinstance(engine, Engine):
-        return engine
+def as_engine(engine: EngineLike, names: tuple[str, ...] | None = None) -> Engine:
+    """An engine name, or the Engine options themselves, every field checked (the command
+    line's names: ``samples``, ``mc-seed``); ``names``: the engines the verb takes (default
+    every engine of ``expect.engines``)."""
     if isinstance(engine, str):
-        return Engine(engine)
-    raise ValidationError(f"engine: must be an engine name or a theory_kit.options.Engine "
-                          f"(got {type(engine).__name__})")
+        engine = Engine(engine)
+    if not isinstance(engine, Engine):
+        raise ValidationError(f"engine: must be an engine name or a theory_kit.options.Engine "
+                              f"(got {type(engine).__name__})")
+    if names is None:
+        from ..expect.engines import ENGINE_NAMES  # (here: tk.error needs no engine)
+        names = ENGINE_NAMES
+    if not isinstance(engine.name, str) or engine.name not in names:
+        fail("engine", f"must be one of {', '.join(names)}", engine.name)
+    check_int(engine.samples, "samples", 2)
+    check_int(engine.seed, "mc-seed", 0)
+    check_flag(engine.fresh, "fresh")
+    check_flag(engine.symmetric_heads, "symmetric_heads")
+    return engine
+
+
+def check_rates(rates: Rates) -> Rates:
+    """Training switches (None or True/False) and rates (None or a finite number > 0, at
+    most :data:`MAX_SCALE`) of the head scalars."""
+    check_options(rates=(rates, Rates))
+    for name in ("train_a", "train_b"):
+        if getattr(rates, name) is not None:
+            check_flag(getattr(rates, name), name)
+    for name in ("gamma_a", "gamma_b"):
+        if getattr(rates, name) is not None:
+            check_number(getattr(rates, name), name, above=0.0, maximum=MAX_SCALE)
+    return rates
+
+
+def check_integrator(integrator: Integrator) -> Integrator:
+    """The ODE integrator: a method of ``dynamics.ode.METHODS`` and finite step and
+    tolerances > 0."""
+    check_options(integrator=(integrator, Integrator))
+    from ..dynamics.ode import METHODS
+    if not isinstance(integrator.method, str) or integrator.method not in METHODS:
+        fail("method", f"must be one of {', '.join(METHODS)}", integrator.method)
+    for name in ("dt", "rtol", "atol"):
+        check_number(getattr(integrator, name), name, above=0.0)
+    return integrator
+
+
+def check_path(value: object, param: str, optional: bool = True) -> Path | None:
+    """A file or folder name (str or path-like; None when ``optional``), as a Path."""
+    if value is None and optional:
+        return None
+    if not isinstance(value, (str, os.PathLike)):
+        fail(param, "must be a file or folder name (a str or pathlib.Path)", value)
+    if not str(value).strip():
+        raise OutputError(f"{param}: must be a file or folder name (got an empty or blank "
+                          "path)")
+    return Path(value)
+
+
+def check_run(run: object) -> Run:
+    """The Run options: progress a switch, jobs an integer >= 1, the scheduler None or a
+    name (its form is checked by the verbs that use it), limits a Limits."""
+    if not isinstance(run, Run):
+        raise ValidationError(f"run: must be a theory_kit.options.Run (got {type(run).__name__})")
+    check_flag(run.progress, "progress")
+    check_int(run.jobs, "jobs", 1)
+    if run.scheduler is not None and not isinstance(run.scheduler, str):
+        fail("scheduler", "must be None, 'local' or 'tcp://HOST:PORT'", run.scheduler)
+    if not isinstance(run.limits, limits.Limits):
+        fail("limits", "must be a theory_kit.options.Limits", run.limits)
+    check_flag(run.limits.allow_long, "allow_long")
+    return run
 
 
 def check_options(**given: tuple[object, type]) -> None:
@@ -102,8 +175,7 @@ def call_options(frame_locals: dict, *, drop: tuple[str, ...] = ("run", "out")) 
 @contextmanager
 def running(run: Run) -> Iterator[Run]:
     """Hold the call's limits and progress setting while the verb runs."""
-    if not isinstance(run, Run):
-        raise ValidationError(f"run: must be a theory_kit.options.Run (got {type(run).__name__})")
+    check_run(run)
     with limits.applied(run.limits), progress.hidden(not run.progress):
         yield run
 

@@ -9,15 +9,32 @@ from typing import Callable
 from ..figures import runner
 from ..io.executor import check_scheduler, open_executor
 from ..io.limits import check_compare
+from ..io.progress import note
 from ..io.result import Comparison, FigureResult
 from ..io.results import read_json, restore_non_finite
 from ..io.stored import beside, out_json, request_of, reused, stored_output
 from ..model.task import strata_of
-from ..model.validation import ValidationError, check_int
+from ..model.validation import (
+    ValidationError,
+    check_choice,
+    check_flag,
+    check_int,
+    check_number,
+    fail,
+)
 from ..options import Run
 from ..userdata.comparison import THRESHOLD, CompareSettings, compare_with_runs, write_report
-from ..userdata.logs import load_training_log
-from .inputs import ActivationLike, ArrayLike, as_activation, as_task, call_options, running
+from ..userdata.logs import TIME_UNITS, load_training_log
+from .inputs import (
+    MAX_SCALE,
+    ActivationLike,
+    ArrayLike,
+    as_activation,
+    as_task,
+    call_options,
+    check_path,
+    running,
+)
 
 
 def default_jobs() -> int:
@@ -29,6 +46,7 @@ def default_jobs() -> int:
 
 
 FIGURE_RUN = Run(jobs=default_jobs())
+SAY_ESTIMATE_SECONDS = 60.0   # compare says its estimate up front when longer than this
 
 
 def compare(data: str | Path, activation: ActivationLike, *, L: int, nu: ArrayLike,
@@ -84,9 +102,23 @@ def compare(data: str | Path, activation: ActivationLike, *, L: int, nu: ArrayLi
     'consistent'
     """
     options = call_options(locals())
+    check_path(data, "data", optional=False)
+    if gamma is not None:
+        check_number(gamma, "gamma", above=0.0, maximum=MAX_SCALE)
+    if D is not None:
+        check_int(D, "D", 1)
+    if time_unit is not None:
+        check_choice(time_unit, "time_unit", TIME_UNITS)
+    for name, value, least in (("runs", runs, 2), ("samples", samples, 2),
+                               ("ode_seeds", ode_seeds, 2), ("seed", seed, 0)):
+        check_int(value, name, least)
+    check_number(dt, "dt", above=0.0)
+    check_number(threshold, "threshold", above=0.0)
+    check_path(out, "out")
     with running(run):
         the_task = as_task(L, prior, nu, delta)
         act = as_activation(activation)
+        check_scheduler(run.scheduler)     # before the log is read or a stored result found
         log = load_training_log(data, D=D, time_unit=time_unit)
         step = gamma if gamma is not None else log.gamma
         if step is None:
@@ -98,16 +130,19 @@ def compare(data: str | Path, activation: ActivationLike, *, L: int, nu: ArrayLi
         settings = CompareSettings(gamma=step, D=log.D, runs=runs, samples=samples,
                                    ode_seeds=ode_seeds, dt=dt, seed=seed, threshold=threshold)
         jobs = check_int(run.jobs, "jobs", 1)
-        check_scheduler(run.scheduler)     # before a stored result is returned
         path = out_json(out, "compare.json")
         request = request_of("compare", options, files=("data",))
         if path is not None and beside(path, ".png").is_file():
             stored = stored_output(path, request)
             if stored is not None:
                 return reused(Comparison(stored))
-        check_compare(settings.ode_seeds, settings.samples, log.H, the_task.L,
-                      strata_of(the_task), float(log.t[-1] - log.t[0]), settings.dt, log.D,
-                      settings.runs, settings.error_samples, jobs)
+        seconds = check_compare(settings.ode_seeds, settings.samples, log.H, the_task.L,
+                                strata_of(the_task), log.t, settings.dt, log.D, settings.runs,
+                                settings.error_samples, jobs)
+        if seconds > SAY_ESTIMATE_SECONDS:
+            note(f"compare: about {seconds / 60:.1f} min for {log.n_times} recorded times "
+                 f"(a reference estimate of a 2-core reference machine, not a measurement of "
+                 f"this one)")
         with open_executor(run.scheduler, jobs) as executor:
             report, simulated = compare_with_runs(
                 log, the_task, act, settings,
@@ -158,6 +193,11 @@ def figure(number: int, *, quick: bool = False, out: str | Path = "figures",
     >>> sorted(f.rsplit("/", 1)[1] for f in fig.files)
     ['fig8_quick.json', 'fig8_quick.png']
     """
+    check_path(out, "out", optional=False)
+    check_path(data, "data")
+    check_flag(redraw, "redraw")
+    if log is not None and not callable(log):
+        fail("log", "must be None or a function of one line of text", log)
     with running(run):
         done = runner.reproduce(number, quick=quick, out=out, jobs=run.jobs,
                                 data=None if data is None else str(data),

@@ -16,13 +16,17 @@ exit status (no traceback unless ``--debug``, anywhere on the command line, or
 """
 from __future__ import annotations
 
+import difflib
 import errno
 import os
 import re
 import sys
 import warnings
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
+
+if TYPE_CHECKING:
+    import argparse
 
 EXIT_INPUT, EXIT_OUTPUT, EXIT_RESOURCES, EXIT_INTERNAL, EXIT_INTERRUPT = 2, 3, 4, 1, 130
 # OS errors that mean "the output cannot be written" wherever they happen
@@ -94,7 +98,8 @@ def build_parser(verb: str | None = None):
                              "(also anywhere after the verb)")
     parser.add_argument("--max-memory", metavar="SIZE",
                         help="refuse runs estimated to need more memory (8G, 512M, 30%%; "
-                             "default 50%% of RAM; also anywhere after the verb)")
+                             "default 50%% of RAM, at most what ulimit -v leaves; also "
+                             "anywhere after the verb)")
     parser.add_argument("--yes", action="store_true",
                         help="run requests estimated to take over an hour (also after the verb)")
     # every verb's --help shows its defaults
@@ -220,7 +225,7 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
 def _main(argv: list[str], command: str, debug: bool, limits: object) -> int:
     try:
         parser = build_parser(argv[0] if argv and not argv[0].startswith("-") else None)
-        args = parser.parse_args(argv)
+        args = _parse(parser, argv)
         args.limits = limits   # the global --max-memory and --yes, for the verb's Run
         command = args.command
         return _run(args, debug)
@@ -232,6 +237,29 @@ def _main(argv: list[str], command: str, debug: bool, limits: object) -> int:
         raise  # argparse: --help, --version, usage errors (exit 2 with its own line)
     except BaseException as exc:  # noqa: BLE001 — the one top-level guard
         return _report(exc, command, None, debug)
+
+
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """The parsed command line.  An option the verb does not know is refused with the
+    verb's usage (argparse hands a sub-command's leftovers to the top-level parser, whose
+    usage lists only the verbs), and the nearest option it has ("did you mean --quick?")."""
+    import argparse
+    args, extras = parser.parse_known_args(argv)
+    if not extras:
+        return args
+    verbs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    command = str(getattr(args, "command", ""))
+    own = verbs.choices.get(command)
+    if own is None or not argv or argv[0] != command:   # an option before the verb
+        parser.error(f"unrecognized arguments: {' '.join(extras)}")
+    # compared without the dashes, which every option shares ("--quik" is not near "--nu")
+    options = {o.lstrip("-"): o for action in own._actions for o in action.option_strings}
+    hints = [options[m] for e in extras if e.startswith("--")
+             for m in difflib.get_close_matches(e.split("=", 1)[0].lstrip("-"), list(options),
+                                                n=1, cutoff=0.7)]
+    hint = f"; did you mean {' or '.join(dict.fromkeys(hints))}?" if hints else ""
+    own.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
+    raise AssertionError  # unreachable: error() exits
 
 
 def _report(exc: BaseException, command: str, out: object, debug: bool) -> int:

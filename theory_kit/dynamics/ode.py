@@ -56,7 +56,7 @@ from scipy.integrate import DOP853, RK45
 
 from ..expect.drift import DriftMeans, MonteCarloDrift
 from ..expect.engines import DriftEngine
-from ..io.progress import progress_bar
+from ..io.progress import note, progress_bar
 from ..io.results import Checkpoint
 from ..model.activations import Activation
 from ..model.initial import InitialCondition
@@ -396,6 +396,9 @@ def integrate_ode(task: Task, act: Activation, ic: InitialCondition, gamma: floa
                   checkpoint_every, progress)
     if saved is not None:
         run.restore(saved)
+        assert checkpoint is not None            # (saved comes from it)
+        note(f"ode: resumed from t = {run.current_time():.6g} ({len(run.rec.rows['t'])} of "
+             f"{len(t_out)} records) from {checkpoint.path}")
     traj = run.go()
     probe = getattr(engine, "probe", None)       # set by auto (``engines.SelectedEngine``)
     if probe is not None:
@@ -682,8 +685,8 @@ def initial_condition(act: Activation, task: Task, H: int | None = None,
         if Q.shape != (H, H):
             fail("Q0", f"must have shape (H, H) = ({H}, {H})", Q.shape)
         check_psd(Q, "Q0")
-        a = act.a_default(H, task.L) if a0 is None else a0
-        b = act.b_default(H, task.L) if b0 is None else b0
+        a = act.a_default(H, task.L) if a0 is None else head_vector(a0, "a0", H)
+        b = act.b_default(H, task.L) if b0 is None else head_vector(b0, "b0", H)
         return InitialCondition.from_arrays(M, Q, a, b)
     if D is None:
         raise ValidationError("D: give either M0 and Q0, or D (with eta, seed) to draw them")
@@ -693,9 +696,17 @@ def initial_condition(act: Activation, task: Task, H: int | None = None,
     if a0 is None and b0 is None:
         return ic
     s = ic.state
-    state = type(s)(s.M, s.Q, s.a if a0 is None else np.asarray(a0, float),
-                    s.b if b0 is None else np.asarray(b0, float))
+    state = type(s)(s.M, s.Q, s.a if a0 is None else head_vector(a0, "a0", H),
+                    s.b if b0 is None else head_vector(b0, "b0", H))
     return InitialCondition(state, ic.origin, ic.D, ic.eta, ic.seed)
+
+
+def head_vector(value: object, param: str, H: int) -> np.ndarray:
+    """A given a0 or b0: H finite numbers (named as given, not as the state's a or b)."""
+    arr = as_finite_array(value, param, ndim=1)
+    if arr.shape != (H,):
+        fail(param, f"must have length H = {H}", arr)
+    return arr
 
 
 MAX_START_ERROR = 1e-2  # step-doubling difference allowed at t = 0, relative to max(1, |y|)

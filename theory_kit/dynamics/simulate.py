@@ -63,7 +63,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from ..expect.error import squared_residual
-from ..io.progress import progress_bar
+from ..io.progress import note, progress_bar
 from ..io.results import (
     Checkpoint,
     is_current,
@@ -76,7 +76,7 @@ from ..model.activations import Activation
 from ..model.initial import InitialCondition
 from ..model.state import check_state_for_task
 from ..model.task import Task
-from ..model.validation import ValidationError, as_finite_array, check_int, fail
+from ..model.validation import ValidationError, as_finite_array, check_int, check_number, fail
 from .sgd_states import (
     BruteState,
     CorruptCheckpoint,
@@ -137,8 +137,8 @@ class SimConfig:
         check_int(self.D, "D", self.min_dimension())
         for name in ("gamma", "eta", "gamma_a", "gamma_b"):
             val = getattr(self, name)
-            if val is not None and (not np.isfinite(val) or val < 0):
-                fail(name, "must be a finite number >= 0", val)
+            if val is not None:
+                check_number(val, name, minimum=0.0)
         times = as_finite_array(self.times, "times", ndim=1)
         if times.size == 0 or np.any(times < 0) or np.any(np.diff(times) <= 0):
             fail("times", "must be a non-empty increasing list of times >= 0", times)
@@ -350,6 +350,8 @@ def _resumed_run(cfg: SimConfig, kernels: Any, checkpoint: Checkpoint | None) ->
             RecursionError, UnicodeDecodeError) as exc:
         _set_aside(checkpoint, str(exc) or type(exc).__name__)
         return _Run(cfg, kernels)
+    note(f"simulate: resumed from t = {run.step_count / cfg.D:.6g} ({len(run.records)} of "
+         f"{len(cfg.times)} records) from {checkpoint.path}")
     return run
 
 

@@ -303,7 +303,11 @@ class QuadratureDrift(SampleDrift):
       fell short by up to 2.2× (Gauss–Hermite converges unevenly on these integrands).
       ``points`` = 1 has no coarser rule: its estimate is inf.
 
-    A floor ``ROUNDING`` × max(1, |X|) covers the rounding of the node sums."""
+    A floor ``ROUNDING`` × max(1, |X|) covers the rounding of the node sums.
+
+    ``name`` is the engine's name in :meth:`params` (``quad``, or ``sobol`` for the engine
+    :func:`~theory_kit.expect.engines.sample_engine` builds with Sobol points at every
+    dimension)."""
 
     ROUNDING = 256 * np.finfo(float).eps
 
@@ -311,7 +315,10 @@ class QuadratureDrift(SampleDrift):
                  seed: int = 0, integrand: Integrand | None = None,
                  head_symmetric: bool = False, projection: str = "conditional",
                  backend: "str | kernels.KernelBackend | None" = None,
-                 replicates: int = 16) -> None:
+                 replicates: int = 16, name: str = "quad") -> None:
+        # the engine's name as the caller asked for it: ``sobol`` is this class with Sobol
+        # points at every dimension, and its records must say sobol, not quad
+        self.name = name
         self.points = check_int(points, "points", 1)
         self.max_tensor_dim = check_int(max_tensor_dim, "max_tensor_dim", 1)
         self.qmc_points = check_int(qmc_points, "qmc_points", 2)
@@ -433,7 +440,7 @@ class QuadratureDrift(SampleDrift):
         return z[:, :n_gauss], np.full(len(z), 1.0 / len(z)), abs_theta
 
     def params(self) -> dict:
-        return {"engine": "quad", "points": self.points, "max_tensor_dim": self.max_tensor_dim,
+        return {"engine": self.name, "points": self.points, "max_tensor_dim": self.max_tensor_dim,
                 "qmc_points": self.qmc_points, "seed": self.seed,
                 "replicates": self.replicates, "head_symmetric": self.head_symmetric,
                 "integrand": self.integrand_name(),

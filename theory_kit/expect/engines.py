@@ -139,7 +139,7 @@ def sample_engine(name: str, samples: int = 20_000, seed: int = 0, fresh: bool =
         return QuadratureDrift(qmc_points=samples, seed=seed, head_symmetric=head_symmetric)
     if name == "sobol":
         return QuadratureDrift(max_tensor_dim=1, qmc_points=samples, seed=seed,
-                               head_symmetric=head_symmetric)
+                               head_symmetric=head_symmetric, name="sobol")
     fail("engine", f"must be one of {', '.join(ENGINE_NAMES)}", name)
     raise AssertionError  # unreachable
 

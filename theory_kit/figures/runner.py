@@ -495,6 +495,16 @@ def stored_files(request: FigureRequest, identity: dict) -> list[Path] | None:
     return [png, js] if stored.get("request") == to_jsonable(identity) else None
 
 
+def full_run_on_data(request: FigureRequest) -> str:
+    """The line said before a full figure on the user's images: ``--data`` alone runs the
+    full figure (Fig. 5: ~5 min), which a user trying their file first did not expect."""
+    full = estimate(request.module, False, request.jobs)[0]
+    quick = estimate(request.module, True, request.jobs)[0]
+    return (f"figure {request.number}: the full figure on your images ({request.data}), about "
+            f"{full / 60:.1f} min on the reference machine; add --quick for the reduced run "
+            f"(about {quick:.0f} s)")
+
+
 def reproduce(number: object, quick: object = False, out: object = "figures", jobs: object = 1,
               data: object = None, scheduler: object = None, redraw_only: bool = False,
               log: Callable[[str], None] = print) -> FigureRun:
@@ -514,6 +524,8 @@ def reproduce(number: object, quick: object = False, out: object = "figures", jo
         return FigureRun(kept, kept=True)
     check_figure(float(request.module.estimate_seconds(request.quick)), request.number,
                  request.quick, request.jobs)
+    if request.data is not None and not request.quick:
+        log(full_run_on_data(request))
     with open_executor(request.scheduler, request.jobs) as executor:
         paths = run_figure(request.number, quick=request.quick, out=request.folder,
                            jobs=request.jobs, log=log, data=request.data, executor=executor,

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol, Sequence
 
 from ..model.validation import ValidationError, check_int, fail
-from .progress import progress_bar
+from .progress import note, progress_bar
 from .results import read_json, read_piece, write_json
 
 DASK_INSTALL = "pip install -e '.[dask]'"
@@ -110,6 +110,10 @@ def run_sweep(fn: Callable[..., Any], items: Sequence[Any], keys: Sequence[objec
             if value is not None:
                 results[key] = value
     todo = {k: item for k, item in zip(names, items) if k not in results}
+    if results and todo:
+        where = getattr(store, "folder", None)
+        note(f"{desc}: resumed with {len(results)} of {len(names)} {unit}s already finished"
+             f"{f' in {where}' if where is not None else ''}")
     with progress_bar(len(names), desc, unit=unit, initial=len(results)) as bar:
         def arrived(key: str, value: Any) -> None:
             results[key] = store.save(key, value) if store is not None else value

@@ -113,6 +113,14 @@ def hidden(hide: bool = True) -> Iterator[None]:
             os.environ[ENV] = old
 
 
+def note(text: str) -> None:
+    """One line on stderr, ``theory-kit: <text>``, for what a user must know about a run
+    whatever the progress bars (a run that resumed, and from where; an estimate up front).
+    Shown with ``--no-progress`` too: it says what the result is made of, not how far the
+    run has got."""
+    print(f"theory-kit: {text}", file=sys.stderr, flush=True)
+
+
 # ----------------------------------------------------------------------------- stages
 @dataclass
 class Stages:

@@ -29,6 +29,7 @@ computed in the log domain (a max-shift that keeps κ exact), so scores of ±10�
 """
 from __future__ import annotations
 
+import difflib
 import hashlib
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
@@ -39,7 +40,7 @@ import sympy as sp
 from scipy import special
 
 from . import phi_parser
-from .validation import ValidationError, fail
+from .validation import ValidationError, check_choice, check_flag, check_number, fail
 
 S_SYMBOL = sp.Symbol("s", real=True)
 NORMS = ("elementwise", "per-head", "joint")
@@ -159,6 +160,23 @@ def lambdify_numpy(expr: sp.Expr) -> Callable[[np.ndarray], np.ndarray]:
     return call
 
 
+A_RULES = ("1/H", "1/(HL)")      # the named rules of a_h (or a number)
+B_RULES = ("0", "-log(LH)")      # the named rules of b_h (or a number)
+
+
+def check_rule(rule: object, param: str, named: tuple[str, ...]) -> None:
+    """A rule of the initial a_h or b_h: one of ``named``, or a finite number (as a number or
+    its text, e.g. ``"0.5"``); anything else would fail only when a run starts."""
+    if isinstance(rule, str) and rule in named:
+        return
+    try:
+        value = float(rule) if isinstance(rule, str) else check_number(rule, param)
+    except ValueError:
+        value = float("nan")
+    if not np.isfinite(value):
+        fail(param, f"must be one of {', '.join(named)} or a finite number", rule)
+
+
 @dataclass(frozen=True)
 class Activation:
     """One member of the family: φ, normalisation, κ, offsets, and the a/b conventions.
@@ -178,14 +196,15 @@ class Activation:
     log_pi: tuple[float, ...] | None = field(default=None)
 
     def __post_init__(self) -> None:
-        if self.norm not in NORMS:
-            fail("norm", f"must be one of {', '.join(NORMS)}", self.norm)
-        if self.offset not in OFFSETS:
-            fail("offset", f"must be one of {', '.join(OFFSETS)}", self.offset)
-        if not np.isfinite(self.kappa) or self.kappa < 0:
-            fail("kappa", "must be a finite number >= 0", self.kappa)
-        if self.norm == "elementwise" and self.kappa != 0:
+        check_choice(self.norm, "norm", NORMS)
+        check_choice(self.offset, "offset", OFFSETS)
+        kappa = check_number(self.kappa, "kappa", minimum=0.0)
+        if self.norm == "elementwise" and kappa != 0:
             fail("kappa", "must be 0 for an elementwise activation (N = 1)", self.kappa)
+        check_rule(self.a_rule, "a_rule", A_RULES)
+        check_rule(self.b_rule, "b_rule", B_RULES)
+        check_flag(self.train_a, "train_a")
+        check_flag(self.train_b, "train_b")
         object.__setattr__(self, "phi", stable_form(parse_phi(self.phi)))
 
     # -- conventions ------------------------------------------------------------
@@ -352,9 +371,13 @@ PRESETS: dict[str, Callable[[], Activation]] = {
 
 
 def get_activation(name: str) -> Activation:
-    """A preset by name (see ``PRESETS``; the README lists each preset's defaults)."""
-    if name not in PRESETS:
-        fail("activation", f"must be one of {', '.join(PRESETS)}", name)
+    """A preset by name (see ``PRESETS``; the README lists each preset's defaults); an
+    unknown name is refused with the nearest presets ("did you mean softmax?")."""
+    if not isinstance(name, str) or name not in PRESETS:
+        close = difflib.get_close_matches(name, list(PRESETS), n=1) if isinstance(
+            name, str) else []
+        hint = f"; did you mean {close[0]}?" if close else ""
+        fail("activation", f"must be one of {', '.join(PRESETS)}{hint}", name)
     return PRESETS[name]()
 
 
@@ -364,7 +387,8 @@ def custom_activation(phi: str | sp.Expr, norm: str = "per-head", kappa: float =
                       name: str | None = None) -> Activation:
     """A user-defined activation from φ (SymPy expression or string in ``s``)."""
     expr = parse_phi(phi)
-    return Activation(name or f"custom[{expr}]", expr, norm, float(kappa), offset,
+    kappa = check_number(kappa, "kappa", minimum=0.0)   # "1" is refused, not coerced
+    return Activation(name or f"custom[{expr}]", expr, norm, kappa, offset,
                       a_rule, b_rule, train_a, train_b)
 
 

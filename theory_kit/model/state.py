@@ -28,6 +28,11 @@ class State:
         Q = as_finite_array(self.Q, "Q", ndim=2)
         if Q.shape != (H, H):
             fail("Q", f"must have shape (H, H) = ({H}, {H}) to match M", Q.shape)
+        with np.errstate(over="ignore"):
+            symmetric = 0.5 * (Q + Q.T)
+        if not np.all(np.isfinite(symmetric)):  # Q + Qᵀ of entries near 1e308 is inf
+            fail("Q", "entries must be at most about 1e307 in size (larger ones overflow "
+                      "float64 when Q is symmetrised)", Q)
         check_psd(Q, "Q")
         with np.errstate(over="ignore", invalid="ignore"):  # an overflow is refused there
             gap = Q - M @ M.T
@@ -40,7 +45,7 @@ class State:
         for arr, name in ((a, "a"), (b, "b")):
             if arr.shape != (H,):
                 fail(name, f"must have length H = {H}", arr)
-        for name, val in (("M", M), ("Q", 0.5 * (Q + Q.T)), ("a", a), ("b", b)):
+        for name, val in (("M", M), ("Q", symmetric), ("a", a), ("b", b)):
             object.__setattr__(self, name, val)
 
     @property

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .priors import Prior
-from .validation import as_finite_array, check_int, fail
+from .validation import check_int, check_number
 
 
 @dataclass(frozen=True)
@@ -17,9 +17,7 @@ class Task:
 
     def __post_init__(self) -> None:
         check_int(self.L, "L", 2)
-        d = float(as_finite_array(self.delta, "delta"))
-        if d < 0:
-            fail("delta", "label noise must be >= 0", d)
+        d = check_number(self.delta, "delta", minimum=0.0)
         object.__setattr__(self, "delta", d)
 
     @property

@@ -5,12 +5,14 @@ style: ``<parameter>: <what is allowed> (got <value>)``.
 """
 from __future__ import annotations
 
+import numbers
 import reprlib
 from typing import NoReturn
 
 import numpy as np
 
 PSD_TOL = 1e-9
+MAX_NU = 1e100   # largest signal strength: θ² · m² of scores stays finite in float64
 
 
 class ValidationError(ValueError):
@@ -36,32 +38,47 @@ def fail(param: str, allowed: str, got: object) -> NoReturn:
     raise ValidationError(f"{param}: {allowed} (got {' '.join(text.split())})")
 
 
-def _holds_bool(x: object) -> bool:
-    """Whether x (a scalar, an array or nested lists from JSON) holds a boolean anywhere.
+def _foreign_entry(x: object) -> str | None:
+    """What makes x (a scalar, an array or nested lists from JSON) not a real number anywhere:
+    ``"bool"``, ``"text"`` or ``"complex"``; None when every entry is a number (None, JSON's
+    null, reads as NaN and is refused as not finite).
 
-    NumPy converts True/False to 1.0/0.0, so a log file or a flag with ``true`` in place of a
-    number would otherwise be read silently.  Walked with a stack, not recursion: a file can
-    nest lists thousands deep."""
+    NumPy converts True/False to 1.0/0.0 and the text "1" to 1.0, and drops the imaginary
+    part of a complex array with only a warning, so each would otherwise be read silently
+    as another number.  Walked with a stack, not recursion: a file can nest lists thousands
+    deep."""
     stack = [x]
     while stack:
         item = stack.pop()
         if isinstance(item, (bool, np.bool_)):
-            return True
+            return "bool"
+        if isinstance(item, (str, bytes, np.str_, np.bytes_)):
+            return "text"
+        if isinstance(item, (complex, np.complexfloating)):
+            return "complex"
         if isinstance(item, np.ndarray):
-            if item.dtype.kind == "b":
-                return True
-            if item.dtype.kind == "O":
+            kind = item.dtype.kind
+            if kind in "bUSc":
+                return {"b": "bool", "U": "text", "S": "text", "c": "complex"}[kind]
+            if kind == "O":
                 stack.extend(item.ravel().tolist())
         elif isinstance(item, (list, tuple)):
             stack.extend(item)
-    return False
+    return None
+
+
+# what to say of each kind of entry that is not a real number
+_FOREIGN = {"bool": "entries must be numbers, not true/false",
+            "text": "must be numbers, not text",
+            "complex": "must be real numbers (complex values are not accepted)"}
 
 
 def as_finite_array(x: object, param: str, ndim: int | None = None) -> np.ndarray:
-    """Convert to a float array, rejecting booleans, NaN/inf and wrong dimensionality."""
-    if _holds_bool(x):  # shown as given: converted, True would read as 1.0 in the message too
-        fail(param, "entries must be numbers, not true/false",
-             x if isinstance(x, np.ndarray) else reprlib.repr(x))
+    """Convert to a float array, rejecting booleans, text, complex values, NaN/inf (and None)
+    and wrong dimensionality."""
+    foreign = _foreign_entry(x)
+    if foreign is not None:  # shown as given: converted, True would read as 1.0 in the message
+        fail(param, _FOREIGN[foreign], x if isinstance(x, np.ndarray) else reprlib.repr(x))
     try:
         arr = np.array(x, dtype=float)
     except (TypeError, ValueError):
@@ -71,6 +88,43 @@ def as_finite_array(x: object, param: str, ndim: int | None = None) -> np.ndarra
     if not np.all(np.isfinite(arr)):
         fail(param, "must be finite (no NaN or inf)", x)
     return arr
+
+
+def check_number(value: object, param: str, *, minimum: float | None = None,
+                 above: float | None = None, maximum: float | None = None) -> float:
+    """A finite real number (not a bool, text, complex, None or an array), optionally
+    >= ``minimum``, > ``above`` and <= ``maximum`` in size; returned as a float.
+
+    The entry-point check of every scalar of the API: ``gamma='1'`` is refused, not coerced."""
+    bounds = [f">= {minimum:g}" if minimum is not None else "",
+              f"> {above:g}" if above is not None else ""]
+    allowed = " and ".join(b for b in bounds if b)
+    what = f"must be a finite number{' ' + allowed if allowed else ''}"
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        fail(param, what, value if not isinstance(value, np.ndarray) else value.tolist())
+    number = float(value)
+    if not np.isfinite(number):
+        fail(param, what, value)
+    if maximum is not None and abs(number) > maximum:   # first: also says it of -1e300
+        fail(param, f"must be at most {maximum:g} in size (larger values overflow float64 "
+                    "inside the computation)", value)
+    if (minimum is not None and number < minimum) or (above is not None and number <= above):
+        fail(param, what, value)
+    return number
+
+
+def check_flag(value: object, param: str) -> bool:
+    """True or False (not 0/1, a string or None): a switch of the API."""
+    if not isinstance(value, (bool, np.bool_)):
+        fail(param, "must be True or False", value)
+    return bool(value)
+
+
+def check_choice(value: object, param: str, choices: tuple[str, ...]) -> str:
+    """One of ``choices`` (strings)."""
+    if not isinstance(value, str) or value not in choices:
+        fail(param, f"must be one of {', '.join(choices)}", value)
+    return value
 
 
 def check_int(value: object, param: str, minimum: int) -> int:
@@ -94,8 +148,11 @@ def check_psd(mat: np.ndarray, param: str, tol: float = PSD_TOL) -> None:
 
 
 def check_nu(nu: object, param: str = "nu") -> np.ndarray:
-    """Signal strengths ν_f > 0, as a 1-d array."""
+    """Signal strengths 0 < ν_f <= :data:`MAX_NU`, as a 1-d array."""
     arr = np.atleast_1d(as_finite_array(nu, param))
     if arr.ndim != 1 or arr.size == 0 or np.any(arr <= 0):
         fail(param, "every signal strength must be > 0", arr)
+    if np.any(arr > MAX_NU):
+        fail(param, f"every signal strength must be at most {MAX_NU:g} (the scores' squares "
+                    "overflow float64 beyond)", arr)
     return arr
