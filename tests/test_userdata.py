@@ -95,7 +95,8 @@ def _nan_in_M(f):
 MALFORMED = {
     "missing Q": (lambda f: f.update(Q=None), r"^Q: required field missing"),
     "missing times": (lambda f: f.update(t=None), r"^t: required field missing"),
-    "M wrong rank": (lambda f: f.update(M=f["M"][:, :, 0]), r"^M: must be a 3-dimensional"),
+    "M wrong rank": (lambda f: f.update(M=f["M"][:, :, 0]),
+                     r"^M: must be an array of shape \(times, H, F\) for one run or \(runs, times, H, F\) with a runs axis \(got shape \(4, 2\)\)$"),
     "Q wrong shape": (lambda f: f.update(Q=f["Q"][:, :1, :]), r"^Q: must have shape \(times, H, H\)"),
     "a wrong length": (lambda f: f.update(a=f["a"][:-1]), r"^a: must have shape \(times, H\)"),
     "NaN in M": (_nan_in_M, r"^M: must be finite"),

@@ -23,8 +23,14 @@ from ..model.validation import (
     fail,
 )
 from ..options import Run
-from ..userdata.comparison import THRESHOLD, CompareSettings, compare_with_runs, write_report
-from ..userdata.logs import TIME_UNITS, load_training_log
+from ..userdata.comparison import (
+    THRESHOLD,
+    CompareSettings,
+    compare_runs,
+    compare_with_runs,
+    write_report,
+)
+from ..userdata.logs import TIME_UNITS, load_training_logs
 from .inputs import (
     MAX_SCALE,
     ActivationLike,
@@ -61,7 +67,10 @@ def compare(data: str | Path, activation: ActivationLike, *, L: int, nu: ArrayLi
     ----------
     data : str or Path
         The log: overlaps t, M, Q[, a, b, loss] or raw keys K with the directions U, as NPZ,
-        JSON or long-format CSV (see :mod:`theory_kit.userdata.logs`).
+        JSON or long-format CSV (see :mod:`theory_kit.userdata.logs`); or many runs: a file
+        whose per-run fields have a leading runs axis (M of shape (R, times, H, F)), or a
+        folder of log files.  Many runs give each run's verdict (``record["runs"]``) and a
+        pooled one (``record["pooled"]``, also the result's ``verdict``).
     activation, L, nu, prior, delta
         The activation and the task the run trained on.
     gamma : float, optional
@@ -119,7 +128,8 @@ def compare(data: str | Path, activation: ActivationLike, *, L: int, nu: ArrayLi
         the_task = as_task(L, prior, nu, delta)
         act = as_activation(activation)
         check_scheduler(run.scheduler)     # before the log is read or a stored result found
-        log = load_training_log(data, D=D, time_unit=time_unit)
+        logs = load_training_logs(data, D=D, time_unit=time_unit)
+        log = logs[0]                  # (the runs agree on H, F, D, gamma and the times)
         step = gamma if gamma is not None else log.gamma
         if step is None:
             raise ValidationError("gamma: the step size is required: pass --gamma or store "
@@ -139,15 +149,21 @@ def compare(data: str | Path, activation: ActivationLike, *, L: int, nu: ArrayLi
         seconds = check_compare(settings.ode_seeds, settings.samples, log.H, the_task.L,
                                 strata_of(the_task), log.t, settings.dt, log.D, settings.runs,
                                 settings.error_samples, jobs)
+        seconds *= len(logs)           # each run is compared from its own first state
         if seconds > SAY_ESTIMATE_SECONDS:
-            note(f"compare: about {seconds / 60:.1f} min for {log.n_times} recorded times "
-                 f"(a reference estimate of a 2-core reference machine, not a measurement of "
-                 f"this one)")
+            note(f"compare: about {seconds / 60:.1f} min for {len(logs)} run(s) of "
+                 f"{log.n_times} recorded times (a reference estimate of a 2-core reference "
+                 f"machine, not a measurement of this one)")
+        workdir = None if path is None else beside(path, ".work")
+        simulated = None
         with open_executor(run.scheduler, jobs) as executor:
-            report, simulated = compare_with_runs(
-                log, the_task, act, settings,
-                workdir=None if path is None else beside(path, ".work"),
-                progress=run.progress, executor=executor, jobs=jobs)
+            if len(logs) == 1:
+                report, simulated = compare_with_runs(
+                    log, the_task, act, settings, workdir=workdir, progress=run.progress,
+                    executor=executor, jobs=jobs)
+            else:
+                report = compare_runs(logs, the_task, act, settings, workdir=workdir,
+                                      progress=run.progress, executor=executor, jobs=jobs)
         if path is not None:
             write_report({**report, "request": request}, path, simulated)
     return Comparison(report)

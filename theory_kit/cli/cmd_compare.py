@@ -30,7 +30,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "for the expected finite-D spread, and write compare.png (overlay) and "
                     "compare.json (largest deviation of each order parameter, when it occurs, "
                     "in units of the spread, and the verdict consistent/inconsistent).")
-    p.add_argument("--data", required=True, help="training log (.npz, .json or .csv)")
+    p.add_argument("--data", required=True,
+                   help="training log (.npz, .json or .csv); many runs: a file whose fields "
+                        "have a leading runs axis (M: runs x times x H x F), or a folder of "
+                        "log files, judged each and pooled")
     add_activation_args(p)
     add_task_args(p)
     p.add_argument("--gamma", type=float, help="step size gamma, k -= (gamma/D) grad "
@@ -63,12 +66,25 @@ def run_compare(args: argparse.Namespace) -> int:
                          seed=args.seed, threshold=args.threshold, run=run_options(args),
                          out=out)
     data = report.record
-    worst = data["worst"]
-    print(f"{report.verdict}: largest deviation {worst['quantity']} = "
-          f"{worst['deviation_at_max_z']:+.4g} at t = {worst['t_max_z']:.4g}, "
-          f"{data['max_abs_z']:.2f} x the expected spread (threshold {args.threshold:g})")
+    for k, one in enumerate(data.get("runs", [])):
+        print(f"run {k}: {verdict_line(one)}")
+    if "pooled" in data:
+        pooled = data["pooled"]
+        print(f"pooled over {pooled['n_runs']} runs: {verdict_line(pooled)} of the mean; "
+              f"{pooled['flagged']} run(s) flagged, {pooled['expected_flagged']:.2g} expected "
+              f"at the rate {pooled['rate']:.2g} (P = {pooled['count_p_value']:.2g})")
+    else:
+        print(verdict_line(data))
     for note in data["notes"]:
         print(f"note: {note}")
     done = done_word(report)
     print(f"{done} {out}\n{done} {beside(out, '.png')}")
     return 0
+
+
+def verdict_line(data: dict) -> str:
+    """The verdict and its worst quantity: deviation, time, and size in expected spreads."""
+    worst = data["worst"]
+    return (f"{data['verdict']}: largest deviation {worst['quantity']} = "
+            f"{worst['deviation_at_max_z']:+.4g} at t = {worst['t_max_z']:.4g}, "
+            f"{data['max_abs_z']:.2f} x the expected spread (threshold {data['threshold']:g})")

@@ -59,8 +59,11 @@ def beside(json_path: Path, suffix: str) -> Path:
 
 
 def file_digest(path: str | os.PathLike | None) -> str | None:
-    """SHA-256 of an input file's bytes (None when it is not a readable regular file: the
-    loader then reports the problem)."""
+    """SHA-256 of an input file's bytes, or of a folder's files (their names and digests, so
+    an edited, added or removed file recomputes); None when it is neither a readable regular
+    file nor a folder: the loader then reports the problem."""
+    if path is not None and Path(path).is_dir():
+        return folder_digest(Path(path))
     try:
         if path is None or not Path(path).is_file():
             return None
@@ -71,6 +74,19 @@ def file_digest(path: str | os.PathLike | None) -> str | None:
         return digest.hexdigest()
     except OSError:
         return None
+
+
+def folder_digest(folder: Path) -> str | None:
+    """SHA-256 over the sorted names and contents of the regular files directly in
+    ``folder`` (None when it cannot be listed)."""
+    try:
+        files = sorted(p for p in folder.iterdir() if p.is_file())
+    except OSError:
+        return None
+    digest = hashlib.sha256()
+    for p in files:
+        digest.update(f"{p.name}\0{file_digest(p)}\n".encode())
+    return digest.hexdigest()
 
 
 def plain(value: Any) -> Any:

@@ -37,6 +37,7 @@ without an error bar (a running training average, say) is not calibrated.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -416,8 +417,114 @@ def write_report(report: dict, out: str | Path,
     simulated runs of :func:`compare_with_runs`, are drawn when given (not written)."""
     out = Path(out)
     js = write_json(out if out.suffix == ".json" else out / "compare.json", report)
-    fig = report_figure(report, runs)
+    # a record of many runs draws its pooled verdict: the mean trajectory and its spread
+    fig = report_figure(report["pooled"], None) if "pooled" in report else report_figure(
+        report, runs)
     png = js.with_name(js.stem + ".png")
     atomic_replace(png, lambda handle: fig.savefig(handle, format="png"), ".png")
     plt.close(fig)
     return js, png
+
+
+# ----------------------------------------------------------------------------- many runs
+COUNT_LEVEL = 0.01   # the flagged-run count is too high when P(at least that many) < this
+
+
+def null_rate(reports: list[dict]) -> float:
+    """The per-run false-alarm rate of the verdict, estimated from the leave-one-out
+    statistics of the simulated runs (``null_max_z``) of every report: (k + 1)/(N + 1) for k
+    of N above the threshold, the usual Monte Carlo estimate that is never 0 (a rate of 0
+    would make one flagged run infinitely unlikely).
+
+    >>> null_rate([{"null_max_z": [1.0, 6.0, 2.0], "threshold": 5.0}])
+    0.5
+    """
+    nulls = np.concatenate([np.asarray(r["null_max_z"], dtype=float) for r in reports])
+    above = int(np.sum(nulls > reports[0]["threshold"]))
+    return (above + 1) / (nulls.size + 1)
+
+
+def binomial_tail(k: int, n: int, p: float) -> float:
+    """P(X >= k) for X ~ Binomial(n, p).
+
+    >>> round(binomial_tail(1, 2, 0.5), 6)
+    0.75
+    """
+    return float(sum(math.comb(n, j) * p ** j * (1 - p) ** (n - j) for j in range(k, n + 1)))
+
+
+def pooled_series(reports: list[dict], names: list[str]) -> dict[str, Any]:
+    """The mean trajectory of R runs and the theory for it, as a report's ``series``.
+
+    The theory of the mean is the mean of each run's ODE (each starts at its own run's first
+    state).  Its expected spread: the runs' finite-D fluctuations are independent, so their
+    variances add and the mean's is Σ_r σ_D,r²/R² (with the files' error bars likewise); the
+    ODE's Monte Carlo errors are not (every run's ODE uses the same seeds, from nearby
+    starts), so they are averaged, not divided by √R."""
+    R = len(reports)
+
+    def stack(part: str, name: str) -> np.ndarray:
+        return np.stack([np.asarray(r["series"][part][name], dtype=float) for r in reports])
+
+    data, theory, spread, mc = {}, {}, {}, {}
+    for name in names:
+        data[name] = stack("data", name).mean(axis=0)
+        theory[name] = stack("theory", name).mean(axis=0)
+        var = np.sum(stack("spread_D", name) ** 2, axis=0)
+        if all(name in r["series"].get("data_err", {}) for r in reports):
+            var = var + np.sum(stack("data_err", name) ** 2, axis=0)
+        spread[name] = np.sqrt(var) / R
+        mc[name] = stack("theory_mc_err", name).mean(axis=0)
+    return {"t": reports[0]["series"]["t"], "data": data, "data_err": {}, "theory": theory,
+            "theory_mc_err": mc, "spread_D": spread}
+
+
+def pooled_report(reports: list[dict], settings: CompareSettings) -> dict:
+    """The pooled verdict of R runs' reports: the mean trajectory against the mean theory in
+    units of its standard error (:func:`pooled_series`), and the number of runs flagged
+    against the number expected at the verdict's false-alarm rate (:func:`null_rate`).
+
+    Consistent when the mean's max |z| is within the threshold and the flagged count is not
+    improbably high (P(at least that many) >= COUNT_LEVEL)."""
+    judged = [n for n, row in reports[0]["quantities"].items()
+              if all(r["quantities"][n]["in_verdict"] for r in reports)]
+    shown = [n for n in reports[0]["series"]["data"] if all(n in r["series"]["data"]
+                                                          for r in reports)]
+    series = pooled_series(reports, shown)
+    t = np.asarray(series["t"], dtype=float)
+    rows = {name: quantity_row(t, series["data"][name], series["theory"][name],
+                               expected_spread(series, name), name in judged)
+            for name in shown}
+    worst = max(judged, key=lambda k: rows[k]["max_abs_z"])
+    max_z = rows[worst]["max_abs_z"]
+    flagged = sum(r["verdict"] == VERDICTS[1] for r in reports)
+    rate = null_rate(reports)
+    count_p = binomial_tail(flagged, len(reports), rate)
+    ok = max_z <= settings.threshold and count_p >= COUNT_LEVEL
+    first = reports[0]["params"]
+    return {"verdict": VERDICTS[0] if ok else VERDICTS[1], "max_abs_z": max_z,
+            "threshold": settings.threshold, "worst": {"quantity": worst, **rows[worst]},
+            "flagged": flagged, "n_runs": len(reports), "rate": rate,
+            "rate_source": "leave-one-out statistics of the simulated runs (null_max_z)",
+            "expected_flagged": rate * len(reports), "count_p_value": count_p,
+            "count_level": COUNT_LEVEL, "quantities": rows, "series": series,
+            "params": {**first, "log": {**first["log"], "runs": len(reports)}}}
+
+
+def compare_runs(logs: list[TrainingLog], task: Task, act: Activation,
+                 settings: CompareSettings, workdir: Path | None = None, progress: bool = True,
+                 executor: object | None = None, jobs: int = 1) -> dict:
+    """Each run's report (:func:`compare_with_runs`, each from its own first state, its
+    pieces kept in ``workdir/run<r>``) and their pooled verdict (:func:`pooled_report`).
+
+    The record's ``verdict``, ``max_abs_z`` and ``worst`` are the pooled ones; ``runs`` holds
+    every run's full report in the order of ``logs``."""
+    reports = []
+    for r, log in enumerate(logs):
+        where = None if workdir is None else Path(workdir) / f"run{r}"
+        reports.append(compare_with_runs(log, task, act, settings, where, progress, executor,
+                                         jobs)[0])
+    pooled = pooled_report(reports, settings)
+    return {"verdict": pooled["verdict"], "max_abs_z": pooled["max_abs_z"],
+            "threshold": settings.threshold, "worst": pooled["worst"], "pooled": pooled,
+            "runs": reports, "notes": reports[0]["notes"], "params": pooled["params"]}

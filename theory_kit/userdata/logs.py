@@ -16,6 +16,12 @@ toolkit's convention k ← k − (γ/D)∇) or ``lr`` (the raw learning rate k �
 t = steps/D.  The ``loss`` must be in the units of the population error
 E = E[(y − ŷ)²] (no factor ½), e.g. a test-set average of (y − ŷ)².
 
+**Many runs at once.**  The per-run fields may carry a leading runs axis R: ``M``
+(R×times×H×F), ``Q`` (R×times×H×H), ``K`` (R×times×H×D), ``a``, ``b`` (R×times×H), ``loss``,
+``loss_err`` (R×times), with one shared ``t`` (or ``steps``), ``U`` and scalars
+(NPZ and JSON).  A folder of log files is read as one run per file (or the runs of each
+file), in the order of the file names; :func:`load_training_logs` reads both.
+
 File formats (chosen by extension):
 
 * ``.npz``: one array per field (scalars as 0-d arrays, ``time_unit`` as a string array);
@@ -54,6 +60,10 @@ CSV_QUANTITIES = ("M", "Q", "a", "b", "loss", "loss_err")
 CSV_SCALARS = ("D", "gamma", "lr")
 U_TOL = 1e-6      # max |UᵀU − I| accepted: float32-saved orthonormal bases pass, random ones fail
 PSD_TOL = 1e-6    # relative tolerance of the PSD checks on measured Q and Q − M Mᵀ
+# the axes of one run's fields; a log of many runs puts a runs axis in front of each
+RUN_AXES = {"M": "times, H, F", "Q": "times, H, H", "K": "times, H, D", "a": "times, H",
+            "b": "times, H", "loss": "times", "loss_err": "times"}
+SHARED_AXES = {"t": "times", "steps": "times", "U": "D, F"}
 
 
 @dataclass(frozen=True)
@@ -409,7 +419,11 @@ def _step_size(fields: dict, D: int | None) -> float | None:
 def log_from_fields(fields: dict, D: int | None = None, time_unit: str | None = None,
                     u_tol: float = U_TOL, psd_tol: float = PSD_TOL,
                     source: dict | None = None) -> TrainingLog:
-    """Validate raw fields (either form) into a :class:`TrainingLog`."""
+    """Validate raw fields (either form) of one run into a :class:`TrainingLog`."""
+    runs = run_count(fields)          # shapes first: a bad one is stated, never printed
+    if runs is not None:
+        fail("data", "this log has a runs axis; read its runs with load_training_logs "
+                     "(compare and ode --from-log do)", f"{runs} runs")
     has_keys = fields.get("K") is not None or fields.get("U") is not None
     has_overlaps = fields.get("M") is not None or fields.get("Q") is not None
     if has_keys and has_overlaps:
@@ -458,3 +472,140 @@ def load_training_log(path: str | Path, D: int | None = None, time_unit: str | N
     Raises :class:`ValidationError` naming the bad field."""
     return log_from_fields(read_fields(path), D=D, time_unit=time_unit, u_tol=u_tol,
                            psd_tol=psd_tol, source={"path": str(path)})
+
+
+# ----------------------------------------------------------------------------- many runs
+def field_shape(value: object, name: str) -> tuple[int, ...]:
+    """The shape of a field as read (an array or nested lists), without converting it.
+
+    >>> field_shape([[1, 2], [3, 4]], "M")
+    (2, 2)
+    """
+    if isinstance(value, str):        # a text field has no array shape (refused later)
+        return ()
+    try:
+        return tuple(int(n) for n in np.shape(value))   # type: ignore[call-overload]
+    except ValueError:                # NumPy refuses ragged nested lists
+        raise ValidationError(f"{name}: must be a rectangular array, nested lists of equal "
+                              f"lengths (got ragged nested lists)") from None
+
+
+def _shape_error(name: str, shape: tuple[int, ...], runs: int | None) -> ValidationError:
+    """One line: the shapes allowed for field ``name`` and the shape found (never the values)."""
+    one = f"({RUN_AXES[name]})"
+    if runs is None:
+        allowed = f"{one} for one run or (runs, {RUN_AXES[name]}) with a runs axis"
+    else:
+        allowed = f"(runs, {RUN_AXES[name]}) with runs = {runs} as in the other fields"
+    return ValidationError(f"{name}: must be an array of shape {allowed} (got shape {shape})")
+
+
+def run_count(fields: dict) -> int | None:
+    """The number of runs R of a log with a runs axis, None for a log of one run.
+
+    The main field (``K`` for raw keys, else ``M``) decides; every other per-run field must
+    then have the same leading axis, and the shared fields (``t``, ``steps``, ``U``) none.
+
+    >>> run_count({"M": np.zeros((3, 5, 2, 2)), "Q": np.zeros((3, 5, 2, 2))})
+    3
+    >>> run_count({"M": np.zeros((5, 2, 2))}) is None
+    True
+    """
+    main = "K" if fields.get("K") is not None else "M"
+    if fields.get(main) is None:
+        return None                   # the required-field checks name what is missing
+    shape = field_shape(fields[main], main)
+    rank = len(RUN_AXES[main].split(","))
+    if len(shape) not in (rank, rank + 1):
+        raise _shape_error(main, shape, None)
+    runs = shape[0] if len(shape) == rank + 1 else None
+    for name, axes in RUN_AXES.items():
+        if name == main or fields.get(name) is None:
+            continue
+        got = field_shape(fields[name], name)
+        want = len(axes.split(",")) + (runs is not None)
+        if len(got) != want or (runs is not None and got[0] != runs):
+            raise _shape_error(name, got, runs)
+    for name, axes in SHARED_AXES.items():
+        if fields.get(name) is not None:
+            got = field_shape(fields[name], name)
+            if len(got) != len(axes.split(",")):
+                raise ValidationError(f"{name}: must be an array of shape ({axes}), shared "
+                                      f"by all runs (got shape {got})")
+    if runs == 0:
+        raise ValidationError(f"{main}: the runs axis is empty (got shape {shape})")
+    return runs
+
+
+def split_runs(fields: dict) -> list[dict]:
+    """One field dict per run: the per-run fields cut along the runs axis, the rest shared.
+
+    >>> [f["M"].shape for f in split_runs({"M": np.zeros((2, 5, 1, 1)), "t": [0, 1]})]
+    [(5, 1, 1), (5, 1, 1)]
+    """
+    runs = run_count(fields)
+    if runs is None:
+        return [fields]
+    return [{k: (v[r] if k in RUN_AXES and v is not None else v) for k, v in fields.items()}
+            for r in range(runs)]
+
+
+def log_files(folder: Path) -> list[Path]:
+    """The log files directly inside ``folder`` (by extension), in the order of their names."""
+    files = sorted(p for p in folder.iterdir() if p.suffix.lower() in FORMATS and p.is_file())
+    if not files:
+        fail("data", f"the folder holds no log file ending in {', '.join(FORMATS)}", str(folder))
+    return files
+
+
+def load_training_logs(path: str | Path, D: int | None = None, time_unit: str | None = None,
+                       u_tol: float = U_TOL, psd_tol: float = PSD_TOL) -> list[TrainingLog]:
+    """Every run of a log file with a runs axis, of a one-run file, or of a folder of files.
+
+    The runs are validated one by one (each error names its file and run) and must agree on
+    H, F, D, the step size and the recorded times, which is what pooling them needs.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> M = np.zeros((3, 2, 1, 1)); Q = np.ones((3, 2, 1, 1))
+    >>> path = Path(tempfile.mkdtemp()) / "runs.npz"
+    >>> np.savez(path, t=[0.0, 1.0], M=M, Q=Q)
+    >>> [log.source["run"] for log in load_training_logs(path)]
+    [0, 1, 2]
+    """
+    path = Path(path)
+    files = log_files(path) if path.is_dir() else [path]
+    logs = []
+    for file in files:
+        fields = read_fields(file)
+        per_run = split_runs(fields)
+        for r, run_fields in enumerate(per_run):
+            source = {"path": str(file), **({"run": r} if len(per_run) > 1 else {})}
+            try:
+                logs.append(log_from_fields(run_fields, D=D, time_unit=time_unit, u_tol=u_tol,
+                                            psd_tol=psd_tol, source=source))
+            except ValidationError as exc:
+                where = file.name + (f", run {r}" if len(per_run) > 1 else "")
+                raise ValidationError(f"{exc} [in {where}]") from None
+    check_poolable(logs)
+    return logs
+
+
+def check_poolable(logs: list[TrainingLog]) -> None:
+    """Runs judged together share H, F, D, the step size and the recorded times."""
+    first = logs[0]
+    for log in logs[1:]:
+        for name, mine, theirs in (("M", log.M.shape[1:], first.M.shape[1:]),
+                                   ("D", log.D, first.D), ("gamma", log.gamma, first.gamma)):
+            if mine != theirs:
+                fail(name, f"every run must agree with the first ({theirs}) to be pooled",
+                     f"{mine} in {_where(log)}")
+        if log.t.shape != first.t.shape or not np.array_equal(log.t, first.t):
+            fail("t", "every run must record at the same times as the first to be pooled",
+                 f"other times in {_where(log)}")
+
+
+def _where(log: TrainingLog) -> str:
+    run = log.source.get("run")
+    return Path(log.source.get("path", "?")).name + ("" if run is None else f", run {run}")
