@@ -32,8 +32,10 @@ from ..model.validation import (
     check_flag,
     check_int,
     check_number,
+    fail,
 )
 from ..options import Integrator, Rates, Run
+from ..userdata.logs import load_training_logs
 from .inputs import (
     MAX_SCALE,
     ActivationLike,
@@ -53,24 +55,26 @@ from .inputs import (
 DEFAULT_ESCAPE_D = (250, 500, 1000, 2000, 4000)
 
 
-def ode(activation: ActivationLike, *, L: int, nu: ArrayLike, gamma: float, T: float,
-        H: int | None = None, D: int | None = None, eta: float = 1.0, seed: int = 0,
+def ode(activation: ActivationLike, *, L: int, nu: ArrayLike, gamma: float | None = None,
+        T: float, H: int | None = None, D: int | None = None, eta: float = 1.0, seed: int = 0,
         M0: ArrayLike | None = None, Q0: ArrayLike | None = None, a0: ArrayLike | None = None,
         b0: ArrayLike | None = None, prior: str = "flipping", delta: float = 0.0,
-        times: ArrayLike | None = None, gradient_flow: bool = False, rates: Rates = Rates(),
-        engine: EngineLike = "mc", integrator: Integrator = Integrator(), run: Run = Run(),
+        times: ArrayLike | None = None, from_log: str | Path | None = None, log_run: int = 0,
+        gradient_flow: bool = False, rates: Rates = Rates(), engine: EngineLike = "mc",
+        integrator: Integrator = Integrator(), run: Run = Run(),
         out: str | Path | None = None) -> Trajectory:
     """Integrate the order-parameter ODEs of online SGD (docs/theory.md §5).
 
-    The integration starts at t = 0 from given overlaps (``M0``, ``Q0``) or from keys drawn
-    at dimension ``D`` (k_h ~ N(0, η²/D I), seed ``seed``), and records at ``times``.
+    The integration starts at t = 0 from given overlaps (``M0``, ``Q0``), from the first
+    state of a training log (``from_log``), or from keys drawn at dimension ``D``
+    (k_h ~ N(0, η²/D I), seed ``seed``), and records at ``times``.
 
     Parameters
     ----------
     activation, L, nu, prior, delta
         The activation and the task (see :func:`theory_kit.api.task`).
-    gamma : float
-        Learning rate γ > 0 of the keys.
+    gamma : float, optional
+        Learning rate γ > 0 of the keys (required unless ``from_log`` records it).
     T : float
         Final time (t = steps / D).
     H : int, optional
@@ -83,6 +87,13 @@ def ode(activation: ActivationLike, *, L: int, nu: ArrayLike, gamma: float, T: f
         Initial head scalars (default: the activation's presets).
     times : array_like, shape (n,), optional
         Record at these times (default 101 points on [0, T]).
+    from_log : str or Path, optional
+        A training log (file with or without a runs axis, or a folder; the formats of
+        :func:`compare`): start at its first state (M, Q, and a, b when recorded), with its
+        γ unless ``gamma`` is given.  Times count from the log's first record; ``D``, if
+        given, is the log's dimension (for times in steps), not a draw.
+    log_run : int
+        Which run of ``from_log`` (0-based, in the order of its runs axis or file names).
     gradient_flow : bool
         Drop the γ² noise term.
     rates : Rates
@@ -113,11 +124,17 @@ def ode(activation: ActivationLike, *, L: int, nu: ArrayLike, gamma: float, T: f
     options = call_options(locals())
     check_rates(rates)
     check_integrator(integrator)
-    check_number(gamma, "gamma", above=0.0, maximum=MAX_SCALE)
+    if gamma is not None:
+        check_number(gamma, "gamma", above=0.0, maximum=MAX_SCALE)
     check_number(eta, "eta", minimum=0.0, maximum=MAX_SCALE)
     check_number(T, "T", above=0.0)
     check_flag(gradient_flow, "gradient_flow")
     check_path(out, "out")
+    check_path(from_log, "from_log")
+    check_int(log_run, "log_run", 0)
+    if from_log is None and gamma is None:
+        raise ValidationError("gamma: the learning rate is required (a number > 0), unless "
+                              "from_log records it")
     with running(run):
         the_task = as_task(L, prior, nu, delta)
         act = as_activation(activation)
@@ -127,6 +144,11 @@ def ode(activation: ActivationLike, *, L: int, nu: ArrayLike, gamma: float, T: f
         if D is not None:
             check_int(D, "D", 1)
         check_int(seed, "seed", 0)
+        if from_log is not None:
+            start = log_start(from_log, log_run, D, M0=M0, Q0=Q0, a0=a0, b0=b0)
+            gamma = gamma if gamma is not None else start.pop("gamma")
+            M0, Q0, a0, b0, D = start["M0"], start["Q0"], start["a0"], start["b0"], None
+        assert gamma is not None                 # given, or from the log (checked there)
         ic = initial_condition(act, the_task, H=H, M0=optional_array(M0, "M0", 2),
                                Q0=optional_array(Q0, "Q0", 2), a0=optional_array(a0, "a0", 1),
                                b0=optional_array(b0, "b0", 1), D=D, eta=eta, seed=seed)
@@ -135,7 +157,7 @@ def ode(activation: ActivationLike, *, L: int, nu: ArrayLike, gamma: float, T: f
         output_times(T, grid)   # bad times fail here, not after compiling the engine
         path = out_json(out, "ode.json")
         # the engine as its options, so that "mc" and Engine("mc") are one request
-        request = request_of("ode", {**options, "engine": eng})
+        request = request_of("ode", {**options, "engine": eng}, files=("from_log",))
         if stored_output(path, request) is not None:
             assert path is not None              # a stored output has a path
             return reused(Trajectory.load(path))
@@ -330,6 +352,38 @@ def escape(activation: ActivationLike, *, L: int, nu: ArrayLike, gamma: float,
         if path is not None:
             write_json(path, {**result, "request": request})
     return Escape(result)
+
+
+def log_start(path: str | Path, run_index: int, D: int | None,
+              **given: ArrayLike | None) -> dict:
+    """The first state of run ``run_index`` of a training log as ``M0``, ``Q0``, ``a0``,
+    ``b0`` (None when not recorded) and its ``gamma``; ``given`` are the start options the
+    log replaces, which must then be absent.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> path = Path(tempfile.mkdtemp()) / "log.json"
+    >>> _ = path.write_text('{"t": [0, 1], "M": [[[0.1]], [[0.2]]], "Q": [[[1]], [[1]]], '
+    ...                     '"gamma": 0.5}')
+    >>> start = log_start(path, 0, None)
+    >>> start["M0"].tolist(), start["gamma"]
+    ([[0.1]], 0.5)
+    """
+    clash = [name for name, value in given.items() if value is not None]
+    if clash:
+        raise ValidationError(f"from_log: the log gives the start; drop {', '.join(clash)} "
+                              f"(got both)")
+    logs = load_training_logs(path, D=D)
+    if run_index >= len(logs):
+        fail("log_run", f"must be an integer from 0 to {len(logs) - 1} (the log holds "
+                        f"{len(logs)} run(s))", run_index)
+    log = logs[run_index]
+    if log.gamma is None:
+        raise ValidationError("gamma: the log records no step size (gamma or lr): pass "
+                              "--gamma")
+    return {"M0": log.M[0], "Q0": log.Q[0], "a0": None if log.a is None else log.a[0],
+            "b0": None if log.b is None else log.b[0], "gamma": log.gamma}
 
 
 def given_start(act: Activation, task: Task, H: int | None, M0: ArrayLike | None,

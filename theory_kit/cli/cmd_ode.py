@@ -21,6 +21,7 @@ from .common import (
     done_word,
     parse_float_list,
     parse_json_array,
+    parse_times,
     run_options,
 )
 
@@ -43,9 +44,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the initial draw (with --D)")
     p.add_argument("--a0", help="initial output weights a_h as JSON (default: the preset's)")
     p.add_argument("--b0", help="initial score biases b_h as JSON (default: the preset's)")
-    add_rate_args(p)
-    p.add_argument("--times", help="record at these times, e.g. 0,10,30 (the integration "
-                                   "always starts at t = 0; default 101 points on [0, T])")
+    add_rate_args(p, gamma_required=False)
+    p.add_argument("--times", help="record at these times: a list such as 0,10,30 or a "
+                                   "grid start:stop:step such as 0:30:1 (stop included; the "
+                                   "integration always starts at t = 0; default 101 points "
+                                   "on [0, T])")
+    p.add_argument("--from-log", metavar="FILE",
+                   help="start at the first state of a training log (the formats of compare: "
+                        "a file, one with a runs axis, or a folder), with its gamma unless "
+                        "--gamma is given; times count from the log's first record")
+    p.add_argument("--run", type=int, default=0, dest="log_run",
+                   help="with --from-log: which run of the log (0-based; default 0)")
     p.add_argument("--method", default="rk4",
                    help=f"one of {', '.join(METHODS)} (rk4: fixed steps <= --dt; rk45, dop853: "
                         "adaptive with --rtol/--atol; solve_ivp = rk45)")
@@ -59,10 +68,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_ode)
 
 
-def add_rate_args(p: argparse.ArgumentParser) -> None:
+def add_rate_args(p: argparse.ArgumentParser, gamma_required: bool = True) -> None:
     """--gamma, --train-a/--train-b, --gamma-a/--gamma-b, --gradient-flow (shared with
-    ``drift``)."""
-    p.add_argument("--gamma", type=float, required=True, help="learning rate gamma > 0")
+    ``drift``); ``ode`` may take gamma from a log instead."""
+    p.add_argument("--gamma", type=float, required=gamma_required,
+                   help="learning rate gamma > 0" + ("" if gamma_required else
+                                                     " (default: the --from-log file's)"))
     p.add_argument("--train-a", action=argparse.BooleanOptionalAction, default=None,
                    help="train a (default: the activation's convention)")
     p.add_argument("--train-b", action=argparse.BooleanOptionalAction, default=None,
@@ -113,9 +124,9 @@ def run_ode(args: argparse.Namespace) -> int:
                    seed=args.seed, M0=parse_json_array(args.M0, "M0", 2),
                    Q0=parse_json_array(args.Q0, "Q0", 2), a0=parse_json_array(args.a0, "a0", 1),
                    b0=parse_json_array(args.b0, "b0", 1), prior=args.prior, delta=args.delta,
-                   times=None if args.times is None else parse_float_list(args.times, "times"),
-                   gradient_flow=args.gradient_flow, rates=rates_of(args),
-                   engine=engine_of(args),
+                   times=None if args.times is None else parse_times(args.times),
+                   from_log=args.from_log, log_run=args.log_run,
+                   gradient_flow=args.gradient_flow, rates=rates_of(args), engine=engine_of(args),
                    integrator=Integrator(args.method, args.dt, args.rtol, args.atol),
                    run=run_options(args), out=out)
     _summary(done_word(traj), out, traj)

@@ -57,6 +57,36 @@ def parse_float_list(text: str, param: str) -> np.ndarray:
     return as_finite_array(values, param, ndim=1)
 
 
+MAX_GRID_POINTS = 1_000_000   # a start:stop:step grid beyond this is a typo, not a request
+
+
+def parse_times(text: str) -> np.ndarray:
+    """Recorded times: a comma list ('0,10,30') or a grid 'start:stop:step' (stop included
+    when it falls on the grid, up to rounding).
+
+    >>> parse_times("0:1:0.25").tolist()
+    [0.0, 0.25, 0.5, 0.75, 1.0]
+    >>> parse_times("0,2").tolist()
+    [0.0, 2.0]
+    """
+    if ":" not in text:
+        return parse_float_list(text, "times")
+    allowed = ("must be comma-separated numbers or a grid start:stop:step with finite "
+               "numbers, step > 0 and stop >= start")
+    try:
+        start, stop, step = (float(x) for x in text.split(":"))
+    except ValueError:
+        raise ValidationError(f"times: {allowed} (got {text!r})") from None
+    if not all(np.isfinite([start, stop, step])) or step <= 0 or stop < start:
+        raise ValidationError(f"times: {allowed} (got {text!r})")
+    count = int(np.floor((stop - start) / step * (1 + 1e-12) + 1e-9)) + 1
+    if count > MAX_GRID_POINTS:
+        raise ValidationError(f"times: a grid of at most {MAX_GRID_POINTS} points (got "
+                              f"{text!r}, {count} points)")
+    # start + k·step (not a cumulative sum): 0:30:0.1 gives 30.0, not 29.999999999999801
+    return start + step * np.arange(count)
+
+
 def add_task_args(parser: argparse.ArgumentParser, need_l: bool = True) -> None:
     """--L, --prior, --nu, --delta."""
     parser.add_argument("--L", type=int, required=need_l, help="sequence length (>= 2)")
