@@ -42,6 +42,7 @@ _EXPORTS = {
     "Trajectory": "theory_kit.dynamics.trajectory",
     "Simulation": "theory_kit.dynamics.simulation",
     "EinfResult": "theory_kit.asymptotic.runs",
+    "OverlapLog": "theory_kit.userdata.overlap_log",
 }
 
 __all__ = ["__version__", *_EXPORTS]
@@ -80,6 +81,7 @@ if TYPE_CHECKING:  # the same names, seen by type checkers and editors (``X as X
     from .options import Run as Run
     from .options import Solver as Solver
     from .options import Stop as Stop
+    from .userdata.overlap_log import OverlapLog as OverlapLog
 
 
 __getattr__, __dir__ = lazy_attributes(__name__, _EXPORTS, globals())
