@@ -38,13 +38,15 @@ from .runtime import (
     PROJECTIONS,
     CompiledIntegrand,
     PackedLanes,
-    SampleKernels,
     compute_threads,
     drift_integrand,
     pack_lanes,
     run_ranges,
     sample_kernels,
 )
+
+# documented once, in runtime (annotations name it; a second target would be ambiguous)
+from .runtime import SampleKernels as SampleKernels  # noqa: E402
 
 register_backend(NumpyBackend())
 register_backend(NumbaBackend())
@@ -60,7 +62,7 @@ def resolve_backend(backend: "str | KernelBackend | None" = None) -> str:
 
 
 __all__ = ["PROJECTIONS", "STATS", "CompiledIntegrand", "KernelBackend", "NumbaBackend",
-           "NumpyBackend", "PackedLanes", "SampleKernels", "backend_names", "cache_dir",
+           "NumpyBackend", "PackedLanes", "backend_names", "cache_dir",
            "cache_key", "cache_path", "clear_memory_cache", "compute_threads",
            "drift_integrand", "generate_source", "get_backend", "lambdify_expanded",
            "load_module", "module_source", "pack_lanes", "register_backend", "resolve_backend",

@@ -45,7 +45,7 @@ def full(value: object, T: np.ndarray) -> np.ndarray:
 
 def out(value: object, W: np.ndarray, free: str) -> np.ndarray:
     """A lowered (n, H, H, L) expression broadcast, keeping the axes of its free indices
-    ``free`` (letters of "hgl"): shape (n, *[H, H, L] for the letters present)."""
+    ``free`` (letters of "hgl"): shape ``(n, …)`` with H, H, L for the letters present."""
     n, H, L = W.shape
     shape = (n, H if "h" in free else 1, H if "g" in free else 1, L if "l" in free else 1)
     whole = np.broadcast_to(np.asarray(value, dtype=float), shape)

@@ -21,9 +21,9 @@ inlines the whole chain into that generated entry point, which is compiled once 
 and cached beside the generated file: the loops run exactly as if they were written in it.
 
 Layouts (one thread's view; K = H F + 2 H² + 2 H + 1 drift fields, row-major blocks
-[dM (H, F) | dQ_lin (H, H) | dQ_noise (H, H) | da (H) | db (H) | |e|²]):
-  per-sample arrays in lanes: S, zeta, W, D, D2, Je (H, L, NB); w, e (L, NB); theta (F, NB);
-  JJ, gs, gj (H, H, NB); St (H, H, L, NB); Ae, Be, Qe, mt (H, NB); out (K, NB).
+``[dM (H, F) | dQ_lin (H, H) | dQ_noise (H, H) | da (H) | db (H) | |e|²]``), per-sample arrays
+in lanes: S, zeta, W, D, D2, Je (H, L, NB); w, e (L, NB); theta (F, NB); JJ, gs, gj
+(H, H, NB); St (H, H, L, NB); Ae, Be, Qe, mt (H, NB); out (K, NB).
 No function here uses fastmath: the sums run in a fixed order, and the results do not depend
 on how rows or blocks are split over threads.
 """
