@@ -13,9 +13,9 @@ SIM = dict(activation="softmax", H=2, L=3, nu=[2, 2], D=400, runs=4, seed=0, T=3
 
 @pytest.fixture
 def short_pilot(monkeypatch):
-    """A pilot of 0.05 s and an 'hour' of 0.2 s: a run of a second or two is 'too long'."""
-    monkeypatch.setattr(progress, "PILOT_SECONDS", 0.05)
-    monkeypatch.setattr(limits, "MAX_SECONDS", 0.2)
+    """The first update is the pilot, and the 'hour' is a millisecond: any run is too long."""
+    monkeypatch.setattr(progress, "PILOT_SECONDS", 0.0)
+    monkeypatch.setattr(limits, "MAX_SECONDS", 1e-3)
     monkeypatch.delenv("THEORY_KIT_YES", raising=False)
 
 
