@@ -239,3 +239,93 @@ def test_all_quick_makes_all_fourteen_figures(tmp_path):
         assert (tmp_path / f"fig{n}_quick.png").stat().st_size > 10_000
         assert fig.record["timing"]["cpu_seconds"] > 0
     assert tk.load(tmp_path / "gallery_quick.json").numbers == every.numbers
+
+
+def test_a_future_cancelled_elsewhere_counts_as_finished():
+    """A pool shared by several sweeps and shut down with cancel_futures leaves cancelled
+    futures that ``wait`` never returns: a figure's thread waited for them forever and the
+    process hung at exit after Ctrl-C."""
+    import threading
+    from concurrent.futures import Future
+
+    from theory_kit.io.executor import arrivals
+    cancelled, got = Future(), []
+    assert cancelled.cancel()
+    thread = threading.Thread(target=lambda: got.extend(arrivals({cancelled: "a"})), daemon=True)
+    thread.start()
+    thread.join(timeout=10)
+    assert not thread.is_alive() and got == [cancelled]
+
+
+DRIVER = '''
+import os, sys, time, types
+from pathlib import Path
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+from theory_kit.cli import main
+from theory_kit.figures import runner
+from theory_kit.io.executor import FolderStore, run_sweep
+
+MARKS = Path(sys.argv[1])
+
+def _slow_piece(key):
+    (MARKS / f"{key}.{os.getpid()}.{time.monotonic_ns()}").touch()
+    time.sleep(0.4)
+    return {"key": key}
+
+def stand_in(number, n_pieces):
+    module = types.ModuleType(f"slow_fig{number}")
+    module.NUMBER, module.CAPTION, module.ACTIVATIONS = number, "slow", ("softmax",)
+    module.estimate_seconds = lambda quick: 1.0
+    def compute(quick, workdir, jobs=1, executor=None):
+        keys = [f"f{number}p{i}" for i in range(n_pieces)]
+        return {"n": len(run_sweep(_slow_piece, keys, keys, store=FolderStore(workdir),
+                                   executor=executor, jobs=jobs))}
+    def draw(data):
+        fig, ax = plt.subplots(figsize=(1, 1))
+        return fig
+    module.compute, module.draw = compute, draw
+    return module
+
+modules = {1: stand_in(1, 12), 2: stand_in(2, 12)}
+runner.figure_module = lambda n: modules[n]
+runner.uncompiled = lambda names: []
+sys.exit(main(["figure", "all", "--quick", "--only", "1,2", "--jobs", "2", "--no-progress",
+               "--out", sys.argv[2]]))
+'''
+
+
+def test_ctrl_c_stops_figures_made_side_by_side_at_once_and_the_rerun_resumes(tmp_path):
+    """SIGINT to `figure all --jobs 2` (two figures of slow pieces on shared workers): exit
+    130 within seconds, finished pieces kept; the same command again finishes the rest."""
+    import signal
+    import subprocess
+    import time
+    driver, marks, out = tmp_path / "driver.py", tmp_path / "marks", tmp_path / "out"
+    driver.write_text(DRIVER)
+    marks.mkdir()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(tk.__file__).parents[1]),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, str(driver), str(marks), str(out)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(marks.iterdir())) < 4 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, err
+    assert "interrupted" in err
+    first = len(list(marks.iterdir()))
+    assert first < 24
+    kept = sum(len(list((out / ".work" / f"fig{n}-quick").glob("f*p*.json"))) for n in (1, 2))
+    done = subprocess.run([sys.executable, str(driver), str(marks), str(out)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert len(list(marks.iterdir())) - first == 24 - kept     # only the missing pieces
+    assert (out / "gallery_quick.json").is_file()

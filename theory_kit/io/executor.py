@@ -398,11 +398,17 @@ def arrivals(futures: dict[Future, str]) -> Iterator[Future]:
     (so their results are saved), and then raised as KeyboardInterrupt here — never inside a
     destructor, a pool's management thread or a half-written file, where Python can swallow it
     (a sweep once ended with exit 0 after Ctrl-C).  The caller ends the workers and re-raises;
-    the CLI prints one line and exits 130."""
+    the CLI prints one line and exits 130.
+
+    A future cancelled by another thread (a pool that several sweeps share, shut down with
+    ``cancel_futures``) counts as finished: ``wait`` alone would never return it, since only
+    the executor's own dequeuing marks a cancelled future as notified."""
     remaining = set(futures)
     with deferred_interrupts() as pending:
         while remaining:
             done, remaining = wait(remaining, timeout=POLL_SECONDS, return_when=FIRST_COMPLETED)
+            cancelled = {f for f in remaining if f.cancelled()}
+            done, remaining = done | cancelled, remaining - cancelled
             for future in sorted(done, key=futures.__getitem__):
                 yield future
             if pending is not None and pending.count:
