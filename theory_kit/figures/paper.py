@@ -234,6 +234,7 @@ def make_all(request: AllRequest, log: Callable[[str], None] = print) -> AllRun:
     if not todo:
         earlier = stored_summary(request)
         if earlier is not None:
+            log(earlier.table())
             return AllRun(earlier, kept=True)
     for r in todo:    # every refusal before anything runs
         check_figure(float(r.module.estimate_seconds(request.quick)), r.number, request.quick,

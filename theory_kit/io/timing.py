@@ -162,9 +162,10 @@ class Stopwatch:
         if self.ledger is not None:
             self.ledger.record(self._stopped)
 
-    def add_cpu(self, seconds: float) -> None:
-        """Count CPU seconds spent in other processes outside the sweeps."""
-        self.extra_cpu += float(seconds)
+    def add_cpu(self, seconds: float | None) -> None:
+        """Count CPU seconds spent in other processes outside the sweeps (None: nothing was
+        measured)."""
+        self.extra_cpu += float(seconds or 0.0)
 
     def spent(self) -> Spent:
         """This session's CPU and wall seconds so far (frozen once the block has ended)."""
