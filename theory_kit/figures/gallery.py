@@ -127,12 +127,21 @@ def markdown_text(text: str) -> str:
 
 
 def nu_text(nu: Sequence[float]) -> str:
-    """ν as the captions write it: (2, 2)."""
+    """ν as the captions write it.
+
+    >>> nu_text([8.0, 2.0])
+    '(8, 2)'
+    """
     return "(" + ", ".join(num(v) for v in nu) + ")"
 
 
 def task_text(s: dict, nu: bool = True) -> str:
-    """A setting's activation, task, heads and step (no horizon, no start)."""
+    """A setting's activation, task, heads and step (no horizon, no start).
+
+    >>> task_text({"activation": "softmax1", "L": 5, "H": 2, "prior": "flipping",
+    ...      "nu": [2.0, 2.0], "gamma": 1.0, "eta": 1.0, "T": 150.0, "D_init": 10000, "seed": 0})
+    'softmax-1, L = 5, H = 2, F = 2, flipping prior ν = (2, 2), γ = 1, η = 1'
+    """
     act = ACT_NAMES.get(s["activation"], s["activation"])
     prior = f"{s['prior']} prior" + (f" ν = {nu_text(s['nu'])}" if nu else "")
     return (f"{act}, L = {s['L']}, H = {s['H']}, F = {len(s['nu'])}, {prior}, "
@@ -140,7 +149,14 @@ def task_text(s: dict, nu: bool = True) -> str:
 
 
 def setting_text(s: dict) -> str:
-    """One training setting in words (activation, task, heads, step, horizon, start)."""
+    """One training setting in words (activation, task, heads, step, horizon, start).
+
+    >>> text = setting_text({"activation": "softmax1", "L": 5, "H": 2, "prior": "flipping",
+    ...                      "nu": [2.0, 2.0], "gamma": 1.0, "eta": 1.0, "T": 150.0,
+    ...                      "D_init": 10000, "seed": 0})
+    >>> text.endswith("T = 150, initial overlaps drawn at D = 10000 (seed 0)")
+    True
+    """
     return (f"{task_text(s)}, T = {num(s['T'])}, initial overlaps drawn at D = {s['D_init']} "
             f"(seed {s['seed']})")
 
@@ -160,7 +176,13 @@ ENGINE_WORDS = {"mc": "Monte Carlo samples", "mc-sym": "Monte Carlo samples with
 
 
 def engine_text(params: dict) -> str:
-    """The ODE's drift engine and integrator of a figure's parameters."""
+    """The ODE's drift engine and integrator of a figure's parameters.
+
+    >>> engine_text({"ode_engine": {"kind": "sobol", "n_samples": 512}, "ode_method": "rk4",
+    ...              "dt": 2.0, "error_samples": 4000})  # doctest: +NORMALIZE_WHITESPACE
+    'drift engine `sobol` (512 scrambled Sobol points); integrator rk4 (step 2); error curve
+     by Monte Carlo with 4000 samples per record'
+    """
     engine = params["ode_engine"]
     kinds = sorted(set(engine.get("per_setting") or [engine["kind"]]))
     words = [f"`{k}`" + (f" ({engine['n_samples']} {ENGINE_WORDS[k]})" if k in ENGINE_WORDS
@@ -174,12 +196,20 @@ def engine_text(params: dict) -> str:
 
 # ----------------------------------------------------------------------------- key numbers
 def tau_text(taus: Sequence[float]) -> str:
-    """τ_f for every direction: τ₁ = 25, τ₂ = ∞ (∞: the heads had not parted by T)."""
+    """τ_f for every direction (∞: the heads had not parted by T).
+
+    >>> tau_text([25.0, float("inf")])
+    'τ1 = 25, τ2 = ∞'
+    """
     return ", ".join(f"τ{f + 1} = {num(t)}" for f, t in enumerate(taus))
 
 
 def runs_tau(tau_runs: Any, f: int) -> str:
-    """The SGD runs' τ_f: mean ± standard error over the runs that crossed, and how many."""
+    """The SGD runs' τ_f: mean ± standard error over the runs that crossed, and how many.
+
+    >>> runs_tau([[1.0, 40.0], [1.0, 60.0], [1.0, float("inf")]], 1)
+    '50 ± 10 (2 of 3 runs crossed)'
+    """
     taus = np.asarray(tau_runs, dtype=float).reshape(len(tau_runs), -1)[:, f]
     ok = taus[np.isfinite(taus)]
     if ok.size == 0:
@@ -194,7 +224,11 @@ PANEL_WORDS = {"error": "E", "m_f1": "m along f = 1", "m_f2": "m along f = 2",
 
 def largest_deviation(comparison: dict, runs: int) -> str:
     """The largest |SGD mean − ODE| over panels, heads and times, in run-to-run standard
-    deviations of the SGD runs and in standard errors of their mean, with where it is."""
+    deviations of the SGD runs and in standard errors of their mean, with where it is.
+
+    >>> largest_deviation({"t_sim": [0.0, 10.0], "deviation": {"error": [[0.0], [1.5]]}}, 4)
+    '1.5 standard deviations of the runs, 3 standard errors of their mean (E at t = 10)'
+    """
     best: tuple[float, str, float] | None = None
     t = np.asarray(comparison["t_sim"], dtype=float)
     for panel, values in comparison["deviation"].items():
@@ -212,7 +246,7 @@ def largest_deviation(comparison: dict, runs: int) -> str:
             f"their mean ({PANEL_WORDS.get(best[1], best[1])} at t = {num(best[2])})")
 
 
-def overlay_lines(data: dict) -> tuple[list[str], list[str]]:
+def _overlay_lines(data: dict) -> tuple[list[str], list[str]]:
     """Figs. 1, 9, 10: what is computed, and per row τ (ODE, SGD), E(T) and the deviation."""
     p = data["params"]
     computes = [f"ODE (Prop. III.2): {engine_text(p)}.",
@@ -237,7 +271,7 @@ def overlay_lines(data: dict) -> tuple[list[str], list[str]]:
     return computes, numbers
 
 
-def heads_lines(data: dict) -> tuple[list[str], list[str]]:
+def _heads_lines(data: dict) -> tuple[list[str], list[str]]:
     """Figs. 2, 3, 12, 13, 14: what is computed, and per panel group τ_f and E(T)."""
     p = data["params"]
     computes = [f"ODE (Prop. III.2): {engine_text(p)}; {p['n_times']} recorded times.",
@@ -257,7 +291,12 @@ def heads_lines(data: dict) -> tuple[list[str], list[str]]:
 def einf_error(d: dict) -> tuple[float, float | None]:
     """E∞ of one (point, activation) of Fig. 4 and its error: the largest error of the runs
     it averages (the certified runs of the lowest fixed point) or their spread, whichever is
-    larger; None when a run has no error bar."""
+    larger; None when a run has no error bar.
+
+    >>> einf_error({"einf": 0.5, "einf_runs": [0.5, 0.5001], "converged": [True, True],
+    ...             "group": [0, 0], "abs_err": [1e-4, 2e-4]})
+    (0.5, 0.0002)
+    """
     values = np.asarray(d["einf_runs"], dtype=float)
     ok, group = d["converged"], d.get("group", [0] * len(values))
     best = min((g for g, c in zip(group, ok) if c), default=None)
@@ -270,7 +309,13 @@ def einf_error(d: dict) -> tuple[float, float | None]:
 
 
 def ordering_text(row: dict, names: Sequence[str]) -> str:
-    """Whether E∞ falls from one activation to the next, and by how many errors."""
+    """Whether E∞ falls from one activation to the next, and by how many errors.
+
+    >>> run = {"einf_runs": [0.4], "converged": [True], "abs_err": [0.01]}
+    >>> row = {"activations": {"softmax": {**run, "einf": 0.45}, "bsoftmax": {**run, "einf": 0.4}}}
+    >>> ordering_text(row, ["softmax", "bsoftmax"])
+    'softmax > B-softmax (3.54 errors)'
+    """
     parts = []
     for a, b in zip(names, names[1:]):
         (ea, sa), (eb, sb) = einf_error(row["activations"][a]), einf_error(row["activations"][b])
@@ -285,7 +330,7 @@ def ordering_text(row: dict, names: Sequence[str]) -> str:
     return "; ".join(parts)
 
 
-def einf_lines(data: dict) -> tuple[list[str], list[str]]:
+def _einf_lines(data: dict) -> tuple[list[str], list[str]]:
     """Fig. 4: the plan, and per point E∞ per activation, the Bayes error and the order."""
     p, s = data["plan"], data["settings"]
     names = data["activations"]
@@ -318,7 +363,7 @@ def einf_lines(data: dict) -> tuple[list[str], list[str]]:
     return computes, numbers
 
 
-def digits_einf_lines(data: dict) -> tuple[list[str], list[str]]:
+def _digits_einf_lines(data: dict) -> tuple[list[str], list[str]]:
     """Fig. 5: the digit task, and E∞ per activation (mean over runs ± its standard error)."""
     p = data["params"]
     computes = [f"Digit detection on {images_text(p)}: H = {p['H']}, L = {p['L']}, "
@@ -334,11 +379,15 @@ def digits_einf_lines(data: dict) -> tuple[list[str], list[str]]:
 
 
 def images_text(params: dict) -> str:
-    """Which images a digit figure used: the UCI digits, or the user's file."""
+    """Which images a digit figure used: the UCI digits, or the user's file.
+
+    >>> images_text({"data": None})
+    'the UCI 8×8 digits'
+    """
     return "the UCI 8×8 digits" if params.get("data") is None else "the user's images"
 
 
-def concentration_lines(data: dict) -> tuple[list[str], list[str]]:
+def _concentration_lines(data: dict) -> tuple[list[str], list[str]]:
     """Fig. 6: the runs per D, and ⟨τ₂⟩, std/mean and the escape theory per D."""
     p = data["params"]
     computes = [f"SGD ({p['simulation']} simulation): {task_text(p['setting'])}; "
@@ -361,7 +410,7 @@ def concentration_lines(data: dict) -> tuple[list[str], list[str]]:
     return computes, numbers
 
 
-def digit_tau_lines(data: dict) -> tuple[list[str], list[str]]:
+def _digit_tau_lines(data: dict) -> tuple[list[str], list[str]]:
     """Fig. 7: the digit task, and τ_f per principal direction over the runs."""
     p, stats = data["params"], data["tau_stats"]
     computes = [f"Digit detection on {images_text(p)}, softmax, H = {p['H']}, L = {p['L']}, "
@@ -377,7 +426,7 @@ def digit_tau_lines(data: dict) -> tuple[list[str], list[str]]:
     return computes, numbers
 
 
-def mc_lines(data: dict) -> tuple[list[str], list[str]]:
+def _mc_lines(data: dict) -> tuple[list[str], list[str]]:
     """Fig. 8: the ODE pairs, and the differences' mean, std and largest size per direction."""
     p = data["params"]
     computes = [f"ODE pairs (fresh against fixed Monte Carlo samples, same first sample set): "
@@ -390,7 +439,7 @@ def mc_lines(data: dict) -> tuple[list[str], list[str]]:
     return computes, numbers
 
 
-def cosine_lines(data: dict) -> tuple[list[str], list[str]]:
+def _cosine_lines(data: dict) -> tuple[list[str], list[str]]:
     """Fig. 11: the grid, and the cosine, τ₂ and the predicted SGD τ₂ at every point."""
     p = data["params"]
     s = p["setting"]
@@ -409,15 +458,21 @@ def cosine_lines(data: dict) -> tuple[list[str], list[str]]:
 
 
 EXTRACTORS: dict[int, Callable[[dict], tuple[list[str], list[str]]]] = {
-    1: overlay_lines, 9: overlay_lines, 10: overlay_lines,
-    2: heads_lines, 3: heads_lines, 12: heads_lines, 13: heads_lines, 14: heads_lines,
-    4: einf_lines, 5: digits_einf_lines, 6: concentration_lines, 7: digit_tau_lines,
-    8: mc_lines, 11: cosine_lines}
+    1: _overlay_lines, 9: _overlay_lines, 10: _overlay_lines,
+    2: _heads_lines, 3: _heads_lines, 12: _heads_lines, 13: _heads_lines, 14: _heads_lines,
+    4: _einf_lines, 5: _digits_einf_lines, 6: _concentration_lines, 7: _digit_tau_lines,
+    8: _mc_lines, 11: _cosine_lines}
 
 
 def figure_lines(number: int, data: dict) -> tuple[list[str], list[str]]:
     """(what the toolkit computes, key numbers) of a figure's data; a result that lacks what
-    its figure's summary holds is refused, naming the field."""
+    its figure's summary holds is refused, naming the field.
+
+    >>> figure_lines(8, {"params": {}})
+    Traceback (most recent call last):
+    ...
+    theory_kit.model.validation.ValidationError: source: figure 8's result lacks ...
+    """
     try:
         return EXTRACTORS[number](data)
     except (KeyError, IndexError, TypeError) as exc:
@@ -429,7 +484,18 @@ def figure_lines(number: int, data: dict) -> tuple[list[str], list[str]]:
 # ----------------------------------------------------------------------------- files
 def compress_png(source: Path, target: Path, limit: int) -> list[str]:
     """Copy a PNG, re-encoded with a 256-colour palette and then scaled down by steps of 0.8
-    while it is larger than ``limit`` bytes; the notes say what was done."""
+    while it is larger than ``limit`` bytes; the notes say what was done.
+
+    >>> import tempfile, pathlib
+    >>> import numpy as np
+    >>> from PIL import Image
+    >>> folder = pathlib.Path(tempfile.mkdtemp())
+    >>> noise = np.random.default_rng(0).integers(0, 256, (200, 200, 3)).astype(np.uint8)
+    >>> Image.fromarray(noise).save(folder / "big.png")
+    >>> notes = compress_png(folder / "big.png", folder / "small.png", 40_000)
+    >>> notes[0], (folder / "small.png").stat().st_size <= 40_000
+    ('re-encoded with a 256-colour palette', True)
+    """
     if source.stat().st_size <= limit:
         shutil.copyfile(source, target)
         return []
@@ -499,7 +565,12 @@ def summarise_array(values: Any) -> dict:
 def shrink_payload(payload: dict, limit: int) -> tuple[str, list[str]]:
     """A figure file's JSON text within ``limit`` bytes: as written when it fits; else its
     floats rounded to :data:`ROUNDING_DIGITS` significant digits; else, largest first, its
-    arrays under ``data`` replaced by :func:`summarise_array`.  Returns (text, notes)."""
+    arrays under ``data`` replaced by :func:`summarise_array`.  Returns (text, notes).
+
+    >>> text, notes = shrink_payload({"figure": 8, "data": {"x": list(range(1000))}}, 500)
+    >>> notes
+    ['numbers rounded to 7 significant digits', 'x kept as its summary (shape, min, mean, max)']
+    """
     text = dumps_strict(payload, indent=1)
     if len(text.encode()) <= limit:
         return text, []
@@ -520,7 +591,7 @@ def shrink_payload(payload: dict, limit: int) -> tuple[str, list[str]]:
     return text, notes
 
 
-def read_figure(js: Path) -> dict:
+def _read_figure(js: Path) -> dict:
     """A figure's result file as the gallery reads it (NaN and ±inf restored)."""
     return restore_non_finite(read_json(js, "source"))
 
@@ -551,7 +622,12 @@ def read_agreement(path: Path) -> dict[int, str]:
 
 # ----------------------------------------------------------------------------- the README
 def cost_table(results: dict[int, dict], summary: dict | None) -> list[str]:
-    """The opening table: each figure's CPU and wall time with its jobs, and the total."""
+    """The opening table: each figure's CPU and wall time with its jobs, and the total.
+
+    >>> cost_table({8: {"timing": {"cpu_seconds": 30.0, "wall_seconds": 20.0, "jobs": 2,
+    ...                            "sessions": 1}}}, None)[2]
+    '| 8 | 30 s | 20 s | 2 | 1 |'
+    """
     if not results:
         return ["No figure has been made for the gallery yet.", ""]
     lines = ["| figure | CPU time | wall time | jobs | sessions |", "|---|---|---|---|---|"]
@@ -571,11 +647,11 @@ def cost_table(results: dict[int, dict], summary: dict | None) -> list[str]:
     else:
         lines.append(f"| **sum** | **{duration(cpu)}** | **{duration(wall)}** | | |")
     lines.append("")
-    lines += cost_notes(results, g)
+    lines += _cost_notes(results, g)
     return lines
 
 
-def cost_notes(results: dict[int, dict], g: dict) -> list[str]:
+def _cost_notes(results: dict[int, dict], g: dict) -> list[str]:
     """How the cost table was measured, in words."""
     notes = ["CPU time is that of every process the figure used (this process and the worker "
              "processes its pieces ran in, each piece timing itself); wall time runs from the "
@@ -595,7 +671,7 @@ def cost_notes(results: dict[int, dict], g: dict) -> list[str]:
     return [" ".join(notes), ""]
 
 
-def figure_section(number: int, payload: dict | None, data_note: list[str],
+def _figure_section(number: int, payload: dict | None, data_note: list[str],
                    png_note: list[str], agreement: str | None) -> list[str]:
     """One figure's section of the README."""
     lines = [f"## Figure {number}", "", f"> **The paper's caption.** "
@@ -622,7 +698,13 @@ def figure_section(number: int, payload: dict | None, data_note: list[str],
 
 
 def agreement_lines(agreement: str | None) -> list[str]:
-    """The agreement paragraph, or the marked placeholder a person replaces."""
+    """The agreement paragraph, or the marked placeholder a person replaces.
+
+    >>> agreement_lines("As in the paper.")[0]
+    '**Agreement with the paper.** As in the paper.'
+    >>> PLACEHOLDER in agreement_lines(None)[0]
+    True
+    """
     if agreement:
         return ["**Agreement with the paper.** " + agreement, ""]
     return [f"**Agreement with the paper.** {PLACEHOLDER} *To be judged by a person "
@@ -633,7 +715,12 @@ def agreement_lines(agreement: str | None) -> list[str]:
 def render_readme(results: dict[int, dict], summary: dict | None,
                   notes: dict[int, tuple[list[str], list[str]]],
                   agreement: dict[int, str]) -> str:
-    """The gallery's README: introduction, cost table, one section per figure 1–14."""
+    """The gallery's README: introduction, cost table, one section per figure 1–14.
+
+    >>> text = render_readme({}, None, {}, {})
+    >>> text.splitlines()[0], text.count("## Figure ")
+    ("# The paper's figures, reproduced", 14)
+    """
     versions = sorted({str(r.get("version")) for r in results.values() if r.get("version")})
     quick = any(r.get("quick") for r in results.values())
     lines = ["# The paper's figures, reproduced", "",
@@ -657,7 +744,7 @@ def render_readme(results: dict[int, dict], summary: dict | None,
     lines += cost_table(results, summary)
     for n in FIGURE_NUMBERS:
         data_note, png_note = notes.get(n, ([], []))
-        lines += figure_section(n, results.get(n), data_note, png_note, agreement.get(n))
+        lines += _figure_section(n, results.get(n), data_note, png_note, agreement.get(n))
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -711,7 +798,7 @@ def build_gallery(source: str | Path, target: str | Path, *, quick: bool = False
     notes: dict[int, tuple[list[str], list[str]]] = {}
     for n in present:
         png, js = found[n]
-        payload = read_figure(js)
+        payload = _read_figure(js)
         payload.pop("request", None)     # the command's identity: nothing a reader needs
         text, data_note = shrink_payload(payload, per_figure)
         (target / f"fig{n}.json").write_text(text + "\n")
@@ -730,7 +817,13 @@ def build_gallery(source: str | Path, target: str | Path, *, quick: bool = False
 
 def main(argv: Sequence[str] | None = None, default_target: str | Path | None = None) -> int:
     """``python docs/gallery/build.py SOURCE [TARGET] [--quick]``: build the gallery (TARGET
-    defaults to ``default_target``, the script's own folder); exit status 2 on bad input."""
+    defaults to ``default_target``, the script's own folder); exit status 2 on bad input.
+
+    >>> import tempfile
+    >>> main([tempfile.mkdtemp(), tempfile.mkdtemp()])  # doctest: +ELLIPSIS
+    gallery: 0 figure(s) in ... (0.00 MB); not made yet: 1, 2, 3, ..., 13, 14
+    0
+    """
     import argparse
     parser = argparse.ArgumentParser(description="Build the paper gallery from the results of "
                                                  "`theory-kit figure all --out SOURCE`.")

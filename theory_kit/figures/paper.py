@@ -86,7 +86,15 @@ def check_figures(figures: object) -> tuple[int, ...]:
 
 def all_folder(out: object) -> Path:
     """The folder ``figure all`` writes into: ``out`` must name a folder (each figure writes
-    its own figN.json and figN.png there, and the run its summary), not a .json file."""
+    its own figN.json and figN.png there, and the run its summary), not a .json file.
+
+    >>> all_folder("figs").name
+    'figs'
+    >>> all_folder("figs/gallery.json")
+    Traceback (most recent call last):
+    ...
+    theory_kit.model.validation.ValidationError: out: figure all writes ...
+    """
     if not isinstance(out, (str, os.PathLike)):
         fail("out", "must be a folder", out)
     if not str(out).strip():
@@ -99,7 +107,11 @@ def all_folder(out: object) -> Path:
 
 
 def takes_data(module: Any) -> bool:
-    """Whether a figure's ``compute`` reads user images (the digit figures 5 and 7)."""
+    """Whether a figure's ``compute`` reads user images (the digit figures 5 and 7).
+
+    >>> [n for n in runner.FIGURE_NUMBERS if takes_data(runner.figure_module(n))]
+    [5, 7]
+    """
     return "data" in inspect.signature(module.compute).parameters
 
 
@@ -226,20 +238,29 @@ class GalleryBar(SweepWatch):
 def make_all(request: AllRequest, log: Callable[[str], None] = print) -> AllRun:
     """Make every figure of ``request`` that is not made yet (see the module docstring);
     write and return the summary.  Figures already made by the same request and code are
-    kept; when all are and the summary lists them, that summary is returned as it is."""
+    kept; when all are and the summary lists them, that summary is returned as it is.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> request = check_all(quick=True, out=tempfile.mkdtemp(), figures=[8])
+    >>> done = make_all(request, log=lambda line: None)
+    >>> done.result.numbers, done.kept, make_all(request, log=lambda line: None).kept
+    ([8], False, True)
+    """
     from ..io.limits import check_figure
     identities = {r.number: r.identity() for r in request.requests}
     kept = {r.number: runner.stored_files(r, identities[r.number]) for r in request.requests}
     todo = [r for r in request.requests if kept[r.number] is None]
     if not todo:
-        earlier = stored_summary(request)
+        earlier = _stored_summary(request)
         if earlier is not None:
             log(earlier.table())
             return AllRun(earlier, kept=True)
     for r in todo:    # every refusal before anything runs
         check_figure(float(r.module.estimate_seconds(request.quick)), r.number, request.quick,
                      request.jobs)
-    log(describe_all(request, todo))
+    log(_describe_all(request, todo))
     ledger = Ledger(request.work / LEDGER_NAME)
     bar = GalleryBar(len(request.requests))
     bar.written = len(request.requests) - len(todo)
@@ -248,13 +269,13 @@ def make_all(request: AllRequest, log: Callable[[str], None] = print) -> AllRun:
             made_before = set(ledger.extra.get("made", []))
             if todo:
                 with heartbeat(bar.bar):
-                    compile_cpu = make_figures(request, todo, identities, bar, log, ledger)
+                    compile_cpu = _make_figures(request, todo, identities, bar, log, ledger)
                 clock.add_cpu(compile_cpu)
                 ledger.note(compile_cpu_seconds=compile_cpu + float(
                     ledger.extra.get("compile_cpu_seconds", 0.0)))
     finally:
         bar.close()
-    result = gallery_result(request, kept, clock.total(), made_before | set(
+    result = _gallery_result(request, kept, clock.total(), made_before | set(
         ledger.extra.get("made", [])), float(ledger.extra.get("compile_cpu_seconds", 0.0)))
     result.save(request.summary)
     ledger.remove()
@@ -263,7 +284,7 @@ def make_all(request: AllRequest, log: Callable[[str], None] = print) -> AllRun:
     return AllRun(result)
 
 
-def describe_all(request: AllRequest, todo: list[runner.FigureRequest]) -> str:
+def _describe_all(request: AllRequest, todo: list[runner.FigureRequest]) -> str:
     """The line printed before the run: how many figures are made and kept, and the sum of
     their reference estimates (each figure's, as ``figure N`` prints it), said to be one."""
     seconds = sum(runner.estimate(r.module, request.quick, request.jobs)[0] for r in todo)
@@ -276,7 +297,7 @@ def describe_all(request: AllRequest, todo: list[runner.FigureRequest]) -> str:
             "machine)")
 
 
-def make_figures(request: AllRequest, todo: list[runner.FigureRequest],
+def _make_figures(request: AllRequest, todo: list[runner.FigureRequest],
                  identities: dict[int, dict], bar: GalleryBar,
                  log: Callable[[str], None], ledger: Ledger) -> float:
     """Make the ``todo`` figures: one after the other here (one job, no scheduler), else side
@@ -292,24 +313,24 @@ def make_figures(request: AllRequest, todo: list[runner.FigureRequest],
 
     if request.jobs == 1 and request.scheduler is None:
         for r in todo:
-            written(r.number, make_one(request, r, identities[r.number], None, alongside=False))
+            written(r.number, _make_one(request, r, identities[r.number], None, alongside=False))
         return 0.0
     compile_cpu = 0.0
     if request.scheduler is None:
-        compile_cpu = runner.compile_tasks(kernel_tasks(todo, request.quick), request.jobs)
+        compile_cpu = runner.compile_tasks(_kernel_tasks(todo, request.quick), request.jobs)
     pending = list(todo)
     for _ in range(MAX_ATTEMPTS):
         opened = (shared_pool(request.jobs) if request.scheduler is None
                   else open_executor(request.scheduler, request.jobs))
         with opened as executor:
-            pending = make_together(request, pending, identities, executor, written)
+            pending = _make_together(request, pending, identities, executor, written)
         if not pending:
             return compile_cpu
     raise RuntimeError(f"figure all: worker processes died {MAX_ATTEMPTS} times; the finished "
                        "pieces and figures are saved, run the same command again to resume")
 
 
-def kernel_tasks(todo: list[runner.FigureRequest], quick: bool) -> list[tuple[str, str]]:
+def _kernel_tasks(todo: list[runner.FigureRequest], quick: bool) -> list[tuple[str, str]]:
     """The (activation, part) kernels the figures need that are not compiled yet, each once,
     drift parts first (the longest; as :func:`runner.precompile` deals them)."""
     needed: dict[str, set[str]] = {part: set() for part in runner.KERNEL_PARTS}
@@ -320,7 +341,7 @@ def kernel_tasks(todo: list[runner.FigureRequest], quick: bool) -> list[tuple[st
     return [(name, part) for part in runner.KERNEL_PARTS for name in sorted(needed[part])]
 
 
-def make_one(request: AllRequest, r: runner.FigureRequest, identity: dict,
+def _make_one(request: AllRequest, r: runner.FigureRequest, identity: dict,
              executor: object | None, alongside: bool) -> list[Path]:
     """One figure, as ``figure N`` makes it (its own lines are not printed: the bar and the
     run's lines say it)."""
@@ -330,7 +351,7 @@ def make_one(request: AllRequest, r: runner.FigureRequest, identity: dict,
                              alongside=alongside)
 
 
-def make_together(request: AllRequest, todo: list[runner.FigureRequest],
+def _make_together(request: AllRequest, todo: list[runner.FigureRequest],
                   identities: dict[int, dict], executor: object,
                   written: Callable[[int, list[Path]], None]) -> list[runner.FigureRequest]:
     """Make the figures side by side (``jobs`` + 1 at a time, longest first by their
@@ -346,7 +367,7 @@ def make_together(request: AllRequest, todo: list[runner.FigureRequest],
     try:
         # each thread runs in a copy of this context: the call's limits and the bar's watch
         for r in order:
-            future = threads.submit(contextvars.copy_context().run, make_one, request, r,
+            future = threads.submit(contextvars.copy_context().run, _make_one, request, r,
                                     identities[r.number], executor, True)
             futures[future] = str(r.number)
         for future in arrivals(futures):
@@ -368,7 +389,7 @@ def make_together(request: AllRequest, todo: list[runner.FigureRequest],
 
 
 # ----------------------------------------------------------------------------- the summary
-def gallery_result(request: AllRequest, kept: dict[int, list[Path] | None], spent: Spent,
+def _gallery_result(request: AllRequest, kept: dict[int, list[Path] | None], spent: Spent,
                    made: set[int], compile_cpu: float) -> GalleryResult:
     """The summary of a run: every figure's files and timing, and the totals — the CPU and
     wall seconds of this run's sessions, plus those of the figures it kept that other runs
@@ -398,7 +419,7 @@ def gallery_result(request: AllRequest, kept: dict[int, list[Path] | None], spen
     return GalleryResult(record, folder=request.folder, figures=figures)
 
 
-def stored_summary(request: AllRequest) -> GalleryResult | None:
+def _stored_summary(request: AllRequest) -> GalleryResult | None:
     """The summary of an earlier run of the same request whose figures are all still there,
     or None."""
     path = request.summary
@@ -425,7 +446,11 @@ def machine() -> dict:
 
 
 def processor_name() -> str:
-    """The processor's model name (Linux: /proc/cpuinfo), else what Python knows of it."""
+    """The processor's model name (Linux: /proc/cpuinfo), else what Python knows of it.
+
+    >>> isinstance(processor_name(), str) and processor_name() != ""
+    True
+    """
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.lower().startswith("model name") and ":" in line:
@@ -436,7 +461,7 @@ def processor_name() -> str:
 
 
 # ----------------------------------------------------------------------------- redraw
-def redraw_all(request: AllRequest) -> GalleryResult:
+def _redraw_all(request: AllRequest) -> GalleryResult:
     """Draw every figure's PNG again from its JSON (no computation); the result lists them
     (with the totals of the summary when there is one)."""
     for r in request.requests:
@@ -463,9 +488,15 @@ def reproduce_all(quick: object = False, out: object = "figures", jobs: object =
                   log: Callable[[str], None] = print) -> AllRun:
     """``theory-kit figure all``: validate every input (:func:`check_all`) first; then, with
     ``redraw_only``, draw every PNG again from its JSON; else make the figures not made yet
-    (:func:`make_all`)."""
+    (:func:`make_all`).
+
+    >>> reproduce_all(figures=[0])
+    Traceback (most recent call last):
+    ...
+    theory_kit.model.validation.ValidationError: figures: must be an integer >= 1 (got 0)
+    """
     request = check_all(quick, out, jobs, data, scheduler, figures)
     if redraw_only:
-        return AllRun(redraw_all(request), kept=True)
+        return AllRun(_redraw_all(request), kept=True)
     return make_all(request, log)
 

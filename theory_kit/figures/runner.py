@@ -236,7 +236,11 @@ def precompile(module: ModuleType, names: list[str], jobs: int, quick: bool = Fa
 
 def compile_tasks(tasks: list[tuple[str, str]], jobs: int) -> float:
     """Compile the (activation, part) ``tasks`` in up to ``jobs`` processes, in the order
-    given; the CPU seconds they took (0 without tasks or without numba)."""
+    given; the CPU seconds they took (0 without tasks or without numba).
+
+    >>> compile_tasks([], jobs=2)
+    0.0
+    """
     from concurrent.futures import ProcessPoolExecutor
     if not tasks or not numba_backend():
         return 0.0

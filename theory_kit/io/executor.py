@@ -140,13 +140,23 @@ _WATCH: ContextVar[SweepWatch | None] = ContextVar("theory_kit_sweep_watch", def
 
 
 def current_watch() -> SweepWatch | None:
-    """The watch set by the innermost :func:`watching` block of this context, or None."""
+    """The watch set by the innermost :func:`watching` block of this context, or None.
+
+    >>> current_watch() is None
+    True
+    """
     return _WATCH.get()
 
 
 @contextmanager
 def watching(watch: SweepWatch) -> Iterator[SweepWatch]:
-    """Report every sweep run inside the block (in this context) to ``watch``."""
+    """Report every sweep run inside the block (in this context) to ``watch``.
+
+    >>> with watching(SweepWatch()) as watch:
+    ...     _ = run_sweep(abs, [-1, -2], ["a", "b"])
+    >>> watch.computed, watch.resumed
+    (2, 0)
+    """
     token = _WATCH.set(watch)
     try:
         yield watch

@@ -407,7 +407,15 @@ def _seconds(value: object) -> str:
 
 def figure_file(js: Path, files: Sequence[Path] = ()) -> FigureResult:
     """A figure's JSON file as its result, naming ``files`` as the files written (default:
-    the JSON file)."""
+    the JSON file).
+
+    >>> import tempfile, pathlib
+    >>> from theory_kit.io.results import write_json
+    >>> js = write_json(pathlib.Path(tempfile.mkdtemp()) / "fig8.json", {"figure": 8, "data": {}})
+    >>> result = figure_file(js)
+    >>> result.record["figure"], result.files == [str(js)]
+    (8, True)
+    """
     data = restore_non_finite(read_json(js, "path"))
     data.pop("request", None)
     return FigureResult({**data, "files": [str(f) for f in (files or [js])]})
