@@ -38,7 +38,10 @@ extensions = [
 
 source_suffix = {".rst": "restructuredtext", ".md": "myst-nb", ".ipynb": "myst-nb"}
 root_doc = "index"
-exclude_patterns = ["_build", "_generated", "**.ipynb_checkpoints", "jupyter_execute"]
+# gallery/: the repository's figure gallery (its README, notes and build script), read on
+# GitHub; the gallery page shows its images (tk_gallery)
+exclude_patterns = ["_build", "_generated", "**.ipynb_checkpoints", "jupyter_execute",
+                    "gallery"]
 templates_path = ["_templates"]
 
 # --- MyST -----------------------------------------------------------------------------------

@@ -181,7 +181,21 @@ def build_cases() -> list[tuple[str, list[str], str]]:
     add("derive --format bogus", BASE["derive"] + ["--format", "bogus"], "format")
     for bad in ("0", "15", "-1"):
         add(f"figure {bad}", ["figure", bad, "--quick", "--out", "{out}/fig"], "figure")
-    add("figure abc", ["figure", "abc"], "argument N")
+    add("figure abc", ["figure", "abc"], "figure")
+    # figure all: every input refused before the folder is read
+    every = ["figure", "all", "--quick", "--out", "{out}/every"]
+    for bad in ("0", "-1"):
+        add(f"figure all --jobs {bad}", every + [f"--jobs={bad}"], "jobs")
+    add("figure all --only 0,1", every + ["--only", "0,1"], "figures")
+    add("figure all --only 8,8", every + ["--only", "8,8"], "figures")
+    add("figure all --only x", every + ["--only", "x"], "only")
+    add("figure 3 --only 1", ["figure", "3", "--quick", "--only", "1"], "only")
+    add("figure all --out a .json file", ["figure", "all", "--quick", "--out", "{out}/g.json"],
+        "out")
+    add("figure all --only 1 --data", every + ["--only", "1", "--data", "{out}/x.npz"], "data")
+    add("figure all --scheduler bogus", every + ["--scheduler", "bogus"], "scheduler")
+    add("figure all --redraw without json", ["figure", "all", "--redraw", "--only", "2",
+                                             "--out", "{out}/none"], "redraw")
     for bad in ("0", "-1"):
         add(f"figure --jobs {bad}", BASE["figure"] + [f"--jobs={bad}"], "jobs")
     add("figure 5 --data missing",

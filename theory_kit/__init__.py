@@ -37,7 +37,8 @@ _EXPORTS = {
     "Task": "theory_kit.model.task",
     "ValidationError": "theory_kit.model.validation",
     **{name: "theory_kit.io.result" for name in (
-        "Comparison", "Derivation", "Drift", "Escape", "FigureResult", "Result")},
+        "Comparison", "Derivation", "Drift", "Escape", "FigureResult", "GalleryResult",
+        "Result")},
     "ErrorValue": "theory_kit.expect.error",
     "Trajectory": "theory_kit.dynamics.trajectory",
     "Simulation": "theory_kit.dynamics.simulation",
@@ -70,6 +71,7 @@ if TYPE_CHECKING:  # the same names, seen by type checkers and editors (``X as X
     from .io.result import Drift as Drift
     from .io.result import Escape as Escape
     from .io.result import FigureResult as FigureResult
+    from .io.result import GalleryResult as GalleryResult
     from .io.result import Result as Result
     from .model.task import Task as Task
     from .model.validation import ValidationError as ValidationError

@@ -1,7 +1,10 @@
 """``{tk-figure-gallery}``: one section per figure of the paper, from the figure modules.
 
-The caption is the module's ``CAPTION`` constant and the run-time line its reference estimate
+Each section quotes the paper's caption (``theory_kit.figures.captions``), then this toolkit's
+(the module's ``CAPTION`` constant) and the run-time line of its reference estimate
 (``estimate_seconds``), so the gallery page cannot drift from ``theory_kit/figures/fig*.py``.
+The full figure committed in ``docs/gallery/figN.png`` (``theory-kit figure all`` and
+``docs/gallery/build.py``) is shown when it is there.
 
 With ``THEORY_KIT_DOCS_GALLERY=quick`` the build also makes every figure's quick version with
 the toolkit (``tk.figure(N, quick=True)``, kept in ``docs/_generated/gallery``: a rebuild
@@ -17,6 +20,7 @@ from pathlib import Path
 from docutils import nodes
 from sphinx.util.docutils import SphinxDirective
 
+from theory_kit.figures.captions import paper_caption
 from theory_kit.figures.runner import FIGURE_NUMBERS
 
 
@@ -38,7 +42,10 @@ class FigureGallery(SphinxDirective):
             section_id = f"figure-{number}"
             section = nodes.section(ids=[section_id])
             section += nodes.title(text=f"Figure {number}")
-            section += nodes.paragraph(text=module.CAPTION)
+            quote = nodes.block_quote()
+            quote += nodes.paragraph(text=f"The paper's caption: {paper_caption(number)}")
+            section += quote
+            section += nodes.paragraph(text=f"This toolkit: {module.CAPTION}")
             commands = f"theory-kit figure {number} --quick   # figures/fig{number}_quick.png\n" \
                        f"theory-kit figure {number}           # figures/fig{number}.png"
             block = nodes.literal_block(commands, commands)
@@ -51,6 +58,12 @@ class FigureGallery(SphinxDirective):
                 f"full {_duration(module.estimate_seconds(False))}. "
                 f"Source: theory_kit/figures/fig{number}.py."))
             section += estimate
+            full = Path(self.env.srcdir) / "gallery" / f"fig{number}.png"
+            if full.is_file():
+                section += nodes.paragraph(text="The full figure, from the gallery "
+                                                "(docs/gallery/README.md has its numbers):")
+                section += nodes.image(uri=f"/gallery/fig{number}.png",
+                                       alt=f"figure {number}")
             picture = quick_figure(number, Path(self.env.srcdir))
             if picture is not None:
                 section += nodes.paragraph(text=f"The quick version, made at build time by "

@@ -4,14 +4,13 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Literal, Sequence, overload
 
-from ..figures import runner
+from ..figures import paper, runner
 from ..io.executor import check_scheduler, open_executor
 from ..io.limits import check_compare
 from ..io.progress import note
-from ..io.result import Comparison, FigureResult
-from ..io.results import read_json, restore_non_finite
+from ..io.result import Comparison, FigureResult, GalleryResult, figure_file
 from ..io.stored import beside, out_json, request_of, reused, stored_output
 from ..model.task import strata_of
 from ..model.validation import (
@@ -169,38 +168,60 @@ def compare(data: str | Path, activation: ActivationLike, *, L: int, nu: ArrayLi
     return Comparison(report)
 
 
+@overload
 def figure(number: int, *, quick: bool = False, out: str | Path = "figures",
            data: str | Path | None = None, redraw: bool = False, run: Run = FIGURE_RUN,
-           log: Callable[[str], None] | None = None) -> FigureResult:
-    """Reproduce figure ``number`` of the paper: ``figN.png`` and ``figN.json`` in ``out``.
+           log: Callable[[str], None] | None = None,
+           figures: Sequence[int] | None = None) -> FigureResult: ...
+@overload
+def figure(number: Literal["all"], *, quick: bool = False, out: str | Path = "figures",
+           data: str | Path | None = None, redraw: bool = False, run: Run = FIGURE_RUN,
+           log: Callable[[str], None] | None = None,
+           figures: Sequence[int] | None = None) -> GalleryResult: ...
+
+
+def figure(number: int | str, *, quick: bool = False, out: str | Path = "figures",
+           data: str | Path | None = None, redraw: bool = False, run: Run = FIGURE_RUN,
+           log: Callable[[str], None] | None = None,
+           figures: Sequence[int] | None = None) -> FigureResult | GalleryResult:
+    """Reproduce figure ``number`` of the paper (``figN.png`` and ``figN.json`` in ``out``),
+    or every figure with ``"all"``.
 
     Every input is validated before anything in ``out`` is read; a figure already made by
     the same request and code is returned stored (``result.reused``).
 
     Parameters
     ----------
-    number : int
-        The figure, 1 to 14.
+    number : int or "all"
+        The figure, 1 to 14; ``"all"`` makes every figure (or those of ``figures``) through
+        one set of workers, resumes a stopped run, and writes the summary ``gallery.json``
+        (``gallery_quick.json`` with ``quick``) beside the figures' files.
     quick : bool
         Fewer runs and samples and a smaller D: the same layout in about a minute, written
         as ``figN_quick.png`` / ``figN_quick.json`` beside (never over) the full run's files.
     out : str or Path
-        The folder (or a path ending in ``figN.json``, ``figN_quick.json`` with ``quick``).
+        The folder (or, for one figure, a path ending in ``figN.json``, ``figN_quick.json``
+        with ``quick``).
     data : str or Path, optional
         Figures 5 and 7: your own images (an .npz with ``images``, optional ``labels``).
     redraw : bool
-        Only redraw the PNG from an existing JSON.
+        Only redraw the PNG (every PNG with ``"all"``) from the existing JSON.
     run : Run
         Parallel pieces (default: the cores, at most 4), the scheduler, progress bars and
         limits; a figure estimated beyond an hour needs ``Limits(allow_long=True)``.
     log : callable, optional
         Receives the reference estimate before the run and the measured time after it
-        (default: stderr with ``run.progress``, nothing without).
+        (with ``"all"``: a line per figure and the cost table; default: stderr with
+        ``run.progress``, nothing without).
+    figures : sequence of int, optional
+        With ``"all"`` only: the figures to make (default: 1 to 14).
 
     Returns
     -------
-    FigureResult
-        The plotted data (the JSON's content) and the ``files`` written.
+    FigureResult or GalleryResult
+        One figure: its plotted data (the JSON's content) and the ``files`` written.
+        ``"all"``: the figures' results (``.figures``), what each cost and the totals
+        (``.table()``).
 
     Examples
     --------
@@ -208,6 +229,10 @@ def figure(number: int, *, quick: bool = False, out: str | Path = "figures",
     >>> fig = figure(8, quick=True, out=tempfile.mkdtemp(), run=Run(progress=False, jobs=2))
     >>> sorted(f.rsplit("/", 1)[1] for f in fig.files)
     ['fig8_quick.json', 'fig8_quick.png']
+    >>> every = figure("all", quick=True, figures=[8], out=tempfile.mkdtemp(),
+    ...                run=Run(progress=False, jobs=1))
+    >>> every.numbers, type(every.figures[0]).__name__
+    ([8], 'FigureResult')
     """
     check_path(out, "out", optional=False)
     check_path(data, "data")
@@ -215,10 +240,18 @@ def figure(number: int, *, quick: bool = False, out: str | Path = "figures",
     if log is not None and not callable(log):
         fail("log", "must be None or a function of one line of text", log)
     with running(run):
+        say = log if log is not None else progress_log(run)
+        if number == paper.ALL:
+            every = paper.reproduce_all(quick=quick, out=out, jobs=run.jobs,
+                                        data=None if data is None else str(data),
+                                        scheduler=run.scheduler, figures=figures,
+                                        redraw_only=redraw, log=say)
+            return reused(every.result) if every.kept and not redraw else every.result
+        if figures is not None:
+            raise ValidationError(f"figures: only with figure 'all' (got figure {number!r})")
         done = runner.reproduce(number, quick=quick, out=out, jobs=run.jobs,
                                 data=None if data is None else str(data),
-                                scheduler=run.scheduler, redraw_only=redraw,
-                                log=log if log is not None else progress_log(run))
+                                scheduler=run.scheduler, redraw_only=redraw, log=say)
     js = next((p for p in done.paths if p.suffix == ".json"), done.paths[0].with_suffix(".json"))
     result = figure_result(js, done.paths)
     return reused(result) if done.kept else result
@@ -233,6 +266,4 @@ def progress_log(run: Run) -> Callable[[str], None]:
 
 def figure_result(js: Path, files: list[Path]) -> FigureResult:
     """The figure's data file with the files written."""
-    data = restore_non_finite(read_json(js))
-    data.pop("request", None)
-    return FigureResult({**data, "files": [str(f) for f in files]})
+    return figure_file(js, files)

@@ -19,6 +19,10 @@ unless ``--yes``, then runs :func:`run_figure`.
 Finished pieces of a long computation live in ``<out>/.work/fig<N>[-quick]/``; a stopped
 run started again with the same command resumes from them, and the folder is removed once
 figN.json is written (kept when THEORY_KIT_KEEP_WORK=1, e.g. to change only the summaries).
+
+figN.json records what the figure cost (``timing``, :func:`timing_record`): the CPU and wall
+seconds measured while it was made, over every session of a resumed run
+(:mod:`theory_kit.io.timing`), with the jobs and scheduler it ran on.
 """
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ import importlib.util
 import inspect
 import os
 import shutil
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +42,7 @@ from typing import TYPE_CHECKING, Callable, cast
 import matplotlib.pyplot as plt
 import numpy as np
 
+from ..io.executor import SweepWatch
 from ..io.results import (
     atomic_replace,
     read_json,
@@ -45,6 +51,7 @@ from ..io.results import (
     to_jsonable,
     write_json,
 )
+from ..io.timing import LEDGER_NAME, Ledger, Spent, Stopwatch
 from ..model.validation import OutputError, ValidationError, check_int, fail
 
 if TYPE_CHECKING:
@@ -121,10 +128,16 @@ def work_folder(out: str | Path, number: int, quick: bool) -> Path:
     return Path(out) / ".work" / f"fig{number}{'-quick' if quick else ''}"
 
 
+# pyplot keeps global state (the current figure, the figure manager): figures made side by
+# side in threads (``figure all``) draw one at a time
+DRAW_LOCK = threading.RLock()
+
+
 def save_png(fig: plt.Figure, path: Path) -> Path:
     """Write a figure as PNG atomically and close it."""
-    atomic_replace(path, lambda handle: fig.savefig(handle, format="png"), ".png")
-    plt.close(fig)
+    with DRAW_LOCK:
+        atomic_replace(path, lambda handle: fig.savefig(handle, format="png"), ".png")
+        plt.close(fig)
     return path
 
 
@@ -204,22 +217,35 @@ def compile_kernels(act: "Activation | str", part: str) -> None:
     simulate.step_kernels(act)
 
 
-def _compile_task(task: tuple[str, str]) -> None:
+def _compile_task(task: tuple[str, str]) -> float:
+    """Compile one (activation, part); the CPU seconds it took in its process."""
+    start = time.process_time()
     compile_kernels(*task)
+    return time.process_time() - start
 
 
-def precompile(module: ModuleType, names: list[str], jobs: int, quick: bool = False) -> None:
+def precompile(module: ModuleType, names: list[str], jobs: int, quick: bool = False) -> float:
     """Compile the kernels of the (uncached) activations ``names`` once, on up to ``jobs``
     processes at a time, before a figure's pieces start: otherwise every worker process
     compiles every activation of its pieces (~16 CPU s each), all of them at once.  Only the
     parts the figure runs (:func:`compiled_parts`); the drift parts, the longest, are dealt
-    first."""
+    first.  Returns the CPU seconds the compiling processes took."""
+    return compile_tasks([(name, part) for part in compiled_parts(module, quick)
+                          for name in names], jobs)
+
+
+def compile_tasks(tasks: list[tuple[str, str]], jobs: int) -> float:
+    """Compile the (activation, part) ``tasks`` in up to ``jobs`` processes, in the order
+    given; the CPU seconds they took (0 without tasks or without numba).
+
+    >>> compile_tasks([], jobs=2)
+    0.0
+    """
     from concurrent.futures import ProcessPoolExecutor
-    tasks = [(name, part) for part in compiled_parts(module, quick) for name in names]
     if not tasks or not numba_backend():
-        return
+        return 0.0
     with ProcessPoolExecutor(max_workers=min(jobs, len(tasks))) as pool:
-        list(pool.map(_compile_task, tasks))
+        return float(sum(pool.map(_compile_task, tasks)))
 
 
 def compiled_parts(module: ModuleType, quick: bool = False) -> list[str]:
@@ -378,13 +404,17 @@ def executor_option(module: ModuleType, executor: object | None) -> dict:
 
 def run_figure(number: int, quick: bool = False, out: str | Path = "figures", jobs: int = 1,
                log: Callable[[str], None] = print, data: str | None = None,
-               executor: object | None = None, request: dict | None = None) -> list[Path]:
+               executor: object | None = None, request: dict | None = None,
+               scheduler: str | None = None, alongside: bool = False) -> list[Path]:
     """Compute figure ``number`` and write figN.json then figN.png (figN_quick.* for a quick
     run); returns the paths.  ``out``: a folder, or the path of that JSON file.
     ``data``: an images .npz for the digit figures (see ``theory_kit.figures.digits``).
     ``executor``: where the figure's pieces run (``theory_kit.io.executor``; default ``jobs``
-    local processes).  ``request``: stored in the JSON file (:func:`reproduce` finds the
-    result again by it).  Always computes: :func:`reproduce` returns a stored result."""
+    local processes), ``scheduler`` its name for the record.  ``request``: stored in the JSON
+    file (:func:`reproduce` finds the result again by it).  ``alongside``: other figures are
+    made at the same time in other threads of this process (``figure all``), so this one's
+    own CPU time is its thread's.  Always computes: :func:`reproduce` returns a stored
+    result."""
     module = figure_module(number)
     quick = check_quick(quick)
     out = output_folder(out, module.NUMBER, quick)
@@ -393,21 +423,45 @@ def run_figure(number: int, quick: bool = False, out: str | Path = "figures", jo
     log(describe_estimate(module, quick, jobs, sent_to=executor))
     workdir = work_folder(out, module.NUMBER, quick)
     workdir.mkdir(parents=True, exist_ok=True)
-    start = time.monotonic()
-    if executor is None and jobs > 1:   # (one process compiles as it goes)
-        precompile(module, uncompiled(figure_activations(module, quick)), jobs, quick)
-    data = module.compute(quick=quick, workdir=workdir, jobs=jobs, **extra)
-    elapsed = time.monotonic() - start
+    with Stopwatch(per_thread=alongside, ledger=Ledger(workdir / LEDGER_NAME)) as clock:
+        if executor is None and jobs > 1:   # (one process compiles as it goes)
+            clock.add_cpu(precompile(module, uncompiled(figure_activations(module, quick)),
+                                     jobs, quick))
+        data = module.compute(quick=quick, workdir=workdir, jobs=jobs, **extra)
+    spent = clock.total()
     png, js = output_paths(out, module.NUMBER, quick)
+    timing = timing_record(spent, clock.watch, jobs, scheduler, alongside)
     write_json(js, {"figure": module.NUMBER, "caption": module.CAPTION, "quick": bool(quick),
-                    "seconds": elapsed, "data": data,
+                    "seconds": spent.wall_seconds, "timing": timing, "data": data,
                     **({"request": request} if request is not None else {})})
     # draw from the reloaded file, so that --redraw reproduces exactly this picture
-    save_png(module.draw(restore_non_finite(read_json(js))["data"]), png)
+    with DRAW_LOCK:
+        save_png(module.draw(restore_non_finite(read_json(js))["data"]), png)
     if os.environ.get("THEORY_KIT_KEEP_WORK") != "1":
         shutil.rmtree(workdir, ignore_errors=True)
-    log(f"figure {module.NUMBER}: computed in {elapsed:.0f} s")
+    log(f"figure {module.NUMBER}: computed in {spent.wall_seconds:.0f} s "
+        f"({spent.cpu_seconds:.0f} CPU s)")
     return [png, js]
+
+
+def timing_record(spent: Spent, watch: SweepWatch, jobs: int, scheduler: str | None = None,
+                  alongside: bool = False) -> dict:
+    """What a figure cost, as its JSON file records it: CPU and wall seconds over all sessions
+    (a resumed run counts the stopped ones too), the jobs and scheduler, whether it shared its
+    workers with other figures made at the same time, the sweep pieces it computed in this
+    session and those it found finished, and this machine's cores.
+
+    Examples
+    --------
+    >>> record = timing_record(Spent(12.0, 7.0, 1), SweepWatch(), jobs=2)
+    >>> record["cpu_seconds"], record["wall_seconds"], record["jobs"], record["pieces"]
+    (12.0, 7.0, 2, {'computed': 0, 'resumed': 0})
+    """
+    from ..io.limits import cores
+    return {**spent.to_dict(), "jobs": int(jobs), "scheduler": scheduler,
+            "alongside_other_figures": bool(alongside),
+            "pieces": {"computed": watch.computed, "resumed": watch.resumed},
+            "cores": cores()}
 
 
 # ----------------------------------------------------------------------------- the command
@@ -529,5 +583,5 @@ def reproduce(number: object, quick: object = False, out: object = "figures", jo
     with open_executor(request.scheduler, request.jobs) as executor:
         paths = run_figure(request.number, quick=request.quick, out=request.folder,
                            jobs=request.jobs, log=log, data=request.data, executor=executor,
-                           request=identity)
+                           request=identity, scheduler=request.scheduler)
     return FigureRun(paths)

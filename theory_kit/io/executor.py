@@ -10,7 +10,11 @@ when the sweep has shared inputs).  :func:`run_sweep`
 3. saves every result through the store as it arrives, from the calling process (files are
    written atomically, so the workers need not share this machine's disk);
 4. counts pieces on one progress bar and returns the results **in key order**, so the output
-   does not depend on the order in which pieces finish.
+   does not depend on the order in which pieces finish;
+5. tells the caller's :class:`SweepWatch` (if one is set, :func:`watching`) how many pieces it
+   found finished and how many it computed, with the CPU seconds each piece computed in
+   another process took there (``figure all`` counts every figure's pieces on one bar and
+   records each figure's CPU time with it).
 
 Backends (the ``executor`` argument of every sweep function):
 
@@ -30,15 +34,18 @@ worker once: pickled into the pool's initializer, or ``Client.scatter(broadcast=
 """
 from __future__ import annotations
 
+import functools
 import os
 import pickle
 import signal
 import threading
+import time
 import uuid
 from collections import Counter
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol, Sequence
@@ -84,6 +91,95 @@ class FolderStore:
         return read_json(write_json(self.path(key), value))
 
 
+# ----------------------------------------------------------------------------- watching sweeps
+class SweepWatch:
+    """What the sweeps of one call did: pieces found finished (``resumed``), pieces computed
+    (``computed``) and the CPU seconds the computed pieces took in other processes
+    (``remote_cpu``; a piece computed in this process is counted by this process's clock).
+
+    A watch with a ``parent`` passes every count on to it, so a figure's own watch also
+    moves the bar of ``figure all``.  Counts arrive from the thread that runs the sweep, so
+    they are added under a lock.
+
+    Examples
+    --------
+    >>> outer = SweepWatch()
+    >>> inner = SweepWatch(parent=outer)
+    >>> inner.planned(3, resumed=1)
+    >>> inner.arrived(cpu_seconds=2.5)
+    >>> (outer.resumed, outer.computed, outer.remote_cpu)
+    (1, 1, 2.5)
+    """
+
+    def __init__(self, parent: SweepWatch | None = None) -> None:
+        self.parent = parent
+        self.pieces = 0
+        self.resumed = 0
+        self.computed = 0
+        self.remote_cpu = 0.0
+        self._lock = threading.Lock()
+
+    def planned(self, pieces: int, resumed: int) -> None:
+        """A sweep of ``pieces`` pieces starts, ``resumed`` of them already finished."""
+        with self._lock:
+            self.pieces += pieces
+            self.resumed += resumed
+        if self.parent is not None:
+            self.parent.planned(pieces, resumed)
+
+    def arrived(self, cpu_seconds: float | None = None) -> None:
+        """A piece was computed; ``cpu_seconds`` when it ran in another process."""
+        with self._lock:
+            self.computed += 1
+            self.remote_cpu += cpu_seconds or 0.0
+        if self.parent is not None:
+            self.parent.arrived(cpu_seconds)
+
+
+_WATCH: ContextVar[SweepWatch | None] = ContextVar("theory_kit_sweep_watch", default=None)
+
+
+def current_watch() -> SweepWatch | None:
+    """The watch set by the innermost :func:`watching` block of this context, or None.
+
+    >>> current_watch() is None
+    True
+    """
+    return _WATCH.get()
+
+
+@contextmanager
+def watching(watch: SweepWatch) -> Iterator[SweepWatch]:
+    """Report every sweep run inside the block (in this context) to ``watch``.
+
+    >>> with watching(SweepWatch()) as watch:
+    ...     _ = run_sweep(abs, [-1, -2], ["a", "b"])
+    >>> watch.computed, watch.resumed
+    (2, 0)
+    """
+    token = _WATCH.set(watch)
+    try:
+        yield watch
+    finally:
+        _WATCH.reset(token)
+
+
+@dataclass(frozen=True)
+class Timed:
+    """A piece's result with the CPU seconds it took in the process that computed it."""
+
+    value: Any
+    cpu_seconds: float
+
+
+def _timed(fn: Callable[..., Any], item: Any, *shared: object) -> Timed:
+    """``fn(item[, shared])`` with its CPU seconds (all threads of the worker process: the
+    worker runs one piece at a time)."""
+    start = time.process_time()
+    value = fn(item, *shared)
+    return Timed(value, time.process_time() - start)
+
+
 # ----------------------------------------------------------------------------- the sweep
 def run_sweep(fn: Callable[..., Any], items: Sequence[Any], keys: Sequence[object], *,
               store: Store | None = None, executor: object | None = None, jobs: int = 1,
@@ -114,15 +210,25 @@ def run_sweep(fn: Callable[..., Any], items: Sequence[Any], keys: Sequence[objec
         where = getattr(store, "folder", None)
         note(f"{desc}: resumed with {len(results)} of {len(names)} {unit}s already finished"
              f"{f' in {where}' if where is not None else ''}")
+    watch = current_watch()
+    if watch is not None:
+        watch.planned(len(names), len(results))
+    elsewhere = not runs_in_process(executor, jobs, len(todo))
     with progress_bar(len(names), desc, unit=unit, initial=len(results)) as bar:
         def arrived(key: str, value: Any) -> None:
+            cpu = None
+            if isinstance(value, Timed):
+                value, cpu = value.value, value.cpu_seconds
             results[key] = store.save(key, value) if store is not None else value
             bar.update(1)
+            if watch is not None:
+                watch.arrived(cpu)
         if todo:
-            # pieces in other processes show no bar of their own: keep this one's clock going
-            beat = not runs_in_process(executor, jobs, len(todo))
-            with heartbeat(bar if beat else None):
-                backend(executor, jobs, len(todo), max_attempts).run(fn, todo, shared, arrived)
+            # pieces in other processes show no bar of their own: keep this one's clock going;
+            # and they measure their own CPU time there (this process's clock does not see it)
+            call = functools.partial(_timed, fn) if elsewhere else fn
+            with heartbeat(bar if elsewhere else None):
+                backend(executor, jobs, len(todo), max_attempts).run(call, todo, shared, arrived)
     return [results[k] for k in names]
 
 
@@ -306,15 +412,71 @@ def arrivals(futures: dict[Future, str]) -> Iterator[Future]:
     (so their results are saved), and then raised as KeyboardInterrupt here — never inside a
     destructor, a pool's management thread or a half-written file, where Python can swallow it
     (a sweep once ended with exit 0 after Ctrl-C).  The caller ends the workers and re-raises;
-    the CLI prints one line and exits 130."""
+    the CLI prints one line and exits 130.
+
+    A future cancelled by another thread (a pool that several sweeps share, shut down with
+    ``cancel_futures``) counts as finished: ``wait`` alone would never return it, since only
+    the executor's own dequeuing marks a cancelled future as notified."""
     remaining = set(futures)
     with deferred_interrupts() as pending:
         while remaining:
             done, remaining = wait(remaining, timeout=POLL_SECONDS, return_when=FIRST_COMPLETED)
+            cancelled = {f for f in remaining if f.cancelled()}
+            done, remaining = done | cancelled, remaining - cancelled
             for future in sorted(done, key=futures.__getitem__):
                 yield future
             if pending is not None and pending.count:
                 raise KeyboardInterrupt
+
+
+def _noop() -> None:
+    """Nothing: a task that makes a pool start its worker processes."""
+
+
+@contextmanager
+def shared_pool(jobs: int) -> Iterator[ProcessPoolExecutor]:
+    """``jobs`` worker processes that several sweeps share (``figure all`` sends the pieces
+    of the figures it makes side by side to the same workers).
+
+    The workers start here, before the caller starts threads: a process forked from one
+    with other threads running can inherit a lock one of them held.  Leaving the block by an
+    exception (Ctrl-C, a failing piece) ends the workers at once; otherwise they are shut
+    down once their pieces are done.  The sweeps see the pool as a user's
+    ``concurrent.futures.Executor`` (:class:`FuturesBackend`).
+
+    Examples
+    --------
+    >>> with shared_pool(1) as pool:
+    ...     pool.submit(abs, -2).result()
+    2
+    """
+    jobs = check_int(jobs, "jobs", 1)
+    pool = ProcessPoolExecutor(max_workers=jobs, initializer=_init_worker, initargs=(None,))
+    try:
+        for future in [pool.submit(_noop) for _ in range(jobs)]:
+            future.result()
+        yield pool
+    except BaseException:
+        _terminate(pool)
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def broken_pool(exc: BaseException | None) -> bool:
+    """Whether an exception comes from worker processes that died (a broken pool), looking
+    through its causes: the finished pieces are saved and a new pool can take the rest.
+
+    >>> broken_pool(RuntimeError("x")), broken_pool(BrokenProcessPool("died"))
+    (False, True)
+    """
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, BrokenProcessPool):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def _terminate(pool: ProcessPoolExecutor) -> None:

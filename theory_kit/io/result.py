@@ -12,12 +12,13 @@ an :class:`~theory_kit.asymptotic.runs.EinfResult`, ...), and each of them is a 
   result has them.
 
 The results of verbs whose solver returns a plain record (drift, escape, compare, derive,
-figure) are :class:`Record` subclasses that keep that record as their data.
+figure) are :class:`Record` subclasses that keep that record as their data; ``figure all``
+returns a :class:`GalleryResult`, which lists the figures' results.
 """
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Sequence
 
 import numpy as np
 
@@ -307,6 +308,119 @@ class FigureResult(Record):
         return f"FigureResult(figure {self.record.get('figure')}, files={self.files})"
 
 
+class GalleryResult(Record):
+    """Every figure made by one ``figure all`` run: the figures' results, what each cost, and
+    the totals (the ``gallery.json`` summary file, ``gallery_quick.json`` for a quick run).
+
+    The summary names each figure's files relative to its own folder; :attr:`figures` reads
+    them from there (``folder``: where the summary is, set by :func:`load`).
+
+    Examples
+    --------
+    >>> g = GalleryResult({"gallery": {"quick": True, "figures": [8], "jobs": 1,
+    ...                                "cpu_seconds": 9.0, "wall_seconds": 6.0},
+    ...                    "entries": [{"figure": 8, "json": "fig8_quick.json",
+    ...                                 "png": "fig8_quick.png", "kept": False,
+    ...                                 "timing": {"cpu_seconds": 9.0, "wall_seconds": 6.0,
+    ...                                            "jobs": 1}}]})
+    >>> g.numbers
+    [8]
+    >>> print(g.table())
+    figure   CPU s   wall s  jobs
+         8     9.0      6.0     1
+     total     9.0      6.0
+    """
+
+    kind = "gallery"
+
+    def __init__(self, record: dict, folder: str | Path | None = None,
+                 figures: list[FigureResult] | None = None) -> None:
+        super().__init__(record)
+        self.folder = Path(folder) if folder is not None else None
+        self._figures = figures
+
+    @property
+    def numbers(self) -> list[int]:
+        """The figures of this run, in order."""
+        return [int(e["figure"]) for e in self.entries]
+
+    @property
+    def entries(self) -> list[dict]:
+        """One record per figure: its files (``json``, ``png``), whether it was ``kept`` from
+        an earlier run, and its ``timing`` (see ``figures.runner.timing_record``)."""
+        return list(self.record.get("entries", []))
+
+    @property
+    def figures(self) -> list[FigureResult]:
+        """The result of every figure (read from the files beside the summary when this
+        result was loaded from it)."""
+        if self._figures is None:
+            if self.folder is None:
+                raise ValidationError("figures: this gallery result does not know its folder; "
+                                      "load it with tk.load(path)")
+            self._figures = [figure_file(self.folder / e["json"],
+                                         [self.folder / e["png"], self.folder / e["json"]])
+                             for e in self.entries]
+        return list(self._figures)
+
+    @property
+    def files(self) -> list[str]:
+        """Every file of the run: each figure's PNG and JSON, then the summary (when saved)."""
+        base = self.folder if self.folder is not None else Path()
+        names = [str(base / e[k]) for e in self.entries for k in ("png", "json")]
+        return names + ([self.summary_file] if self.summary_file else [])
+
+    @property
+    def summary_file(self) -> str | None:
+        """The summary file (``gallery.json``, ``gallery_quick.json``), or None when this
+        result was not saved as one (a redraw)."""
+        name = self.record.get("summary")
+        if not name:
+            return None
+        return str((self.folder if self.folder is not None else Path()) / name)
+
+    def table(self) -> str:
+        """Each figure's CPU and wall seconds with the jobs it ran on, and the total."""
+        lines = [f"{'figure':>6} {'CPU s':>7} {'wall s':>8} {'jobs':>5}"]
+        for e in self.entries:
+            t = e.get("timing") or {}
+            kept = "  (kept: made before)" if e.get("kept") else ""
+            lines.append(f"{e['figure']:>6} {_seconds(t.get('cpu_seconds')):>7} "
+                         f"{_seconds(t.get('wall_seconds')):>8} {t.get('jobs', '?'):>5}{kept}")
+        total = self.record.get("gallery", {})
+        lines.append(f"{'total':>6} {_seconds(total.get('cpu_seconds')):>7} "
+                     f"{_seconds(total.get('wall_seconds')):>8}")
+        return "\n".join(lines)
+
+    def summary(self) -> str:
+        g = self.record.get("gallery", {})
+        kept = sum(bool(e.get("kept")) for e in self.entries)
+        return (f"GalleryResult({len(self.entries)} figures{' (quick)' if g.get('quick') else ''}"
+                f", {kept} kept, {_seconds(g.get('wall_seconds'))} s wall, "
+                f"{_seconds(g.get('cpu_seconds'))} CPU s)")
+
+
+def _seconds(value: object) -> str:
+    """Seconds as a short number, or ? when unknown."""
+    return f"{float(value):.1f}" if isinstance(value, (int, float)) else "?"
+
+
+def figure_file(js: Path, files: Sequence[Path] = ()) -> FigureResult:
+    """A figure's JSON file as its result, naming ``files`` as the files written (default:
+    the JSON file).
+
+    >>> import tempfile, pathlib
+    >>> from theory_kit.io.results import write_json
+    >>> js = write_json(pathlib.Path(tempfile.mkdtemp()) / "fig8.json", {"figure": 8, "data": {}})
+    >>> result = figure_file(js)
+    >>> result.record["figure"], result.files == [str(js)]
+    (8, True)
+    """
+    data = restore_non_finite(read_json(js, "path"))
+    data.pop("request", None)
+    return FigureResult({**data, "files": [str(f) for f in (files or [js])]})
+
+
 def kind_of(data: dict) -> type[Result]:
     """The result type of a file's content, from the fields it holds.
 
@@ -321,6 +435,8 @@ def kind_of(data: dict) -> type[Result]:
     from ..expect.error import ErrorValue
     if "dM" in data and "dQ" in data:
         return Drift
+    if "gallery" in data and "entries" in data:
+        return GalleryResult
     if "einf" in data and "runs" in data:
         return EinfResult
     if "verdict" in data:
@@ -363,4 +479,7 @@ def load(path: str | Path) -> Result:
     """
     data = restore_non_finite(read_json(path, "path"))
     data.pop("request", None)
-    return kind_of(data).from_dict(data)
+    result = kind_of(data).from_dict(data)
+    if isinstance(result, GalleryResult):   # its figures' files are beside it
+        result.folder = Path(path).parent
+    return result

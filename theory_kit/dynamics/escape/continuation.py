@@ -8,8 +8,8 @@ process (no noise after the switch), giving a deterministic map t₁ ↦ τ(t₁
 and interpolated.  With C₂ the second moment of ξ at t₁ and s the leading eigenvector of
 L_f C₂ L_fᵀ, v ∝ C₂ L_fᵀ (L_f C₂ L_fᵀ)⁺ s, scaled to spread a_s.  ``switch_dependence`` is the
 change of ⟨τ⟩ when a_s is halved.  Measured in Fig. 6's setting the continuation moves ⟨τ₂⟩ by
-a few time units only (figures/README.md), so the linear law is the headline prediction and the
-continuation a check of its nonlinear part.
+a few time units only (docs/internals/figure_notes.md), so the linear law is the headline
+prediction and the continuation a check of its nonlinear part.
 """
 from __future__ import annotations
 
