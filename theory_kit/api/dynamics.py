@@ -19,6 +19,7 @@ from ..dynamics.simulation import Simulation
 from ..dynamics.trajectory import Trajectory
 from ..expect.engines import build_engine
 from ..io.limits import check_ode, check_simulation
+from ..io.progress import piloted
 from ..io.result import Escape
 from ..io.results import write_json
 from ..io.stored import out_json, request_of, reused, stamp_output, stored_output
@@ -173,11 +174,13 @@ def ode(activation: ActivationLike, *, L: int, nu: ArrayLike, gamma: float | Non
                                      rates.train_b, rates.gamma_a, rates.gamma_b,
                                      gradient_flow, rescale_time=False)
             check_step_resolved(system, ic.state, dt, gamma)
-        traj = integrate_ode(the_task, act, ic, gamma, T, times=grid, method=integrator.method,
-                             dt=dt, rtol=integrator.rtol, atol=integrator.atol, engine=built,
-                             train_a=rates.train_a, train_b=rates.train_b,
-                             gamma_a=rates.gamma_a, gamma_b=rates.gamma_b,
-                             gradient_flow=gradient_flow, out=path, progress=run.progress)
+        with piloted():   # its time from the run's own pace (io.progress.PilotGuard)
+            traj = integrate_ode(the_task, act, ic, gamma, T, times=grid,
+                                 method=integrator.method, dt=dt, rtol=integrator.rtol,
+                                 atol=integrator.atol, engine=built, train_a=rates.train_a,
+                                 train_b=rates.train_b, gamma_a=rates.gamma_a,
+                                 gamma_b=rates.gamma_b, gradient_flow=gradient_flow, out=path,
+                                 progress=run.progress)
         stamp_output(path, request)
     return traj
 
@@ -254,10 +257,11 @@ def simulate(activation: ActivationLike, *, L: int, nu: ArrayLike, H: int, D: in
         check_simulation(cfg.D, cfg.H, the_task.L, cfg.runs, float(cfg.times[-1]), cfg.method,
                          cfg.error_samples)
         path = out_json(out, "simulate.json")
-        if path is None:
-            return sgd.simulate(cfg)
-        stored = sgd.stored_result(cfg, path)
-        return reused(stored) if stored is not None else sgd.simulate_to_file(cfg, path)
+        with piloted():   # its time from the run's own pace (io.progress.PilotGuard)
+            if path is None:
+                return sgd.simulate(cfg)
+            stored = sgd.stored_result(cfg, path)
+            return reused(stored) if stored is not None else sgd.simulate_to_file(cfg, path)
 
 
 def escape(activation: ActivationLike, *, L: int, nu: ArrayLike, gamma: float,

@@ -27,13 +27,26 @@ def progress_bar(total: float, desc: str, unit: str = "it", initial: float = 0,
     # keeps the bar (and its rate) updating at least every 10 s during slow steps
     fmt = None if isinstance(total, int) and isinstance(initial, int) else (
         "{l_bar}{bar}| {n:.4g}/{total:.4g} " + unit + " [{elapsed}<{remaining}]")
-    kind = PilotBar if pilot else tqdm
+    kind = PilotBar if pilot and _PILOTED.get() else tqdm
     return kind(total=total, desc=desc, unit=unit, initial=initial, file=sys.stderr,
                 disable=disable, dynamic_ncols=True, leave=False, bar_format=fmt,
                 maxinterval=10.0)
 
 
 PILOT_SECONDS = 3.0          # the measured part of a run that its estimate comes from
+# only the verbs' own runs (tk.ode, tk.simulate and their commands) are piloted: the pieces of
+# a figure or a sweep belong to a request whose time was decided as a whole
+_PILOTED: ContextVar[bool] = ContextVar("theory_kit_piloted", default=False)
+
+
+@contextmanager
+def piloted() -> Iterator[None]:
+    """Bars made with ``pilot=True`` inside the block estimate and guard their run."""
+    token = _PILOTED.set(True)
+    try:
+        yield
+    finally:
+        _PILOTED.reset(token)
 SAY_ESTIMATE_SECONDS = 30.0  # runs estimated longer say so once on stderr
 # every estimate said by this process, newest last (for benchmarks/bench_estimates.py)
 ESTIMATES: list[dict] = []
@@ -50,18 +63,27 @@ class PilotGuard:
         self.desc, self.unit = desc, unit
         self.total, self.initial = float(total), float(initial)
         self.start = time.perf_counter()
+        self.first: tuple[float, float] | None = None   # (time, work) at the first update
         self.estimate: float | None = None
 
     def update(self, done: float) -> None:
-        """Work done so far (in the bar's units, from 0); decides once, after the pilot."""
-        elapsed = time.perf_counter() - self.start
-        todo = self.total - self.initial
-        did = float(done) - self.initial
-        if self.estimate is not None or did <= 0 or todo <= 0 or elapsed < PILOT_SECONDS:
+        """Work done so far (in the bar's units, from 0); decides once, after the pilot.
+
+        The rate is measured from the first update on: the first block of work also compiles
+        the kernels (seconds, once per machine), which is not the run's pace."""
+        now, done = time.perf_counter(), float(done)
+        if self.estimate is not None or done <= self.initial:
             return
-        self.estimate = elapsed * todo / did
-        basis = (f"measured over its first {elapsed:.1f} s ({did:.4g} of {todo:.4g} "
-                 f"{self.unit})")
+        if self.first is None:
+            self.first = (now, done)
+            return
+        elapsed, did = now - self.first[0], done - self.first[1]
+        left = self.total - done
+        if did <= 0 or elapsed < PILOT_SECONDS:
+            return
+        self.estimate = (now - self.start) + elapsed * left / did
+        basis = (f"measured over {elapsed:.1f} s of it ({did:.4g} of "
+                 f"{self.total - self.initial:.4g} {self.unit})")
         ESTIMATES.append({"what": self.desc, "seconds": self.estimate, "basis": basis})
         from .limits import check_time
         check_time(self.estimate, self.desc, "lower the run's size", basis=basis)
