@@ -31,6 +31,7 @@ def one_run(fields: dict, r: int) -> dict:
             "Q": fields["Q"][r].tolist(), "D": 400, "gamma": 1.0}
 
 
+@pytest.mark.slow   # the default run stays under 5 minutes on 2 cores
 def test_runs_axis_and_folder_give_the_same_verdicts(runs, tmp_path):
     np.savez(tmp_path / "runs.npz", **runs)
     folder = tmp_path / "folder"

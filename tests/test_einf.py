@@ -540,6 +540,7 @@ def test_polish_modes_differ_only_on_joint_normalisers_with_two_or_three_heads()
     assert fig4.polished(point, dataclasses.replace(fig4.FULL, polish="pairwise"), "bsoftmax")
 
 
+@pytest.mark.slow   # the default run stays under 5 minutes on 2 cores
 def test_every_stage_of_the_solve_shows_and_is_recorded(monkeypatch, capsys):
     """After the flow, the solve's stages appear on their own bar (stage name, E and the
     gradient norm as it works) and each stage's time, evaluations and bar updates are in the

@@ -296,6 +296,7 @@ sys.exit(main(["figure", "all", "--quick", "--only", "1,2", "--jobs", "2", "--no
 '''
 
 
+@pytest.mark.slow   # the default run stays under 5 minutes on 2 cores
 def test_ctrl_c_stops_figures_made_side_by_side_at_once_and_the_rerun_resumes(tmp_path):
     """SIGINT to `figure all --jobs 2` (two figures of slow pieces on shared workers): exit
     130 within seconds, finished pieces kept; the same command again finishes the rest."""

@@ -28,6 +28,7 @@ def test_simulate_is_stopped_by_its_measured_rate(short_pilot, tmp_path):
     assert progress.ESTIMATES and "simulate" in progress.ESTIMATES[-1]["what"]
 
 
+@pytest.mark.slow   # the default run stays under 5 minutes on 2 cores
 def test_ode_is_stopped_by_its_measured_rate_with_or_without_a_bar(short_pilot):
     kwargs = dict(activation="softmax", H=2, L=3, nu=[2, 2], gamma=1.0, T=20.0, D=1000, seed=0,
                   engine=tk.Engine("mc", samples=4000))
