@@ -180,11 +180,13 @@ def test_cli_json_has_error_and_abs_err():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("prior,kw", [("gaussian", {"nu": [1.5]}),
+@pytest.mark.parametrize("prior,kw", [("gaussian", {"nu": [1.5]}), ("gaussian", {"nu": [3.0]}),
                                       ("discrete", {"atoms": [[1.2], [-1.2]]})])
 def test_bayes_error_quad_matches_mpmath(prior, kw):
     # The Gaussian prior uses its own quadratic log g (not the B-softmax path); the
     # discrete one the B-softmax at two atoms on one direction. Fails if either path drifts.
+    # At ν = 3, ψ = β s² spans 250 over |z| ≤ 13: a cut of the u-range at ψ_max − 200 gave
+    # mpmath E_Bayes = 1 ± 1e−15 (the truth is 0.51 at L = 3).
     task = Task(3, make_prior(prior, **kw))
     ref = err.bayes_error(task, method="mpmath")
     assert abs(err.bayes_error(task, method="quad").value - ref.value) < 1e-10

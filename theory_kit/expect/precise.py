@@ -144,15 +144,22 @@ def _panel_edges(lo: float, hi: float, width: float) -> list:
     return [mp.mpf(lo) + (mp.mpf(hi) - mp.mpf(lo)) * k / n for k in range(n + 1)]
 
 
-def _u_nodes(cols: list[_RankOneColumn], degree: int) -> list:
+def _u_nodes(cols: list[_RankOneColumn], degree: int, kappa: float = 0.0) -> list:
     """[(u, weight)] of composite Gauss–Legendre on [−ψ_max − 45, −ψ_min + 6], panels 3/2 wide.
 
     Below the range the integrands are < e^{u + ψ_max} < e^{−45}; above it they are
-    < exp(−e^6) (ψ over |z| ≤ 13).  They are analytic in |Im u| < π/2."""
-    lo = max(min(c.psi_range()[0] for c in cols), max(c.psi_range()[1] for c in cols) - 200)
+    < exp(−e^6) (ψ over |z| ≤ 13).  They are analytic in |Im u| < π/2.
+
+    The whole range is needed: 1/Z = ∫ e^u e^{−Z e^u} du puts a draw's weight at u ≈ −log Z,
+    and log Z runs over [ψ_min, ψ_max + log L].  (An earlier cut at ψ_max − 200 dropped the
+    typical draws of a one-feature Gaussian prior with ν = 6, where ψ = β s² reaches 500 at
+    |z| = 13, and returned E_Bayes = 1 with an error of 1e−15.)  With κ > 0 the factor
+    e^{−κ e^u} < exp(−e^6) ends the range at −log κ + 6 as well."""
+    lo = min(c.psi_range()[0] for c in cols)
     hi = max(c.psi_range()[1] for c in cols)
+    top = -lo + 6 if kappa <= 0 else min(-lo + 6, -float(np.log(kappa)) + 6)
     rule = GaussLegendre(mp.mp)
-    edges = _panel_edges(-hi - U_MARGIN, -lo + 6, 1.5)
+    edges = _panel_edges(-hi - U_MARGIN, max(top, -hi - U_MARGIN + 1.5), 1.5)
     return [(x, w) for a, b in zip(edges[:-1], edges[1:])
             for x, w in rule.get_nodes(a, b, degree, mp.mp.prec)]
 
@@ -167,7 +174,7 @@ def _joint_moments(task: Task, act: Activation, state: Overlaps, heads: list[int
     L, kappa = task.L, mp.mpf(act.kappa)
     noise = _RankOneColumn(act, Column(1.0, np.zeros(state.H), state.Q), heads, c, a, degree)
     sigs = [_RankOneColumn(act, col, heads, c, a, degree) for col in signal_columns(task, state)]
-    unodes = _u_nodes(sigs + [noise], degree)
+    unodes = _u_nodes(sigs + [noise], degree, act.kappa)
     w0 = w2 = w1 = mp.mpf(0)
     for sig in sigs:
         s0 = s1 = s2 = mp.mpf(0)
