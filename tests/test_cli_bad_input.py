@@ -24,7 +24,7 @@ BASE = {
     "bayes-error": ["bayes-error", *TASK],
     "derive": ["derive", *ACT],
     "ode": ["ode", *ACT, *TASK, "--H", "2", "--gamma", "1", "--T", "1", "--D", "100",
-            "--samples", "64", "--out", "{out}/ode.json", "--no-progress"],
+            "--engine", "mc", "--samples", "64", "--out", "{out}/ode.json", "--no-progress"],
     "simulate": ["simulate", *ACT, *TASK, "--D", "50", "--H", "2", "--T", "1",
                  "--out", "{out}/sim.json"],
     "einf": ["einf", *ACT, *TASK, "--H", "2", "--runs", "1", "--samples", "64",

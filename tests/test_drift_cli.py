@@ -97,17 +97,17 @@ class _FakeLaplace(QuadratureDrift):
 
 def test_auto_picks_the_deterministic_engine_where_it_applies(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(engines, "laplace_class", lambda: _FakeLaplace)
-    chosen = engines.build_engine("auto", TASK, SOFTMAX, 2)
+    chosen = engines.build_engine("auto", TASK, SOFTMAX, 2, tol=1e-9)
     assert chosen.params()["engine"] == "laplace" and chosen.params()["requested"] == "auto"
     probe = chosen.probe
     assert probe["laplace_seconds"] <= probe["sample_seconds_at_equal_accuracy"]
     # outside its class: the sample engine, with the reason
     other = engines.build_engine("auto", TASK, SOFTMAX, 3)
-    assert other.params()["engine"] == "mc" and "H <= 2" in other.params()["selection"]["reason"]
+    assert other.params()["engine"] == "rqmc" and "H <= 2" in other.params()["selection"]["reason"]
     # a deterministic engine with a poor error estimate loses at equal accuracy
     monkeypatch.setattr(_FakeLaplace, "evaluate", lambda self, *a: _slow_and_rough(self, *a))
     rough = engines.build_engine("auto", TASK, SOFTMAX, 2)
-    assert rough.params()["engine"] == "mc"
+    assert rough.params()["engine"] == "rqmc"
     # the ode verb records the choice in its file
     monkeypatch.undo()
     monkeypatch.setattr(engines, "laplace_class", lambda: _FakeLaplace)
@@ -120,6 +120,25 @@ def test_auto_picks_the_deterministic_engine_where_it_applies(monkeypatch, tmp_p
     assert data["params"]["engine"]["requested"] == "auto"
     assert data["stats"]["engine_probe"]["laplace_abs_err"] == 1e-10
     assert data["drift_err"][0] == pytest.approx(2e-10)  # dQ: linear + noise parts
+
+
+def test_auto_decides_by_the_accuracy_asked_for(monkeypatch):
+    # a precise but slow deterministic engine wins at a tight target and loses at a loose one,
+    # where a few samples reach the target sooner than one deterministic evaluation
+    monkeypatch.setattr(engines, "laplace_class", lambda: _FakeLaplace)
+    fast = _FakeLaplace.evaluate
+    monkeypatch.setattr(_FakeLaplace, "evaluate", lambda self, *a: _slow(fast, self, *a))
+    tight = engines.build_engine("auto", TASK, SOFTMAX, 2, tol=1e-9)
+    loose = engines.build_engine("auto", TASK, SOFTMAX, 2, tol=0.5)
+    assert tight.params()["engine"] == "laplace"
+    assert loose.params()["engine"] == "rqmc" and loose.params()["tol"] == 0.5
+    assert loose.probe["tol"] == 0.5
+
+
+def _slow(evaluate, engine, *args):
+    import time
+    time.sleep(0.05)
+    return evaluate(engine, *args)
 
 
 def _slow_and_rough(engine, *args):
@@ -135,7 +154,8 @@ def test_laplace_when_installed_is_chosen_by_auto_and_recorded(capsys):
         pytest.skip("expect.laplace is not on this branch yet")
     ok, _ = engines.laplace_applies(TASK, SOFTMAX, 2)
     assert ok
-    out = _drift(capsys, "--gamma", "1", "--engine", "auto")
+    # a target below what sampling reaches cheaply: the deterministic engine pays
+    out = _drift(capsys, "--gamma", "1", "--engine", "auto", "--tol", "1e-9")
     assert out["engine"]["engine"] == "laplace" and out["abs_err"] < 1e-6
     exact = _drift(capsys, "--gamma", "1", "--engine", "laplace")
     assert exact["dM"] == out["dM"]

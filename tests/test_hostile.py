@@ -294,7 +294,7 @@ def test_canary_path_is_writable():
 
 # --------------------------------------------------------------------------- CLI guard
 ODE = ["ode", "--activation", "softmax", "--L", "2", "--nu", "2,2", "--H", "2", "--gamma", "1",
-       "--T", "0.1", "--D", "100", "--samples", "16", "--no-progress"]
+       "--T", "0.1", "--D", "100", "--engine", "mc", "--samples", "16", "--no-progress"]
 
 
 def _out_cases(root: Path) -> dict[str, str]:
@@ -684,7 +684,7 @@ def test_bad_times_exit_2_before_the_engine_is_built(tmp_path, capsys, monkeypat
 
     def built(*_args, **_kw):
         raise AssertionError("the engine was built before --times was checked")
-    monkeypatch.setattr(dynamics_api, "build_engine", built)
+    monkeypatch.setattr(dynamics_api, "engine_from_options", built)
     argv = [*ODE, "--times=-1,0.5", "--out", str(tmp_path / "o.json")]
     status, _, err = run_cli(argv, capsys)
     assert_one_line(err, "ode", status, 2, "times: must be non-decreasing values in [0, T")

@@ -13,7 +13,7 @@ from theory_kit.model.validation import ValidationError
 from theory_kit.options import Engine, Run
 
 BASE = ["ode", "--activation", "softmax", "--L", "3", "--nu", "2,2", "--T", "1",
-        "--samples", "500", "--no-progress"]
+        "--engine", "mc", "--samples", "500", "--no-progress"]
 
 
 def log_fields(runs: int = 2) -> dict:

@@ -13,7 +13,7 @@ They are validated when the verb runs, with the same one-line messages as the co
 
 >>> from theory_kit.options import Engine, Integrator
 >>> Engine("mc", samples=800)
-Engine(name='mc', samples=800, seed=0, fresh=False, symmetric_heads=False)
+Engine(name='mc', samples=800, seed=0, fresh=False, symmetric_heads=False, tol=0.0001, budget=32768)
 >>> Integrator(method="rk45").rtol
 1e-06
 """
@@ -33,12 +33,13 @@ class Engine:
     Parameters
     ----------
     name : str
-        ``mc`` (Monte Carlo with common random numbers), ``quad`` (quadrature), ``sobol``
-        (scrambled Sobol points), ``laplace`` (deterministic Laplace reduction) or ``auto``
-        (laplace where it applies and is faster at equal accuracy, else mc).
+        ``auto`` (the default: laplace where it applies and is faster at the accuracy
+        ``tol``, else rqmc), ``rqmc`` (scrambled Sobol replicates grown to ``tol``), ``mc``
+        (Monte Carlo with common random numbers), ``quad`` (quadrature), ``sobol``
+        (scrambled Sobol points) or ``laplace`` (deterministic Laplace reduction).
     samples : int
         Monte Carlo noise draws (each paired with every θ stratum); the Sobol points of
-        ``sobol``, and of ``quad`` when H·L > 6.
+        ``sobol``, and of ``quad`` when H·L > 6.  Not used by ``rqmc``.
     seed : int
         Seed of the samples (of the Sobol scramble for quad and sobol); ``--mc-seed``.
     fresh : bool
@@ -46,13 +47,21 @@ class Engine:
     symmetric_heads : bool
         Pair every draw with its head permutations, so that the drift of a head-symmetric
         state is exactly symmetric.
+    tol : float
+        Absolute error target of every drift component (``rqmc``, and ``auto``'s choice);
+        why 1e-4 is the default: :mod:`theory_kit.expect.rqmc`.
+    budget : int
+        ``rqmc``: Sobol points per replicate at most (a power of two); a target not met
+        within it is reported, never hidden.
     """
 
-    name: str = "mc"
+    name: str = "auto"
     samples: int = 20_000
     seed: int = 0
     fresh: bool = False
     symmetric_heads: bool = False
+    tol: float = 1e-4
+    budget: int = 2 ** 15
 
 
 @dataclass(frozen=True)

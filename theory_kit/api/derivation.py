@@ -5,11 +5,11 @@ import numpy as np
 
 from .. import kernels
 from ..dynamics.ode import build_system, drift_at_state
-from ..expect.engines import build_engine
+from ..expect.engines import engine_from_options
 from ..io.result import Derivation, Drift
 from ..model.phi_parser import refuse_non_finite
 from ..model.state import check_state_for_task
-from ..model.validation import check_choice, check_flag, check_int, check_number, fail
+from ..model.validation import check_choice, check_flag, check_number, fail
 from ..options import Rates, Run
 from ..symbolic import derive as symbolic
 from .inputs import (
@@ -114,10 +114,7 @@ def drift(activation: ActivationLike, *, L: int, nu: ArrayLike, M: ArrayLike, Q:
         system, resolved = build_system(the_task, act, state.H, None,  # type: ignore[arg-type]
                                         gamma, rates.train_a, rates.train_b, rates.gamma_a,
                                         rates.gamma_b, gradient_flow, rescale_time=False)
-        built = system.engine = build_engine(
-            options.name, the_task, act, state.H, samples=options.samples,
-            seed=check_int(options.seed, "mc-seed", 0), fresh=options.fresh,
-            head_symmetric=options.symmetric_heads, state=state)
+        built = system.engine = engine_from_options(options, the_task, act, state.H, state)
         with np.errstate(over="ignore", invalid="ignore"):  # a non-finite drift is refused
             out = drift_at_state(system, system.join(state.M, state.Q, state.a, state.b))
         refuse_non_finite(act, "the drift", out["dM"], out["dQ"], out["da"], out["db"],

@@ -17,7 +17,7 @@ from ..dynamics.ode import (
 )
 from ..dynamics.simulation import Simulation
 from ..dynamics.trajectory import Trajectory
-from ..expect.engines import build_engine
+from ..expect.engines import engine_from_options
 from ..io.limits import check_ode, check_simulation
 from ..io.progress import piloted
 from ..io.result import Escape
@@ -61,7 +61,7 @@ def ode(activation: ActivationLike, *, L: int, nu: ArrayLike, gamma: float | Non
         M0: ArrayLike | None = None, Q0: ArrayLike | None = None, a0: ArrayLike | None = None,
         b0: ArrayLike | None = None, prior: str = "flipping", delta: float = 0.0,
         times: ArrayLike | None = None, from_log: str | Path | None = None, log_run: int = 0,
-        gradient_flow: bool = False, rates: Rates = Rates(), engine: EngineLike = "mc",
+        gradient_flow: bool = False, rates: Rates = Rates(), engine: EngineLike = "auto",
         integrator: Integrator = Integrator(), run: Run = Run(),
         out: str | Path | None = None) -> Trajectory:
     """Integrate the order-parameter ODEs of online SGD (docs/theory.md §5).
@@ -100,7 +100,11 @@ def ode(activation: ActivationLike, *, L: int, nu: ArrayLike, gamma: float | Non
     rates : Rates
         Training switches and rates of a, b.
     engine : str or Engine
-        The expectation engine (default Monte Carlo, 20 000 draws).
+        The expectation engine (default ``auto``: the deterministic engine where it applies
+        and pays at the accuracy ``Engine.tol``, else scrambled Sobol replicates grown to
+        that accuracy; see :class:`theory_kit.options.Engine`).  The trajectory's
+        ``stats["drift_accuracy"]`` records the points and the achieved error per record,
+        and ``stats["warnings"]`` any direction decided by sampling error.
     integrator : Integrator
         rk4 (fixed steps, checked to resolve the start) or adaptive rk45/dop853.
     run : Run
@@ -165,9 +169,7 @@ def ode(activation: ActivationLike, *, L: int, nu: ArrayLike, gamma: float | Non
         dt = integrator.dt
         if np.isfinite(T) and T > 0 and np.isfinite(dt) and dt > 0:
             check_ode(eng.samples, ic.state.H, the_task.L, strata_of(the_task), T, dt)
-        built = build_engine(eng.name, the_task, act, ic.state.H, samples=eng.samples,
-                             seed=check_int(eng.seed, "mc-seed", 0), fresh=eng.fresh,
-                             head_symmetric=eng.symmetric_heads, state=ic.state)
+        built = engine_from_options(eng, the_task, act, ic.state.H, state=ic.state)
         if integrator.method == "rk4":
             check_positive(dt, "dt")  # before the step check, which would say 'a step of nan'
             system, _ = build_system(the_task, act, ic.state.H, built, gamma, rates.train_a,

@@ -94,6 +94,10 @@ def as_engine(engine: EngineLike, names: tuple[str, ...] | None = None) -> Engin
     check_int(engine.seed, "mc-seed", 0)
     check_flag(engine.fresh, "fresh")
     check_flag(engine.symmetric_heads, "symmetric_heads")
+    check_number(engine.tol, "tol", above=0.0, maximum=1.0)
+    budget = check_int(engine.budget, "budget", 4)
+    if budget & (budget - 1):
+        fail("budget", "must be a power of two (Sobol points per replicate)", budget)
     return engine
 
 

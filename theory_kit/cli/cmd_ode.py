@@ -84,12 +84,21 @@ def add_rate_args(p: argparse.ArgumentParser, gamma_required: bool = True) -> No
                    help="drop the gamma^2 noise term (gradient flow)")
 
 
-def add_engine_args(p: argparse.ArgumentParser, default: str = "mc") -> None:
-    """--engine, --samples, --mc-seed, --fresh, --symmetric-heads (shared with ``drift``)."""
+def add_engine_args(p: argparse.ArgumentParser, default: str = "auto") -> None:
+    """--engine, --tol, --budget, --samples, --mc-seed, --fresh, --symmetric-heads (shared
+    with ``drift``)."""
     p.add_argument("--engine", default=default,
                    help=f"drift expectations: one of {', '.join(ENGINE_NAMES)} (auto: the "
-                        "deterministic laplace engine where it applies and is faster at equal "
-                        "accuracy, else mc); default %(default)s")
+                        "deterministic laplace engine where it applies and is faster at the "
+                        "accuracy --tol, else rqmc: scrambled Sobol replicates grown until "
+                        "every drift component's error is below --tol); default %(default)s")
+    p.add_argument("--tol", type=float, default=Engine.tol,
+                   help="absolute error target of every drift component (rqmc, auto); "
+                        "default %(default)g")
+    p.add_argument("--budget", type=int, default=Engine.budget,
+                   help="rqmc: Sobol points per replicate at most (a power of two; 16 "
+                        "replicates); a target not met within it is reported; default "
+                        "%(default)d")
     p.add_argument("--samples", type=int, default=20_000,
                    help="Monte Carlo noise draws (each paired with every theta stratum); with "
                         "--engine quad, the Sobol points used when H*L > 6; with sobol, the "
@@ -108,7 +117,7 @@ def engine_of(args: argparse.Namespace) -> Engine:
     """The API's Engine options of --engine, --samples, --mc-seed, --fresh,
     --symmetric-heads."""
     return Engine(args.engine, samples=args.samples, seed=args.mc_seed, fresh=args.fresh,
-                  symmetric_heads=args.symmetric_heads)
+                  symmetric_heads=args.symmetric_heads, tol=args.tol, budget=args.budget)
 
 
 def rates_of(args: argparse.Namespace) -> Rates:

@@ -63,6 +63,7 @@ from ..model.initial import InitialCondition
 from ..model.state import State, check_state_for_task
 from ..model.task import Task
 from ..model.validation import ValidationError, as_finite_array, check_int, check_psd, fail
+from .drift_watch import DriftWatch
 from .trajectory import ROW_KEYS, Trajectory
 
 if TYPE_CHECKING:
@@ -116,21 +117,41 @@ class OdeSystem:
     def join(M: np.ndarray, Q: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return np.concatenate([M.ravel(), Q.ravel(), a.ravel(), b.ravel()])
 
-    def means(self, t: float, y: np.ndarray) -> DriftMeans:
+    def means(self, t: float, y: np.ndarray, again: bool = False) -> DriftMeans:
         """Drift expectations at y, after checking y is admissible.
 
         With fixed samples the last result is reused when y repeats (the error recorded at an
-        output time and the first stage of the next step share their state)."""
-        if self._last is not None and np.array_equal(self._last[0], y):
+        output time and the first stage of the next step share their state), unless ``again``
+        (the drift watch tightened the engine)."""
+        if not again and self._last is not None and np.array_equal(self._last[0], y):
             return self._last[1]
         M, Q, a, b = self.split(y)
         check_admissible(t, M, Q, a, b, self.noise_rate == 0)
+        if self.evaluations == 0:
+            self.configure_engine()
         self.evaluations += 1
         result = self.engine.evaluate(self.task, self.act, M, 0.5 * (Q + Q.T), a, b)
         self.step_err = max(self.step_err, self.rhs_error(result))
         if not self.engine.fresh:
             self._last = (y.copy(), result)
         return result
+
+    def configure_engine(self) -> None:
+        """Tell an engine with an error target which drifts this system integrates (those of
+        M and Q, and of a, b when they are trained)."""
+        watch = getattr(self.engine, "watch_fields", None)
+        if watch is not None:
+            watch(("dM", "dQ_lin") + (("dQ_noise",) if self.noise_rate else ())
+                  + (("da",) if self.rate_a else ()) + (("db",) if self.rate_b else ()))
+
+    def engine_accuracy(self) -> dict:
+        """The engine's last points and achieved error ({} for engines without a target)."""
+        accuracy = getattr(self.engine, "accuracy", None)
+        return accuracy() if accuracy is not None else {}
+
+    def engine_exhausted(self) -> bool:
+        """Whether an engine with a budget has spent it."""
+        return bool(getattr(self.engine, "exhausted", True))
 
     def error_at(self, t: float, y: np.ndarray) -> tuple[float, float] | None:
         """(E, its error estimate) at y from the engine's E-only evaluation
@@ -330,6 +351,8 @@ class _Recorder:
 
     def __init__(self, rows: dict | None = None) -> None:
         self.rows = rows or {k: [] for k in ROW_KEYS}
+        self.watch = DriftWatch()
+        self.accuracy: list[dict] = []
 
     def record(self, system: OdeSystem, t: float, y: np.ndarray, dense: bool = False) -> None:
         """One row at (t, y).  ``dense``: y is read off a step's interpolant, so no step
@@ -340,8 +363,11 @@ class _Recorder:
         if light is not None:
             error, error_se, drift_err = light[0], light[1], system.step_err
         else:
-            d = system.means(t, y)
+            d = self.watch.check(system, t, y, system.means(t, y))
             error, error_se, drift_err = d.error, d.stderr.get("error", 0.0), system.rhs_error(d)
+            accuracy = system.engine_accuracy()
+            if accuracy:
+                self.accuracy.append({"t": float(t), **accuracy})
         M, Q, a, b = system.split(y)
         for key, val in (("t", t), ("M", M), ("Q", Q), ("a", a), ("b", b), ("error", error),
                          ("error_stderr", float(error_se)), ("drift_err", drift_err)):
@@ -349,6 +375,11 @@ class _Recorder:
 
     def trajectory(self, params: dict, stats: dict) -> Trajectory:
         arrays: dict[str, Any] = {k: np.asarray(v, dtype=float) for k, v in self.rows.items()}
+        stats = dict(stats)
+        if self.watch.warnings:
+            stats["warnings"] = list(self.watch.warnings)
+        if self.accuracy:
+            stats["drift_accuracy"] = list(self.accuracy)
         return Trajectory(**arrays, params=params, stats=stats)
 
 

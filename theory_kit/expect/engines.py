@@ -1,4 +1,5 @@
-"""One place that builds a drift engine by name: ``mc``, ``quad``, ``sobol``, ``laplace``, ``auto``.
+"""One place that builds a drift engine by name: ``mc``, ``quad``, ``sobol``, ``rqmc``,
+``laplace``, ``auto``.
 
 Every caller (the ``ode`` and ``drift`` verbs, the figure pieces, ``comparison``, ``einf``)
 asks :func:`build_engine` for its drift expectations, so the engine choice, its validation and
@@ -12,14 +13,19 @@ the record of what was chosen live here only.
   ``samples`` scrambled Sobol points (error estimate: the spread of independently scrambled
   replicates that share the points).
 * ``sobol``: ``samples`` scrambled Sobol points at every dimension (replicate error estimate).
+* ``rqmc``: :class:`~theory_kit.expect.rqmc.AdaptiveQmcDrift`, independently scrambled Sobol
+  replicates, reflected, grown until every drift component's error is below ``tol`` (or the
+  ``budget`` of points per replicate is spent).
 * ``laplace``: the deterministic engine ``expect.laplace.LaplaceDrift`` (imported lazily), with
   an absolute error estimate per field; refused where it does not apply.
-* ``auto``: ``laplace`` where it applies and where it is faster than the sample engine at equal
-  accuracy, otherwise ``mc``.  "Faster at equal accuracy" is measured, once, at a probe state
-  (the caller's state when given): one laplace evaluation takes t_L and reaches ε_L (its
-  largest error estimate); one sample evaluation with n draws takes t_S with largest standard
-  error σ_S, and since σ ∝ n^{-1/2} the sample engine needs t_S (σ_S/ε_L)² to reach ε_L.  The
-  probe's numbers and the reason of the choice are recorded in ``params()``.
+* ``auto``: ``laplace`` where it applies and where it is faster than sampling at the accuracy
+  asked for, otherwise ``rqmc`` at ``tol`` (``mc`` when fresh samples are asked for).  The
+  accuracy asked for is ε = max(ε_L, tol): a deterministic engine more precise than ``tol``
+  is not worth a higher price.  "Faster" is measured, once, at a probe state (the caller's
+  state when given): one laplace evaluation takes t_L and reaches ε_L (its largest error
+  estimate); one ``rqmc`` evaluation at its target takes t_S
+  (:func:`compare_at_equal_accuracy`).  The probe's numbers and the reason of the choice are
+  recorded in ``params()``.
 
 ``head_symmetric`` pairs every sample with its head permutations (sample engines only; the
 deterministic engine is head-symmetric by construction).
@@ -37,9 +43,9 @@ from ..model.state import State
 from ..model.task import Task
 from ..model.validation import ValidationError, check_int, fail
 from .drift import DriftMeans, MonteCarloDrift, QuadratureDrift
+from .rqmc import DEFAULT_MAX_POINTS, DEFAULT_START_POINTS, DEFAULT_TOL, AdaptiveQmcDrift
 
-ENGINE_NAMES = ("auto", "laplace", "mc", "quad", "sobol")
-PROBE_SAMPLES = 4000  # draws of the probe evaluation of the sample engine (auto)
+ENGINE_NAMES = ("auto", "laplace", "mc", "quad", "rqmc", "sobol")
 DEFAULT_QMC_POINTS = 2 ** 15  # Sobol points of ``quad`` when the caller has no count
 
 
@@ -127,14 +133,20 @@ class SelectedEngine:
 
 
 def sample_engine(name: str, samples: int = 20_000, seed: int = 0, fresh: bool = False,
-                  head_symmetric: bool = False) -> DriftEngine:
+                  head_symmetric: bool = False, tol: float = DEFAULT_TOL,
+                  budget: int = DEFAULT_MAX_POINTS) -> DriftEngine:
     """The sample engines: ``mc``, ``quad`` (Gauss–Hermite, Sobol beyond dimension 6) or
-    ``sobol`` (Sobol at every dimension) with ``samples`` points."""
+    ``sobol`` (Sobol at every dimension) with ``samples`` points, or ``rqmc`` to the error
+    target ``tol`` with at most ``budget`` points per replicate."""
     samples = check_int(samples, "samples", 2)
     if name == "mc":
         return MonteCarloDrift(samples, seed=seed, fresh=fresh, head_symmetric=head_symmetric)
     if fresh:
         fail("engine", "fresh samples exist only for the mc engine", name)
+    if name == "rqmc":
+        return AdaptiveQmcDrift(tol, max_points=budget, seed=seed,
+                                head_symmetric=head_symmetric,
+                                start_points=min(budget, DEFAULT_START_POINTS))
     if name == "quad":
         return QuadratureDrift(qmc_points=samples, seed=seed, head_symmetric=head_symmetric)
     if name == "sobol":
@@ -147,20 +159,42 @@ def sample_engine(name: str, samples: int = 20_000, seed: int = 0, fresh: bool =
 def build_engine(name: str = "mc", task: Task | None = None, act: Activation | None = None,
                  H: int | None = None, samples: int = 20_000, seed: int = 0,
                  fresh: bool = False, head_symmetric: bool = False,
-                 state: State | None = None) -> DriftEngine:
+                 state: State | None = None, tol: float = DEFAULT_TOL,
+                 budget: int = DEFAULT_MAX_POINTS) -> DriftEngine:
     """The drift engine ``name`` (one of :data:`ENGINE_NAMES`).
 
     ``task``, ``act`` and ``H`` are needed by ``laplace`` (to refuse what it does not cover)
     and ``auto`` (to choose); ``state`` is the probe state of ``auto`` (default
     :func:`probe_state`).  ``samples``, ``seed``, ``fresh`` and ``head_symmetric`` configure the
-    sample engines (``fresh`` only ``mc``; ``auto`` with ``fresh`` is ``mc``)."""
+    sample engines (``fresh`` only ``mc``; ``auto`` with ``fresh`` is ``mc``); ``tol`` and
+    ``budget`` the ``rqmc`` engine, and ``tol`` also ``auto``'s choice."""
     if not isinstance(name, str) or name not in ENGINE_NAMES:
         fail("engine", f"must be one of {', '.join(ENGINE_NAMES)}", name)
     if name == "laplace":
         return _laplace(task, act, H, fresh)
     if name == "auto":
-        return _auto(task, act, H, samples, seed, fresh, head_symmetric, state)
-    return sample_engine(name, samples, seed, fresh, head_symmetric)
+        return _auto(task, act, H, samples, seed, fresh, head_symmetric, state, tol, budget)
+    return sample_engine(name, samples, seed, fresh, head_symmetric, tol, budget)
+
+
+def engine_from_options(options: Any, task: Task, act: Activation, H: int,
+                        state: State | None = None) -> DriftEngine:
+    """:func:`build_engine` from a :class:`theory_kit.options.Engine` (validated by the API).
+
+    Examples
+    --------
+    >>> from theory_kit.options import Engine
+    >>> from theory_kit.model.activations import get_activation
+    >>> from theory_kit.model.priors import make_prior
+    >>> eng = engine_from_options(Engine("rqmc", tol=1e-3), Task(3, make_prior("flipping",
+    ...                           nu=[2.0])), get_activation("softmax"), 2)
+    >>> eng.params()["tol"]
+    0.001
+    """
+    return build_engine(options.name, task, act, H, samples=options.samples,
+                        seed=check_int(options.seed, "mc-seed", 0), fresh=options.fresh,
+                        head_symmetric=options.symmetric_heads, state=state, tol=options.tol,
+                        budget=options.budget)
 
 
 def _laplace(task: Task | None, act: Activation | None, H: int | None,
@@ -180,40 +214,51 @@ def _laplace(task: Task | None, act: Activation | None, H: int | None,
 
 
 def _auto(task: Task | None, act: Activation | None, H: int | None, samples: int, seed: int,
-          fresh: bool, head_symmetric: bool, state: State | None) -> DriftEngine:
-    fallback = sample_engine("mc", samples, seed, fresh, head_symmetric)
+          fresh: bool, head_symmetric: bool, state: State | None, tol: float = DEFAULT_TOL,
+          budget: int = DEFAULT_MAX_POINTS) -> DriftEngine:
     if fresh:
-        return SelectedEngine(fallback, {"engine": "mc", "reason": "fresh samples requested"})
+        return SelectedEngine(sample_engine("mc", samples, seed, fresh, head_symmetric),
+                              {"engine": "mc", "reason": "fresh samples requested"})
+    fallback = sample_engine("rqmc", samples, seed, False, head_symmetric, tol, budget)
     if task is None or act is None or H is None:
         raise ValidationError("engine: auto needs the task, the activation and H to choose")
     ok, reason = laplace_applies(task, act, H)
     if not ok:
-        return SelectedEngine(fallback, {"engine": "mc", "reason": reason})
+        return SelectedEngine(fallback, {"engine": "rqmc", "reason": reason})
     cls = laplace_class()
     assert cls is not None                       # laplace_applies found it
     laplace = cls()
     probe = compare_at_equal_accuracy(laplace, fallback, task, act,
-                                      probe_state(task, act, H) if state is None else state, seed)
+                                      probe_state(task, act, H) if state is None else state,
+                                      seed, tol)
     if probe["laplace_seconds"] <= probe["sample_seconds_at_equal_accuracy"]:
         return SelectedEngine(laplace, {"engine": "laplace", "reason": "applies, and faster "
-                                        "than sampling at equal accuracy", "probe": probe})
-    return SelectedEngine(fallback, {"engine": "mc", "reason": "sampling is faster at the "
-                                     "deterministic engine's accuracy", "probe": probe})
+                                        "than sampling at the accuracy asked for",
+                                        "probe": probe})
+    return SelectedEngine(fallback, {"engine": "rqmc", "reason": "sampling is faster at the "
+                                     "accuracy asked for", "probe": probe})
 
 
 def compare_at_equal_accuracy(deterministic: DriftEngine, sampled: DriftEngine, task: Task,
-                              act: Activation, state: State, seed: int = 0) -> dict:
-    """Time one evaluation of each engine at ``state`` and the sample engine's time to reach the
-    deterministic engine's largest error estimate ε (σ ∝ n^{-1/2}: t_S (σ_S / ε)²).
+                              act: Activation, state: State, seed: int = 0,
+                              tol: float = 0.0) -> dict:
+    """Time one evaluation of each engine at ``state``, and the sample engine's time to reach
+    ε = max(the deterministic engine's largest error estimate, ``tol``).
 
-    The sample engine is probed with :data:`PROBE_SAMPLES` draws (its cost is linear in n), so
-    the probe stays cheap whatever ``samples`` the run uses."""
-    probe_engine = MonteCarloDrift(PROBE_SAMPLES, seed=seed,
-                                   head_symmetric=getattr(sampled, "head_symmetric", False))
+    The sample engine is the one the run would use (``rqmc`` grows its points to its target
+    on a first evaluation, which also builds its point sets; the second is timed).  If its
+    error σ is still above ε (a spent budget), its time is scaled as t_S (σ/ε)², the
+    Monte Carlo rate, which is conservative for quasi-Monte Carlo.  ``seed`` is kept for the
+    callers' signature (the sample engine carries its own)."""
     t_det, det = _timed(deterministic, task, act, state)
-    t_smp, smp = _timed(probe_engine, task, act, state)
-    eps, sigma = largest_error(det), largest_error(smp)
-    needed = t_smp * (sigma / max(eps, 1e-300)) ** 2 if np.isfinite(eps) else 0.0
-    return {"state": state.to_dict(), "laplace_seconds": t_det, "laplace_abs_err": eps,
-            "sample_seconds": t_smp, "sample_samples": PROBE_SAMPLES, "sample_stderr": sigma,
-            "sample_seconds_at_equal_accuracy": float(needed)}
+    _timed(sampled, task, act, state)
+    t_smp, smp = _timed(sampled, task, act, state)
+    eps, sigma = max(largest_error(det), tol), largest_error(smp)
+    if not np.isfinite(eps):
+        needed = 0.0
+    else:
+        needed = t_smp * max(1.0, (sigma / max(eps, 1e-300)) ** 2)
+    return {"state": state.to_dict(), "laplace_seconds": t_det,
+            "laplace_abs_err": largest_error(det), "tol": tol,
+            "sample_seconds": t_smp, "sample_engine": sampled.params().get("engine"),
+            "sample_stderr": sigma, "sample_seconds_at_equal_accuracy": float(needed)}

@@ -49,6 +49,8 @@ def out_json(out: str | os.PathLike | None, name: str) -> Path | None:
                           "path)")
     path = Path(out)
     if path.suffix.lower() == ".json" or (path.exists() and not path.is_dir()):
+        if path.is_dir():   # refused now, not after the run it would have kept
+            raise OutputError(f"out: {path} is a directory, not a file")
         return path
     return path / name
 

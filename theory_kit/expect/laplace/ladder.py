@@ -98,6 +98,7 @@ class LaplaceDrift:
 
     fresh = False
     name = "laplace"
+    deterministic = True      # its error is a bound, not noise (``dynamics.drift_watch``)
 
     def __init__(self, level: float = DEFAULT_LEVEL, tol: float = DEFAULT_TOL) -> None:
         if not (np.isfinite(level) and level > 0):
