@@ -23,6 +23,13 @@ Parts (``--parts``, all by default), every ratio against a baseline timed in the
   brute-force SGD run, with its error of m along the curve measured against the deterministic
   curve (goal ≥ 300× at an error below 2e-3).
 
+* ``even`` (issue #43): φ = s², per-head, κ = 1, H = 3, L = 6, flipping ν = (2, 2), γ = 1, start
+  drawn at D = 10^4 (seed 0), over ``--even-T``.  The time to a curve whose drift error is below
+  ``--tol`` (default 1e-5) at every record: the default ``auto`` (→ ``rqmc``) at that target,
+  against plain Monte Carlo, whose draws to reach it are extrapolated from a run at
+  ``--samples`` draws (cost ∝ draws, error ∝ draws^{-1/2}: t · (σ/tol)², σ its largest recorded
+  drift error); the ratio between them, and each curve's signs of m_{h1} at the end.
+
 * ``heap``: the deterministic curve (as in ``curve``, no tightened run) in fresh processes,
   alternately with ``THEORY_KIT_RETAIN_HEAP=0`` (glibc returns freed memory to the kernel, the
   default before 2026-12-02) and with the engine's default (freed memory kept,
@@ -31,8 +38,9 @@ Parts (``--parts``, all by default), every ratio against a baseline timed in the
 
 All times are CPU seconds of this process (the machine is shared).
 
-Run:  python benchmarks/bench_ode.py [--parts steps,cost,curve,sample,default,heap]
+Run:  python benchmarks/bench_ode.py [--parts steps,cost,curve,sample,default,heap,even]
       [--engine laplace] [--sgd-T 0.5] [--T 250] [--samples 20000] [--save DIR] [--rounds 2]
+      [--tol 1e-5] [--even-T 4]
 """
 from __future__ import annotations
 
@@ -214,6 +222,31 @@ def part_sample(T: float, reference: Trajectory, secs_det: float, accuracy: floa
     print(f"  ratio sample / deterministic at equal accuracy = {secs / secs_det:.1e}")
 
 
+def part_even(T: float, tol: float, samples: int) -> None:
+    """Issue #43's case: time to a curve with drift error <= tol, rqmc against Monte Carlo."""
+    from theory_kit.api import activation, ode
+    from theory_kit.options import Engine, Run
+    act = activation(phi="s**2", norm="per-head", kappa=1)
+    kw = dict(H=3, L=6, nu=[2, 2], gamma=1.0, T=T, D=D, seed=0,
+              times=np.linspace(0.0, T, 11), run=Run(progress=False))
+    rows = {}
+    for label, engine in (("auto", Engine("auto", tol=tol, budget=2 ** 17)),
+                          ("mc", Engine("mc", samples=samples))):
+        start = time.process_time()
+        traj = ode(act, engine=engine, **kw)
+        rows[label] = (time.process_time() - start, float(np.max(traj.drift_err)), traj)
+    t_auto, err_auto, tr_auto = rows["auto"]
+    t_mc, err_mc, tr_mc = rows["mc"]
+    t_mc_tol = t_mc * max(1.0, (err_mc / tol) ** 2)
+    print(f"even phi (s^2, H=3, L=6), T = {T:g}, target {tol:g}:")
+    print(f"  auto -> {tr_auto.params['engine'].get('engine')}: {t_auto:.1f} CPU s, largest "
+          f"drift error {err_auto:.2g}, signs of m_h1 at T {np.sign(tr_auto.M[-1, :, 0])}")
+    print(f"  mc {samples} draws: {t_mc:.1f} CPU s, largest drift error {err_mc:.2g}, signs "
+          f"{np.sign(tr_mc.M[-1, :, 0])}, warnings: {len(tr_mc.stats.get('warnings', []))}")
+    print(f"  mc at the target: {samples * max(1.0, (err_mc / tol) ** 2):.3g} draws, "
+          f"{t_mc_tol:.3g} CPU s (extrapolated); ratio mc/auto {t_mc_tol / t_auto:.3g}")
+
+
 def cpu(fn: object) -> tuple[float, object]:
     """CPU seconds of this process (all threads) and the result: robust on a shared machine."""
     start = time.process_time()
@@ -336,6 +369,8 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=20_000,
                         help="Monte Carlo draws of the default part (the ode verb's default)")
     parser.add_argument("--rounds", type=int, default=2, help="(off, on) pairs of part heap")
+    parser.add_argument("--tol", type=float, default=1e-5, help="drift error target (even)")
+    parser.add_argument("--even-T", type=float, default=4.0, help="the even case's T")
     args = parser.parse_args()
     os.environ.setdefault("THEORY_KIT_NO_PROGRESS", "1")
     parts = set(args.parts.split(","))
@@ -350,6 +385,8 @@ def main() -> None:
         part_cost(args.T, args.engine, args.sgd_T)
     if "heap" in parts:
         part_heap(args.T, args.engine, args.rounds)
+    if "even" in parts:
+        part_even(args.even_T, args.tol, args.samples)
     if "curve" in parts:
         reference, secs, accuracy = part_curve(args.T, args.engine, args.sgd_T, args.save)
         if "sample" in parts:  # its error is measured against the deterministic curve

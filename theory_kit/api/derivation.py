@@ -120,6 +120,9 @@ def drift(activation: ActivationLike, *, L: int, nu: ArrayLike, M: ArrayLike, Q:
         refuse_non_finite(act, "the drift", out["dM"], out["dQ"], out["da"], out["db"],
                           out["error"])
     out["engine"] = built.params()
+    accuracy = getattr(built, "accuracy", None)  # rqmc: the points and the error it reached
+    if accuracy is not None:
+        out["accuracy"] = accuracy()
     probe = getattr(built, "probe", None)        # set by auto (``engines.SelectedEngine``)
     if probe is not None:
         out["engine_probe"] = probe

@@ -18,7 +18,8 @@ These pairs are summed first, as pairs, so the symmetries hold in floating point
 ``tol`` is an absolute target for the error of every drift component (``fields``: those of
 M and Q by default; the ODE adds a and b when it trains them).  The engine starts at
 ``start_points`` per replicate and doubles the points until the largest error is below ``tol``
-or ``max_points`` per replicate is reached; the count only grows (the right-hand side of an
+or ``max_points`` per replicate is reached (or the memory one evaluation may use: the budget
+then shrinks to the points reached, and :attr:`params` says so); the count only grows (the right-hand side of an
 ODE changes at most log2(max/start) times along a trajectory).  :attr:`last` records the
 points, the achieved error and whether the target was met, for every evaluation.
 
@@ -179,10 +180,21 @@ class AdaptiveQmcDrift(SampleDrift):
             worst = self._watched_error(means)
             if worst <= self.tol or self.exhausted:
                 break
+            if not self._next_fits(task, M.shape[0]):
+                self.max_points = self.points     # memory, not the budget, ends the growth
+                break
             self.points *= 2
         self.last = Accuracy(self.points, self.replicates, worst, self.tol, worst <= self.tol)
         self.history.append(self.last)
         return means
+
+    def _next_fits(self, task: Task, H: int) -> bool:
+        """Whether twice the current point sets (and their packed copies) fit in the memory
+        one engine evaluation may use (``io.limits.engine_memory_budget``)."""
+        from ..io.limits import engine_memory_budget
+        sets = self._replicate_sets(task, H)
+        now = sum(s.g.nbytes + s.theta.nbytes + s.weights.nbytes for s in sets)
+        return 2 * 2 * now <= engine_memory_budget()
 
     def _watched_error(self, means: DriftMeans) -> float:
         errs = [float(np.max(means.stderr[name])) for name in self.fields
