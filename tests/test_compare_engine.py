@@ -22,7 +22,7 @@ def no_probe(*args, **kwargs):
 
 def test_auto_keeps_monte_carlo_when_it_is_accurate_enough(monkeypatch):
     """20 000 draws × 2 sets reach σ_MC < σ_D / 3 here: no probe, no laplace."""
-    monkeypatch.setattr(comparison, "probe_seconds", no_probe)
+    monkeypatch.setattr(comparison, "reference_seconds", no_probe)
     record = tk.compare(GOLDEN_LOG, "softmax", samples=20_000, **CASE).record
     choice = record["theory_engine"]
     assert (choice["requested"], choice["engine"], choice["seeds"]) == ("auto", "mc", 2)
@@ -37,7 +37,7 @@ def test_auto_keeps_monte_carlo_when_it_is_accurate_enough(monkeypatch):
 def test_auto_refines_with_the_cheaper_engine(monkeypatch, probe, engine):
     """1 000 draws × 2 sets leave σ_MC at 0.42 σ_D: auto adds the sets the target needs
     (⌈2 (0.42 · 3)²⌉ = 4) when sampling is the cheaper way, and the error falls."""
-    monkeypatch.setattr(comparison, "probe_seconds", lambda *a, **k: dict(probe))
+    monkeypatch.setattr(comparison, "reference_seconds", lambda *a, **k: dict(probe))
     record = tk.compare(GOLDEN_LOG, "softmax", samples=1000, **CASE).record
     choice = record["theory_engine"]
     assert choice["accuracy_ratio"] > choice["target"] and choice["engine"] == engine
@@ -50,7 +50,7 @@ def test_auto_takes_laplace_when_it_is_the_cheaper_way(monkeypatch, tmp_path):
     """With sampling priced far above the deterministic engine, auto integrates with laplace
     (σ_MC = 0 then), and the stored pieces are the laplace run and the first Monte Carlo
     sets."""
-    monkeypatch.setattr(comparison, "probe_seconds",
+    monkeypatch.setattr(comparison, "reference_seconds",
                         lambda *a, **k: {"mc_seconds": 100.0, "laplace_seconds": 0.01})
     record = tk.compare(GOLDEN_LOG, "softmax", samples=1000, out=tmp_path / "cmp",
                         **CASE).record

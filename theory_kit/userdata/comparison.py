@@ -62,7 +62,7 @@ from .theory_engine import (
     check_engine,
     choice_record,
     first_engine,
-    probe_seconds,
+    reference_seconds,
     refinement,
 )
 
@@ -360,7 +360,7 @@ def compare_with_runs(log: TrainingLog, task: Task, act: Activation, settings: C
     choice = choice_record(settings.engine, engine, ratio, "requested" if settings.engine !=
                            "auto" else "Monte Carlo already within the target")
     if settings.engine == "auto" and ratio > choice["target"]:
-        probe = probe_seconds(task, act, ic.state, settings.samples, settings.seed)
+        probe = reference_seconds(task, act, log.H, settings.samples)
         engine, why = refinement(ratio, engine, probe)
         odes, _ = theory_runs(log, task, act, ic, settings, workdir, progress, executor, jobs,
                               engine, simulation=False)

@@ -12,12 +12,14 @@ therefore
 1. integrates the ODE with the Monte Carlo engine (``samples`` draws, ``ode_seeds``
    independent sets, whose spread is σ_MC) alongside the simulations that give σ_D;
 2. stops there when r ≤ 1/3 (the common case: a few CPU seconds);
-3. otherwise prices the two ways to reach it at one probe evaluation each
-   (:func:`expect.engines.compare_at_equal_accuracy`): more Monte Carlo seeds,
-   k' = ⌈k (r / (1/3))²⌉ (σ_MC ∝ 1/√(k · samples); same memory, the finished seeds kept), at
-   (k' − k) · t_MC per right-hand side, against the deterministic ``laplace`` engine (where it
-   applies; error ~1e-9, so σ_MC = 0) at t_laplace per right-hand side (both take the same RK4
-   steps), and runs the cheaper.
+3. otherwise prices the two ways to reach it per right-hand side (both take the same RK4
+   steps): more Monte Carlo sets, k' = ⌈k (r / (1/3))²⌉ (σ_MC ∝ 1/√(k · samples); same
+   memory, the finished sets kept; at most :data:`MAX_SEEDS`), at (k' − k) · t_MC, against
+   the deterministic ``laplace`` engine (where it applies; error ~1e-9, so σ_MC = 0) at
+   t_laplace, and runs the cheaper.  The prices are the toolkit's reference cost models
+   (``io.limits.drift_seconds``, ``figures.panels.laplace_eval_seconds``), not timings of this
+   machine, so the same request always makes the same choice (timed probes scatter: they
+   flipped it in 11 of 150 identical calls where the two prices were within a factor 3).
 
 So ``auto`` never takes the deterministic engine when sampling at the needed accuracy is
 cheaper, whatever their accuracies at equal cost (the choice of ``expect.engines``'s own
@@ -28,20 +30,20 @@ reason and the probe's numbers are in the report (``theory_engine``).
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..expect.engines import build_engine, laplace_applies, laplace_class
+from ..expect.engines import build_engine, laplace_applies
+from ..figures.panels import laplace_eval_seconds
+from ..io.limits import drift_seconds
 from ..model.activations import Activation
-from ..model.state import State
-from ..model.task import Task
+from ..model.task import Task, strata_of
 from ..model.validation import fail
 
 ACCURACY = 1.0 / 3.0        # σ_MC ≤ σ_D / 3: the unit of z widened by at most 5.4 %
 COMPARE_ENGINES = ("auto", "mc", "laplace")
-MAX_SEEDS = 64              # most Monte Carlo sets auto adds up to (seed + k, k < 1000)
+MAX_SEEDS = 16              # most Monte Carlo sets auto goes to: 8x the default ODE cost
 
 
 def check_engine(name: object) -> str:
@@ -125,32 +127,30 @@ def seeds_needed(ratio: float, seeds: int) -> int:
     return min(MAX_SEEDS, max(seeds, math.ceil(seeds * (ratio / ACCURACY) ** 2 - 1e-9)))
 
 
-def probe_seconds(task: Task, act: Activation, state: State, samples: int,
-                  seed: int) -> dict:
-    """Seconds of one right-hand side at ``state``: Monte Carlo with ``samples`` draws, and
-    the deterministic engine when it applies (timed on a second call: the first compiles
-    its patterns once per process)."""
-    start = time.perf_counter()
-    mc = build_engine("mc", samples=samples, seed=seed)
-    mc.evaluate(task, act, state.M, state.Q, state.a, state.b)
-    out: dict = {"mc_seconds": time.perf_counter() - start, "laplace_seconds": None}
-    ok, reason = laplace_applies(task, act, state.H)
-    out["laplace_applies"] = reason if not ok else "applies"
-    cls = laplace_class()
-    if ok and cls is not None:
-        laplace = cls()
-        laplace.evaluate(task, act, state.M, state.Q, state.a, state.b)
-        start = time.perf_counter()
-        laplace.evaluate(task, act, state.M, state.Q, state.a, state.b)
-        out["laplace_seconds"] = time.perf_counter() - start
-    return out
+def reference_seconds(task: Task, act: Activation, H: int, samples: int) -> dict:
+    """Reference CPU seconds of one right-hand side: Monte Carlo with ``samples`` draws and,
+    where it applies, the deterministic engine (None otherwise), with why it does not.
+
+    >>> from theory_kit.model.activations import get_activation
+    >>> from theory_kit.api.inputs import as_task
+    >>> out = reference_seconds(as_task(4, "flipping", [2, 2], 0.0), get_activation("softmax"),
+    ...                         2, 20_000)
+    >>> round(out["mc_seconds"], 4), round(out["laplace_seconds"], 4)
+    (0.0085, 0.0992)
+    """
+    ok, reason = laplace_applies(task, act, H)
+    return {"mc_seconds": drift_seconds(samples, H, task.L, strata_of(task)),
+            "laplace_seconds": laplace_eval_seconds(H, task.L) if ok else None,
+            "laplace_applies": "applies" if ok else reason,
+            "basis": "reference cost models, not a measurement of this machine"}
 
 
 def refinement(ratio: float, engine: TheoryEngine, probe: dict) -> tuple[TheoryEngine, str]:
-    """The cheaper engine that brings r to :data:`ACCURACY`, from the probe's seconds per
-    right-hand side (the RK4 steps are the same for both), and why.
+    """The cheaper engine that brings r to :data:`ACCURACY` (or nearest it: Monte Carlo stops
+    at :data:`MAX_SEEDS` sets), from ``probe``'s seconds per right-hand side
+    (:func:`reference_seconds`; the RK4 steps are the same for both), and why.
 
-    >>> probe = {"mc_seconds": 0.05, "laplace_seconds": 1.0}
+    >>> probe = {"mc_seconds": 0.05, "laplace_seconds": 0.5}
     >>> refinement(2 / 3, TheoryEngine("mc", 20_000, 2), probe)[0]
     TheoryEngine(name='mc', samples=20000, seeds=8)
     >>> refinement(6.0, TheoryEngine("mc", 20_000, 2), probe)[0].name
@@ -159,7 +159,7 @@ def refinement(ratio: float, engine: TheoryEngine, probe: dict) -> tuple[TheoryE
     more = seeds_needed(ratio, engine.seeds)
     mc_cost = (more - engine.seeds) * probe["mc_seconds"]
     laplace_cost = probe.get("laplace_seconds")
-    if laplace_cost is not None and (laplace_cost < mc_cost or more == MAX_SEEDS):
+    if laplace_cost is not None and laplace_cost < mc_cost:
         return TheoryEngine("laplace", engine.samples, 1), (
             f"laplace: {laplace_cost:.3g} s per right-hand side against "
             f"{mc_cost:.3g} s for the {more - engine.seeds} more Monte Carlo sets needed")
