@@ -8,7 +8,9 @@ size γ, the comparison
    independent sample sets); the theory curve x_ODE(t) is their mean and its Monte Carlo
    error σ_MC(t) the running maximum over t' ≤ t of their standard error (std over seeds /
    √seeds): with samples held fixed the MC error accumulates along the trajectory, and the
-   running maximum steadies an estimate made from few seeds;
+   running maximum steadies an estimate made from few seeds.  With ``engine="auto"`` more
+   sets, or the deterministic engine, follow when σ_MC is not below σ_D/3
+   (:mod:`.theory_engine`);
 2. runs the exact reduced simulation of docs/theory.md §7 at the log's D, ``runs`` times from
    the same start, and takes the run-to-run standard deviation σ_D(t) (ddof = 1): the
    fluctuations that one training run at this D is expected to show around the D → ∞ limit;
@@ -32,7 +34,10 @@ size γ, the comparison
 The measured loss enters the verdict only when the file gives ``loss_err``: a loss without an
 error bar (a running training average, say) is not calibrated.  When it does, each simulated
 run's loss gets Gaussian noise of that error bar (seeded), so the simulated losses scatter as
-the user's does and σ_D of the loss includes it.
+the user's does and σ_D of the loss includes it; the loss's part of the calibration is then
+as exact as that error bar is (Gaussian, honest).
+
+Many runs at once and their pooled verdict: :mod:`.pooled`.
 """
 from __future__ import annotations
 
