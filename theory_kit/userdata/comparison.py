@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -62,6 +62,7 @@ from ..model.validation import check_int, fail
 from .calibration import DEFAULT_RUNS, RATE, MaxTest, check_rate, max_test, scores
 from .logs import TrainingLog
 from .theory_engine import (
+    ACCURACY,
     TheoryEngine,
     accuracy_ratio,
     check_engine,
@@ -353,25 +354,11 @@ def compare_with_runs(log: TrainingLog, task: Task, act: Activation, settings: C
     if log.D is not None and log.D != settings.D:
         fail("D", f"the log was recorded at D = {log.D}", settings.D)
     ic = initial_condition(log, act, task)
-    odes, sim = theory_runs(log, task, act, ic, settings, workdir, progress, executor, jobs)
-    assert sim is not None
-    noise = loss_noise(log, settings.runs, settings.seed)
-    b = bands(odes, sim, log.a is not None, log.b is not None, noise)
     data = element_series(log.M, log.Q, log.a, log.b)
     # the measured loss enters the verdict only with its error bar (module docstring)
     judged = [name for name in (*data, "loss") if name != "loss" or log.loss_err is not None]
-    ratio = accuracy_ratio(b.mc_err, b.spread_D, judged)
-    engine = first_engine(settings.engine, settings.samples, settings.ode_seeds)
-    choice = choice_record(settings.engine, engine, ratio, "requested" if settings.engine !=
-                           "auto" else "Monte Carlo already within the target")
-    if settings.engine == "auto" and ratio > choice["target"]:
-        probe = reference_seconds(task, act, log.H, settings.samples)
-        engine, why = refinement(ratio, engine, probe)
-        odes, _ = theory_runs(log, task, act, ic, settings, workdir, progress, executor, jobs,
-                              engine, simulation=False)
-        b = bands(odes, sim, log.a is not None, log.b is not None, noise)
-        choice = choice_record("auto", engine, ratio, why, probe,
-                               accuracy_ratio(b.mc_err, b.spread_D, judged))
+    b, choice = accurate_bands(log, task, act, ic, settings, judged,
+                               (workdir, progress, executor, jobs))
     series: dict[str, Any] = {
         "t": log.t, "data": {**data, **({"loss": log.loss} if log.loss is not None else {})},
         "data_err": {"loss": log.loss_err} if log.loss_err is not None else {},
@@ -385,6 +372,33 @@ def compare_with_runs(log: TrainingLog, task: Task, act: Activation, settings: C
                            "t_span": [float(log.t[0]), float(log.t[-1])]},
                    "initial": ic.params()}})
     return report, b.sim
+
+
+def accurate_bands(log: TrainingLog, task: Task, act: Activation, ic: InitialCondition,
+                   settings: CompareSettings, judged: list[str], how: tuple
+                   ) -> tuple[Bands, dict]:
+    """The theory and the simulated runs (:func:`bands`), with the ODE refined when
+    ``settings.engine`` is ``auto`` and its error is not below the target fraction of the
+    finite-D spread over the ``judged`` quantities (:mod:`.theory_engine`); and the report's
+    record of that choice.  ``how``: (workdir, progress, executor, jobs) of
+    :func:`theory_runs`."""
+    workdir, progress, executor, jobs = how
+    odes, sim = theory_runs(log, task, act, ic, settings, workdir, progress, executor, jobs)
+    sim = cast(dict, sim)                    # the first round always simulates
+    noise = loss_noise(log, settings.runs, settings.seed)
+    b = bands(odes, sim, log.a is not None, log.b is not None, noise)
+    ratio = accuracy_ratio(b.mc_err, b.spread_D, judged)
+    engine = first_engine(settings.engine, settings.samples, settings.ode_seeds)
+    if settings.engine != "auto" or ratio <= ACCURACY:
+        why = "requested" if settings.engine != "auto" else "Monte Carlo within the target"
+        return b, choice_record(settings.engine, engine, ratio, why)
+    probe = reference_seconds(task, act, log.H, settings.samples)
+    engine, why = refinement(ratio, engine, probe)
+    odes, _ = theory_runs(log, task, act, ic, settings, workdir, progress, executor, jobs,
+                          engine=engine, simulation=False)
+    b = bands(odes, sim, log.a is not None, log.b is not None, noise)
+    return b, choice_record("auto", engine, ratio, why, probe,
+                            accuracy_ratio(b.mc_err, b.spread_D, judged))
 
 
 def verdict_report(series: dict, sims: dict[str, np.ndarray], judged: list[str],
