@@ -19,13 +19,13 @@ therefore
    t_laplace, and runs the cheaper.  The prices are the toolkit's reference cost models
    (``io.limits.drift_seconds``, ``figures.panels.laplace_eval_seconds``), not timings of this
    machine, so the same request always makes the same choice (timed probes scatter: they
-   flipped it in 11 of 150 identical calls where the two prices were within a factor 3).
+   flipped it in 11 of 150 identical calls where the two prices were close).
 
 So ``auto`` never takes the deterministic engine when sampling at the needed accuracy is
 cheaper, whatever their accuracies at equal cost (the choice of ``expect.engines``'s own
 ``auto``, made for the ODE verb, is not the one compare needs).  ``mc`` and ``laplace``
 force one engine; ``mc`` then only notes a theory error above the target.  The choice, its
-reason and the probe's numbers are in the report (``theory_engine``).
+reason and the prices are in the report (``theory_engine``).
 """
 from __future__ import annotations
 
