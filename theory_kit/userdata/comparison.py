@@ -186,9 +186,10 @@ def _theory_piece(job: tuple) -> dict:
     # rebuilt here: an activation's cached NumPy callables do not pickle to worker processes
     act = activation_from_params(act_params)
     if what == "ode":
+        # RK4 named, not defaulted: the engine choice prices both engines at the same steps
         traj = integrate_ode(task, act, ic, settings.gamma, float(times[-1]), times=times,
-                             dt=settings.dt, engine=engine.build(task, act, H, seed),
-                             progress=progress)
+                             method="rk4", dt=settings.dt,
+                             engine=engine.build(task, act, H, seed), progress=progress)
         return to_jsonable(traj.to_dict())
     return to_jsonable(simulate(sim_config(task, act, ic, settings, times, H)).to_dict())
 
