@@ -115,7 +115,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="out/numpy_attention", help="output folder")
     parser.add_argument("--compare-gamma", type=float, default=None,
                         help="step size given to theory-kit compare (default: --gamma)")
-    parser.add_argument("--runs", type=int, default=32, help="reduced-simulation runs for the spread")
+    parser.add_argument("--runs", type=int, default=200,
+                        help="reduced-simulation runs for the spread and the verdict's null")
+    parser.add_argument("--rate", type=float, default=0.01,
+                        help="stated false-alarm rate of the verdict (needs runs >= 1/rate - 1)")
     parser.add_argument("--samples", type=int, default=20_000, help="ODE Monte Carlo samples")
     parser.add_argument("--dt", type=float, default=0.25,
                         help="ODE step (the dynamics here are slow; 0.25 is the save spacing)")
@@ -132,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     gamma = args.gamma if args.compare_gamma is None else args.compare_gamma
     cmd = [sys.executable, "-m", "theory_kit", "compare", "--data", str(out / "keys.npz"),
            "--activation", "softmax", "--L", "4", "--prior", "flipping", "--nu", "2,2",
-           "--gamma", repr(gamma), "--runs", str(args.runs), "--samples", str(args.samples),
+           "--gamma", repr(gamma), "--runs", str(args.runs), "--rate", repr(args.rate),
+           "--samples", str(args.samples),
            "--dt", repr(args.dt), "--out", str(out / "compare")]
     print("$ theory-kit " + " ".join(cmd[3:]))
     return subprocess.call(cmd)

@@ -41,7 +41,7 @@ BASE: dict[str, dict] = {
     "einf": dict(activation="softmax", H=2, **TASK, runs=1, global_min=False, run=QUIET),
     "escape": dict(activation="softmax", **TASK, H=2, gamma=1.0, T=4.0, dt=1.0, points=16,
                    runs=10, D=[100], run=QUIET),
-    "compare": dict(data="{log}", activation="softmax", **TASK, runs=4, samples=64,
+    "compare": dict(data="{log}", activation="softmax", **TASK, runs=4, rate=0.2, samples=64,
                     run=QUIET),
     "figure": dict(number=1, quick=True, out="{tmp}", run=QUIET),
 }
@@ -138,7 +138,9 @@ OWN: dict[str, dict[str, list]] = {
     "compare": {"data": [3, None, ["log.json"]], "gamma": numbers(0, -1.0, 1e200)[1:],
                 "D": integers(0)[1:], "time_unit": CHOICES[1:], "runs": integers(1),
                 "samples": integers(1), "ode_seeds": integers(1), "dt": numbers(0, -1.0),
-                "threshold": numbers(0, -1.0)},
+                "rate": numbers(0, -1.0, 1.0),
+                # compare's engine is a name (its samples, sets and seed are its own options)
+                "engine": [3.0, None, "bogus", "quad", tk.Engine("mc")]},
     "figure": {"number": [("figure", v) for v in (None, "1", 1.0, True, 0, 15)],
                "quick": FLAGS, "out": PATHS + [None], "data": [3, ["x.npz"]],
                "redraw": FLAGS, "log": ["print", 3]},

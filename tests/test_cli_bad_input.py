@@ -174,8 +174,9 @@ def build_cases() -> list[tuple[str, list[str], str]]:
     add("einf --polish bogus", with_opt("einf", "--polish", "bogus"), "polish")
     for name in ("missing.json", "malformed.json", "log.txt"):
         add(f"compare --data {name}", with_opt("compare", "--data", f"{{out}}/{name}"), "data")
-    for bad in ("0", "nan"):
-        add(f"compare --threshold {bad}", with_opt("compare", "--threshold", bad), "threshold")
+    for bad in ("0", "nan", "1", "2"):
+        add(f"compare --rate {bad}", with_opt("compare", "--rate", bad), "rate")
+    add("compare --runs too few for the rate", with_opt("compare", "--runs", "50"), "runs")
     add("compare --ode-seeds 0", with_opt("compare", "--ode-seeds", "0"), "ode_seeds")
     add("compare --D disagrees with file", with_opt("compare", "--D", "7"), "D")
     add("derive --format bogus", BASE["derive"] + ["--format", "bogus"], "format")

@@ -121,7 +121,8 @@ def compare_argv(tmp_path, out: str) -> list[str]:
     if not log.exists():
         log.write_text(json.dumps(TINY_LOG))
     return ["compare", "--data", str(log), "--activation", "softmax", "--L", "2", "--nu", "2,2",
-            "--runs", "4", "--samples", "200", "--dt", "0.25", "--no-progress", "--out", out]
+            "--runs", "4", "--rate", "0.2", "--samples", "200", "--dt", "0.25", "--no-progress",
+            "--out", out]
 
 
 def test_rerun_of_ode_returns_the_stored_result(tmp_path, capsys, monkeypatch):

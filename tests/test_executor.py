@@ -467,7 +467,8 @@ def test_compare_theory_identical_serial_and_dask(tmp_path, client):
     K = np.random.default_rng(0).standard_normal((3, 2, 50)) / 7
     log = log_from_fields({"K": K, "U": np.eye(50)[:, :2], "steps": np.array([0, 50, 100])})
     task, act = Task(4, make_prior("flipping", nu=[2, 2])), get_activation("softmax")
-    settings = CompareSettings(gamma=1.0, D=50, runs=4, samples=500, dt=0.25, error_samples=256)
+    settings = CompareSettings(gamma=1.0, D=50, runs=4, rate=0.2, samples=500, dt=0.25,
+                               error_samples=256)
     reports = [compare_log(log, task, act, settings, workdir=tmp_path / name, progress=False,
                            **kwargs)
                for name, kwargs in (("serial", {}), ("dask", {"executor": client}))]

@@ -101,8 +101,8 @@ def test_a_numpy_sgd_loop_logged_with_it_is_consistent(tmp_path):
         X, c, y, _ = ex.draw_batch(rng, U, nu, L, 1)
         ex.sgd_step(K, X[0], c[0], y[0], gamma)
     path = log.save(tmp_path / "run.npz")                      # line 3
-    report = tk.compare(path, "softmax", L=L, nu=[2, 2], runs=8, samples=2000, dt=0.25,
-                        run=Run(progress=False))
+    report = tk.compare(path, "softmax", L=L, nu=[2, 2], runs=8, rate=0.2, samples=2000,
+                        dt=0.25, run=Run(progress=False))
     assert report.verdict == "consistent", (report.record["max_abs_z"], report.record["worst"])
     assert report.record["params"]["log"]["n_times"] == 9
 

@@ -190,7 +190,7 @@ def synthetic_report(monkeypatch, H: int = 3, offset: float = 0.15):
     sim = {k: sims[k] for k in ("M", "Q", "a", "b", "error")}
     monkeypatch.setattr(comparison, "theory_runs", lambda *args, **kw: (odes, sim))
     task = Task(4, make_prior("flipping", nu=[2, 2]))
-    settings = comparison.CompareSettings(gamma=1.0, D=300, runs=8)
+    settings = comparison.CompareSettings(gamma=1.0, D=300, runs=8, rate=0.2)
     return comparison.compare_with_runs(log, task, get_activation("softmax"), settings,
                                         progress=False)
 

@@ -43,7 +43,7 @@ CASES: dict[str, tuple[str, dict]] = {
     "escape": ("escape", {"activation": "softmax", "L": 5, "nu": [2, 2], "H": 2, "gamma": 1.0,
                           "D": [250, 1000], "points": 512, "runs": 200}),
     "compare": ("compare", {"data": "@compare_log.json", "activation": "softmax", "L": 3,
-                            "nu": [2, 2], "gamma": 1.0, "runs": 8, "samples": 2000,
-                            "ode_seeds": 2}),
+                            "nu": [2, 2], "gamma": 1.0, "runs": 8, "rate": 0.2,
+                            "engine": "mc", "samples": 2000, "ode_seeds": 2}),
     "figure1_quick": ("figure", {"number": 1, "quick": True}),
 }

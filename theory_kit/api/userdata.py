@@ -22,14 +22,11 @@ from ..model.validation import (
     fail,
 )
 from ..options import Run
-from ..userdata.comparison import (
-    THRESHOLD,
-    CompareSettings,
-    compare_runs,
-    compare_with_runs,
-    write_report,
-)
+from ..userdata.calibration import DEFAULT_RUNS, RATE, check_rate
+from ..userdata.comparison import CompareSettings, compare_with_runs, write_report
 from ..userdata.logs import TIME_UNITS, load_training_logs
+from ..userdata.pooled import compare_runs
+from ..userdata.theory_engine import check_engine
 from .inputs import (
     MAX_SCALE,
     ActivationLike,
@@ -56,9 +53,9 @@ SAY_ESTIMATE_SECONDS = 60.0   # compare says its estimate up front when longer t
 
 def compare(data: str | Path, activation: ActivationLike, *, L: int, nu: ArrayLike,
             prior: str = "flipping", delta: float = 0.0, gamma: float | None = None,
-            D: int | None = None, time_unit: str | None = None, runs: int = 32,
+            D: int | None = None, time_unit: str | None = None, runs: int = DEFAULT_RUNS,
             samples: int = 20_000, ode_seeds: int = 2, dt: float = 0.1, seed: int = 0,
-            threshold: float = THRESHOLD, run: Run = Run(),
+            rate: float = RATE, engine: str = "auto", run: Run = Run(),
             out: str | Path | None = None) -> Comparison:
     """Your training log against the ODE from its first state and the finite-D spread.
 
@@ -79,10 +76,17 @@ def compare(data: str | Path, activation: ActivationLike, *, L: int, nu: ArrayLi
     time_unit : str, optional
         ``t`` or ``steps``: the unit of the file's times.
     runs, samples, ode_seeds, dt, seed
-        Reduced-simulation runs for the spread, ODE Monte Carlo samples per seed, the
-        independent ODE sample sets, the RK4 step and the seed.
-    threshold : float
-        The largest |deviation| / spread still called consistent.
+        Reduced-simulation runs for the spread and the null (at least 1/rate − 1), ODE Monte
+        Carlo samples per seed, the independent ODE sample sets, the RK4 step and the seed.
+    rate : float
+        The stated false-alarm rate of the verdict, in (0, 1): a run that follows the
+        theory is called inconsistent with probability at most ``rate`` (exactly
+        ⌊rate (runs+1)⌋/(runs+1)).
+    engine : str
+        The ODE's drift engine: ``auto`` (Monte Carlo, refined by more sets or the
+        deterministic ``laplace`` engine, whichever is cheaper, only when its error is not
+        below a third of the finite-D spread; see :mod:`theory_kit.userdata.theory_engine`),
+        ``mc`` or ``laplace``.
     run : Run
         Progress bars, parallel pieces and resource limits.
     out : str or Path, optional
@@ -92,7 +96,8 @@ def compare(data: str | Path, activation: ActivationLike, *, L: int, nu: ArrayLi
     Returns
     -------
     Comparison
-        The ``verdict``, the largest deviation in units of the spread and the series.
+        The ``verdict``, its ``p_value`` and ``rate``, the ``worst`` (time, component), the
+        largest deviation in units of the spread and the series.
 
     Examples
     --------
@@ -105,9 +110,10 @@ def compare(data: str | Path, activation: ActivationLike, *, L: int, nu: ArrayLi
     >>> log = pathlib.Path(tempfile.mkdtemp()) / "log.json"
     >>> _ = log.write_text(json.dumps({"t": sim.t.tolist(), "M": sim.M[0].tolist(),
     ...                                "Q": sim.Q[0].tolist(), "D": 400, "gamma": 1.0}))
-    >>> compare(log, "softmax", L=3, nu=[2, 2], runs=8, samples=2000,
-    ...         run=Run(progress=False)).verdict
-    'consistent'
+    >>> result = compare(log, "softmax", L=3, nu=[2, 2], runs=19, rate=0.05, samples=2000,
+    ...                  run=Run(progress=False))
+    >>> result.verdict, result.rate, 0 < result.p_value <= 1
+    ('consistent', 0.05, True)
     """
     options = call_options(locals())
     check_path(data, "data", optional=False)
@@ -121,7 +127,8 @@ def compare(data: str | Path, activation: ActivationLike, *, L: int, nu: ArrayLi
                                ("ode_seeds", ode_seeds, 2), ("seed", seed, 0)):
         check_int(value, name, least)
     check_number(dt, "dt", above=0.0)
-    check_number(threshold, "threshold", above=0.0)
+    check_rate(check_number(rate, "rate", above=0.0), runs)
+    check_engine(engine)
     check_path(out, "out")
     with running(run):
         the_task = as_task(L, prior, nu, delta)
@@ -137,7 +144,8 @@ def compare(data: str | Path, activation: ActivationLike, *, L: int, nu: ArrayLi
             raise ValidationError("D: the dimension of the run is required for the finite-D "
                                   "spread: pass --D or store D in the file")
         settings = CompareSettings(gamma=step, D=log.D, runs=runs, samples=samples,
-                                   ode_seeds=ode_seeds, dt=dt, seed=seed, threshold=threshold)
+                                   ode_seeds=ode_seeds, dt=dt, seed=seed, rate=rate,
+                                   engine=engine)
         jobs = check_int(run.jobs, "jobs", 1)
         path = out_json(out, "compare.json")
         request = request_of("compare", options, files=("data",))

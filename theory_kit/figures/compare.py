@@ -191,7 +191,7 @@ def _draw_log_panel(ax: Axes, lo: LogOverlay, name: str) -> None:
 
 def _draw_verdict_panel(ax: Axes, lo: LogOverlay) -> None:
     """|z(t)| of every judged quantity (grey), the verdict's worst one (red) with its
-    maximum starred, and the threshold: the picture of the verdict itself."""
+    maximum starred, and the critical value: the picture of the verdict itself."""
     quantity = lo.worst["quantity"]
     others = [z for name, z in lo.z.items() if name != quantity]
     for i, z in enumerate(others):
@@ -200,7 +200,8 @@ def _draw_verdict_panel(ax: Axes, lo: LogOverlay) -> None:
     ax.plot(lo.t, np.abs(lo.z[quantity]), color="C3", lw=1.6, label=f"|z| of {quantity}")
     ax.plot([lo.worst["t_max_z"]], [lo.worst["max_abs_z"]], "*", ms=10, color="C3",
             mec="k", mew=0.5, label=f"verdict's largest |z| = {lo.worst['max_abs_z']:.2f}")
-    ax.axhline(lo.threshold, color="k", ls="--", lw=1, label=f"threshold {lo.threshold:g}")
+    ax.axhline(lo.threshold, color="k", ls="--", lw=1,
+               label=f"critical {lo.threshold:.3g} (simulated null)")
     ax.set_ylim(0, 1.15 * max(lo.threshold, np.nanmax([lo.worst["max_abs_z"], 0.0])))
     label_axes(ax, r"$t$ = steps / $D$", r"$|z|$ (in expected spreads)",
                f"verdict: {lo.verdict}", legend=False)
@@ -226,7 +227,7 @@ def log_overlay_figure(lo: LogOverlay) -> Figure:
     w = lo.worst
     fig.suptitle(f"Your run against the ODE from its first state and {lo.n_runs} SGD runs at "
                  f"D = {lo.D}: {lo.verdict} (largest |z| = {w['max_abs_z']:.2f} on "
-                 f"{w['quantity']} at t = {w['t_max_z']:.3g}; threshold {lo.threshold:g})",
+                 f"{w['quantity']} at t = {w['t_max_z']:.3g}; critical {lo.threshold:.3g})",
                  fontsize=9)
     series_legend(fig, axes, max(lo.data[name].shape[-1] for name in names), log_rank)
     return fig

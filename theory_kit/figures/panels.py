@@ -146,13 +146,23 @@ def error_seconds(setting: Setting, n_samples: int, n_times: int) -> float:
     return n_times * n_rows(setting, n_samples) * setting.H * setting.L * ERROR_COST_PER_ELEMENT
 
 
+def laplace_eval_seconds(H: int, L: int) -> float:
+    """Estimated CPU time of one deterministic drift evaluation at H heads and length L
+    (the measured time by H, times the short-L factor below L = 8).
+
+    >>> round(laplace_eval_seconds(2, 4), 4)
+    0.0992
+    """
+    per_eval = LAPLACE_SECONDS_PER_EVAL.get(H, max(LAPLACE_SECONDS_PER_EVAL.values()))
+    return per_eval * LAPLACE_SHORT_L.get(L, LAPLACE_SHORTEST_L if L < 4 else 1.0)
+
+
 def laplace_ode_seconds(setting: Setting, n_times: int) -> float:
     """Estimated CPU time of one adaptive (rk45, rtol 1e-6) integration with the deterministic
     engine recording ``n_times`` states: (``LAPLACE_START_EVALS`` + ``LAPLACE_EVALS_PER_TIME``
     T) drifts and ``n_times`` E-only records (``LAPLACE_RECORD_SHARE`` of a drift each) at the
     measured CPU time of one drift (by H, and L below 8)."""
-    per_eval = LAPLACE_SECONDS_PER_EVAL.get(setting.H, max(LAPLACE_SECONDS_PER_EVAL.values()))
-    per_eval *= LAPLACE_SHORT_L.get(setting.L, LAPLACE_SHORTEST_L if setting.L < 4 else 1.0)
+    per_eval = laplace_eval_seconds(setting.H, setting.L)
     evals = (LAPLACE_START_EVALS + LAPLACE_EVALS_PER_TIME * setting.T
              + LAPLACE_RECORD_SHARE * n_times)
     return evals * per_eval

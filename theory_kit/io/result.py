@@ -281,8 +281,15 @@ class Escape(Record):
 
 
 class Comparison(Record):
-    """A user's training log against the ODE and the finite-D spread: the ``verdict``, the
-    largest deviation in units of the spread (``max_abs_z``) and the series behind them."""
+    """A user's training log against the ODE and the finite-D spread: the ``verdict`` of a
+    test with stated false-alarm ``rate``, its ``p_value``, the ``worst`` (time, component),
+    the largest deviation in units of the spread (``max_abs_z``) and the series behind them.
+
+    >>> c = Comparison({"verdict": "consistent", "p_value": 0.4, "rate": 0.01,
+    ...                 "max_abs_z": 2.5, "worst": {"quantity": "M[0,1]", "t_max_z": 1.0}})
+    >>> c.p_value, c.rate, c.worst["quantity"]
+    (0.4, 0.01, 'M[0,1]')
+    """
 
     kind = "compare"
 
@@ -290,9 +297,25 @@ class Comparison(Record):
     def verdict(self) -> str:
         return str(self.record["verdict"])
 
+    @property
+    def p_value(self) -> float:
+        """The share of simulated runs at least as far from the theory (calibrated)."""
+        return float(self.record["p_value"])
+
+    @property
+    def rate(self) -> float:
+        """The stated false-alarm rate: inconsistent when ``p_value`` ≤ ``rate``."""
+        return float(self.record["rate"])
+
+    @property
+    def worst(self) -> dict:
+        """The judged quantity with the largest |z|, its time and size."""
+        return dict(self.record["worst"])
+
     def summary(self) -> str:
         d = self.record
-        return f"Comparison(verdict={d.get('verdict')!r}, max|z|={d.get('max_abs_z')})"
+        return (f"Comparison(verdict={d.get('verdict')!r}, p={d.get('p_value')}, "
+                f"rate={d.get('rate')}, max|z|={d.get('max_abs_z')})")
 
 
 class FigureResult(Record):
