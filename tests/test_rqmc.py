@@ -205,3 +205,16 @@ def test_issue_43_case_the_default_curve_leaves_the_start_the_reference_way():
     assert np.array_equal(np.sign(got[resolved]), np.sign(ref[resolved]))
     assert ref[-1, 2, 0] < 0 and got[-1, 2, 0] < 0
     assert "warnings" not in default.stats
+
+
+def test_ode_and_drift_default_to_the_same_engine_in_the_api_and_the_cli(capsys):
+    # issue #42 §2: ode defaulted to mc while drift defaulted to auto
+    import inspect
+    for verb in (tk.ode, tk.drift):
+        assert inspect.signature(verb).parameters["engine"].default == "auto", verb
+    assert tk.Engine().name == "auto"
+    for verb in ("ode", "drift"):
+        with pytest.raises(SystemExit):
+            main([verb, "--help"])
+        text = " ".join(capsys.readouterr().out.split())
+        assert "default auto" in text and "--tol" in text, verb

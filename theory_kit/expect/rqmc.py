@@ -19,9 +19,10 @@ These pairs are summed first, as pairs, so the symmetries hold in floating point
 M and Q by default; the ODE adds a and b when it trains them).  The engine starts at
 ``start_points`` per replicate and doubles the points until the largest error is below ``tol``
 or ``max_points`` per replicate is reached (or the memory one evaluation may use: the budget
-then shrinks to the points reached, and :attr:`params` says so); the count only grows (the right-hand side of an
-ODE changes at most log2(max/start) times along a trajectory).  :attr:`last` records the
-points, the achieved error and whether the target was met, for every evaluation.
+then shrinks to the points reached, and :attr:`params` says so); the count only grows (the
+right-hand side of an ODE changes at most log2(max/start) times along a trajectory).
+:attr:`last` records the points, the achieved error and whether the target was met, for every
+evaluation.
 
 Why ``DEFAULT_TOL`` = 1e-4: an error δ in the drift moves a trajectory by at most about δ·t
 on stable directions, so 1e-4 keeps the overlaps within 1e-2 over t ~ 100: the size of the
