@@ -151,10 +151,12 @@ class DriftWatch:
     def _check_budget(self, system: OdeSystem, t: float) -> None:
         accuracy = system.engine_accuracy()
         if accuracy and not accuracy["met"]:
+            why = ("the memory one evaluation may use (io.limits.engine_memory_budget; "
+                   "--max-memory) stops it" if accuracy.get("limited_by") == "memory"
+                   else "the budget is spent (raise --budget, or loosen --tol)")
             self._warn("budget", f"the drift error {accuracy['error']:.2g} is above the target "
-                                 f"{accuracy['tol']:.2g} from t ≈ {t:.3g} on: the budget of "
-                                 f"{accuracy['points']} points per replicate is spent (raise "
-                                 "--budget, or loosen --tol)")
+                                 f"{accuracy['tol']:.2g} from t ≈ {t:.3g} on, at "
+                                 f"{accuracy['points']} points per replicate: {why}")
 
     def _warn(self, key: str, message: str) -> None:
         if key not in self.warned:

@@ -147,6 +147,7 @@ class AdaptiveQmcDrift(SampleDrift):
         self.integrand = integrand
         self.projection, self.backend = _checked_integrand_choice(projection, backend)
         self.fields: tuple[str, ...] = TOL_FIELDS
+        self.limited_by = "budget"          # what ends the growth: the budget, or memory
         self.points = self.start_points
         self.last: Accuracy | None = None
         self.history: list[Accuracy] = []
@@ -183,6 +184,7 @@ class AdaptiveQmcDrift(SampleDrift):
                 break
             if not self._next_fits(task, M.shape[0]):
                 self.max_points = self.points     # memory, not the budget, ends the growth
+                self.limited_by = "memory"
                 break
             self.points *= 2
         self.last = Accuracy(self.points, self.replicates, worst, self.tol, worst <= self.tol)
@@ -256,7 +258,8 @@ class AdaptiveQmcDrift(SampleDrift):
 
     def accuracy(self) -> dict:
         """The points reached and the largest error of the last evaluation (for records)."""
-        return {} if self.last is None else self.last.to_dict()
+        return {} if self.last is None else {**self.last.to_dict(),
+                                             "limited_by": self.limited_by}
 
 
 def combine_replicates(parts: list[DriftMeans]) -> DriftMeans:
