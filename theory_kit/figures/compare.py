@@ -41,6 +41,19 @@ PANEL_LABELS = {"error": "population error E", "m_f1": r"$m_{h1}$ (constant dire
                 "orthogonal": r"$(Q - MM^\top)_{hh}$"}
 
 
+def panel_label(name: str, prior: str | None = None) -> str:
+    """The y label of panel ``name``; the directions are named "constant" and "flipping" only
+    for the flipping prior (a Gaussian prior's are u_1 and u_2, by their strengths ν_f).
+
+    >>> panel_label("m_f2", "gaussian")
+    '$m_{h2}$ (direction $u_2$)'
+    """
+    if prior in (None, "flipping") or name not in ("m_f1", "m_f2"):
+        return PANEL_LABELS[name]
+    f = name[-1]
+    return rf"$m_{{h{f}}}$ (direction $u_{f}$)"
+
+
 def panel_series(data: dict, runs_axis: bool) -> dict[str, np.ndarray]:
     """The plotted quantities, each with a trailing series axis (heads; 1 for the error).
 

@@ -453,7 +453,9 @@ def draw_overlay_row(axes: Sequence[Axes], overlay: dict, row_title: str | None 
         title = row_title if (row_title and name == names[0]) else None
         if name == "m_f2" and len(overlay["tau_ode"]) > 1:
             title = sgd_tau_text(overlay)
-        label_axes(ax, r"$t$ = steps / $D$", compare.PANEL_LABELS[name], title, legend=False)
+        label_axes(ax, r"$t$ = steps / $D$",
+                   compare.panel_label(name, (overlay.get("setting") or {}).get("prior")),
+                   title, legend=False)
 
 
 def draw_head_panels(axes: Sequence[Axes], traj: dict, title: str | None = None) -> None:
