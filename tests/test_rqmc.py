@@ -218,3 +218,19 @@ def test_ode_and_drift_default_to_the_same_engine_in_the_api_and_the_cli(capsys)
             main([verb, "--help"])
         text = " ".join(capsys.readouterr().out.split())
         assert "default auto" in text and "--tol" in text, verb
+
+
+def test_the_watch_flags_growing_unresolved_directions_only():
+    # the criterion of dynamics.drift_watch on synthetic records: error > |drift|/3, near 0,
+    # and growing (or first seen); a shrinking or resolved component is not flagged
+    from theory_kit.dynamics.drift_watch import DriftWatch
+    watch = DriftWatch()
+    M = np.array([[0.01, 0.5]])
+    err = np.array([[1e-3, 1e-3]])
+    first = watch.unresolved(M, np.array([[5e-4, 5e-4]]), err)
+    assert [d.label for d in first] == ["m_{1,1}"]          # m_{1,2} = 0.5 is not near 0
+    watch.previous = {"m_{1,1}": 0.02}                      # it was larger: shrinking
+    assert watch.unresolved(M, np.array([[5e-4, 0.0]]), err) == []
+    watch.previous = {"m_{1,1}": 0.005}                     # it was smaller: growing
+    assert [d.label for d in watch.unresolved(M, np.array([[5e-4, 0.0]]), err)] == ["m_{1,1}"]
+    assert watch.unresolved(M, np.array([[5e-3, 0.0]]), err) == []   # resolved: 3 err < drift
