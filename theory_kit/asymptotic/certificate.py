@@ -217,7 +217,10 @@ def _classify(obj: Objective, x: np.ndarray) -> _Local:
     lowest = Z @ vecs[:, 0]
     sampling = getattr(obj, "curvature_stderr", None)
     if eigs[0] < -etol and sampling is not None:
-        etol = max(etol, FLAT_SIGMAS * float(sampling(x, lowest)))
+        # the tolerance stated is the one that decided: the sampling band where it made a
+        # negative λ flat, else the numerical one (a clear saddle reports the latter)
+        band = FLAT_SIGMAS * float(sampling(x, lowest))
+        etol = band if eigs[0] >= -band else etol
     kind = "minimum"
     if eigs[0] < -etol:
         kind = "saddle"
