@@ -18,7 +18,8 @@ A point with a clearly negative eigenvalue is a saddle: it is never reported as 
 minimum.  The solver records it and continues along the unstable direction (gradient flow:
 a step along the eigenvector to the lower side and a new minimisation; finite γ: the ODE
 integrated from the displaced point, then a new root).  An eigenvalue within the
-finite-difference tolerance of 0 is probed along its eigenvector at finite steps
+numerical tolerance of 0 (on the sampled E: a negative one within the sampling error of the
+curvature, :func:`_classify`) is probed along its eigenvector at finite steps
 (:func:`_probe`, steps ``PROBE_STEPS`` × :func:`step_scale`): if E rises on both sides the point
 is a (degenerate) minimum, otherwise it is escaped like a saddle.
 
@@ -66,7 +67,8 @@ class Certificate:
     ``drift_norm``: ‖dx/dτ‖ = ½‖∂E/∂x‖ (gradient flow, sampled objective) or ‖dy/dt‖ (finite
     γ, fixed-sample drift); ``drift_tol`` its threshold.  ``min_eigenvalue``: smallest
     eigenvalue of the quotient Hessian of E (gradient flow) or min −Re λ(J) (finite γ);
-    ``eig_tol``: the finite-difference resolution below which |λ| counts as zero.
+    ``eig_tol``: the resolution below which |λ| counts as zero (numerical; on the sampled E,
+    for a negative λ probed as flat, the sampling band of :func:`_classify`).
     ``kind``: "minimum", "degenerate minimum" (a zero eigenvalue, E rising on both sides of
     its eigenvector), "stable" (finite γ: every Re λ(J) < 0), "saddle", "not converged" or
     "objective unreliable" (:func:`check_objective`).  ``zero_modes``: gauge directions projected

@@ -10,8 +10,9 @@ stationary points of E, and the stable ones its local minima.
   (``objectives.SampledError``: a smooth deterministic function with its exact gradient, the
   Bayes posterior as control variate so that what is minimised is the excess
   E − E_Bayes = E‖w − p‖²) in the parametrisation K = [M | P] ∈ R^{H×(F+H)}, Q = K Kᵀ (+ a, b
-  when trained): L-BFGS, then Newton steps with the Hessian obtained by finite differences of
-  the exact gradient.
+  when trained): L-BFGS to a gradient of 1e-6, then trust-region Newton on its exact
+  Hessian-vector products (``trust_newton``) to the certificate's tolerance; the
+  classification's Hessian from the same products.
 * **Deterministic polish** (gradient flow, per-head activations, discrete priors, any H):
   ``deterministic.PairwiseError`` is E with its exact gradient from the pairwise decomposition
   on the Laplace engine (``expect.pairwise``: no samples, ~1e-8 with an error estimate), and
@@ -219,8 +220,11 @@ def solve_gradient_flow(obj: SampledError, state: State, tol: float = DRIFT_TOL,
                         key_bound: float = np.inf) -> FixedPoint:
     """A certified local minimum of the sampled E reached from ``state``.
 
-    Loop: L-BFGS from x; quotient Hessian Hq = Zᵀ∇²E Z (:func:`objectives.fd_hessian`, gauge
-    removed by :func:`objectives.gauge_directions`); if its smallest eigenvalue
+    Loop: L-BFGS from x to ``trust_newton.HANDOVER_GTOL``, then trust-region Newton on the exact
+    Hessian products until ‖∇E‖ ≤ tol (:func:`_minimise`); quotient Hessian Hq = Zᵀ∇²E Z (exact
+    products, ``SampledError.hessian``; gauge removed by :func:`objectives.gauge_directions`,
+    a negative λ within the sampling error of the curvature counted as flat:
+    ``certificate._classify``); if its smallest eigenvalue
     λ < −eig_tol the point is a saddle: recorded, and x moves to the lower side along the
     eigenvector (:func:`escape`), up to ``max_escapes`` times; if |λ| ≤ eig_tol, E is probed
     along it (rises on both sides: degenerate minimum; else escaped as a saddle); at a minimum,

@@ -11,7 +11,8 @@ depends on K only through K Kᵀ, so it is invariant under the gauge K → [M | 
 at K the orbit's tangent space is spanned by δK = [0 | P A], A antisymmetric
 (:func:`gauge_directions`), and the certificate takes the Hessian on the quotient,
 Zᵀ ∇²E Z with Z an orthonormal basis of the orthogonal complement (:func:`quotient_basis`;
-:func:`fd_hessian`, central differences of the exact gradient).
+exact Hessian-vector products on the sampled E, :meth:`SampledError.hessian_products`;
+:func:`fd_hessian`, central differences of the exact gradient, where no products exist).
 
 The sampled objective (:class:`SampledError`) is E on fixed samples (common random numbers:
 scrambled Sobol points by default, :func:`sobol_normals`, with an importance tilt of the token
@@ -19,7 +20,8 @@ noise at strong signal), a smooth deterministic function with its exact gradient
 
     ∂E/∂K_h = −2 E[Σ_l g_{hl} G_l] − 4 E[ρ_h] K_h,
 
-for L-BFGS and finite differences.  The Bayes posterior p_l = P(ε = l | X)
+for L-BFGS, and its exact curvature (forward over reverse through the generated kernels) for
+Newton and the certificate.  The Bayes posterior p_l = P(ε = l | X)
 (:func:`bayes_posterior`) is a control variate, so that what is minimised is the excess
 
     E_n = Δ + Σ_i ω_i [(1 − ‖p_i‖²) + ‖w_i − p_i‖²],   E_n − E_Bayes,n = Σ_i ω_i ‖w_i − p_i‖² ≥ 0.
@@ -284,6 +286,7 @@ class SampledError(KeySpace):
         """(:meth:`_forward`'s tuple, a dict of further sums at x) for the last x."""
         if self._last and np.array_equal(self._last[0], x):
             return self._last[1], self._last[2]
+        self._last = ()                 # freed before the new pass: no higher peak memory
         x = np.array(x, float)          # a copy: K, a below are views of it
         K, a, b = self.unpack(x)
         W, D, D2, w = sample_kernels(self.act).weights(self.scores(K), b, np.sum(K * K, axis=1),
