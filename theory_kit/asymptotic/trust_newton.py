@@ -45,7 +45,7 @@ MAXITER = 200
 # iteration (seen at H = 8, B-softmax, on the shift check's 1024 points: minutes without an
 # end); past the budget the point is handed on as it is (the classification and the Newton
 # of the loop take it from there)
-PRODUCTS_PER_COORDINATE = 10
+PRODUCTS_PER_COORDINATE = 30
 # the stop at a fraction of the certificate's tolerance: the certificate re-evaluates the
 # gradient at the same point, so any margin > 0 passes; half keeps one bit against rounding
 MARGIN = 0.5
