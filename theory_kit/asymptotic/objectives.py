@@ -412,10 +412,12 @@ class SampledError(KeySpace):
         independent (θ strata of a draw summed first; for Sobol points an upper bound): how far
         from the sampled curvature the population's may be.
 
-        Per row, with δw the JVP of w and e·δ²w from the second-order kernel at fixed e,
-        uᵀ∇²E_i u = 2 ω_i (|δw_i|² − e_i·δ²w_i),
-        e·δ²w = Σ_hl δ(J·e)_hl δS_hl + Σ_h [δ(∂w/∂a·e)_h δa_h + δ(∂w/∂b·e)_h δb_h
-                + δρ_h δq_h + 2 ρ_h |δK_h|²]   (ρ_h = ∂w/∂Q_hh·e, δ²q_h = 2 |δK_h|²)."""
+        Per row, with δw the JVP of w and e·δ²w from the second-order kernel at fixed e
+        (ρ_h = ∂w/∂Q_hh·e, δ²q_h = 2 |δK_h|²),
+
+            uᵀ∇²E_i u = 2 ω_i (|δw_i|² − e_i·δ²w_i),
+            e·δ²w = Σ_hl δ(J·e)_hl δS_hl + Σ_h [δ(∂w/∂a·e)_h δa_h + δ(∂w/∂b·e)_h δb_h
+            + δρ_h δq_h + 2 ρ_h |δK_h|²]."""
         (K, a, W, D, D2, _, e), _ = self._at(x)
         kern = sample_kernels(self.act)
         dK, dS, da, db, dq = self._direction(K, np.asarray(u, float))
