@@ -222,12 +222,12 @@ def run_to_convergence(task: Task, act: Activation, ic: InitialCondition,
         # runs for minutes): the stage, the evaluations, E and the gradient norm
         with stages(f"einf seed {ic.seed}: solving", show=progress) as log:
             fixed, final, used = solve_checked(task, act, state, settings, engine)
+            if settings.shift_check and fixed.presolve is None:   # a polished point: no samples
+                with stage("sample shift (the solve again on other points)"):
+                    shift = sample_shift(task, act, fixed, used)
         hist["timing"] = {"stages": log.records}
         state = fixed.state
         hist["solver_points"] = used.solver_points
-        if settings.shift_check and fixed.presolve is None:   # a polished point has no samples
-            with stage("sample shift (the solve again on other points)"):
-                shift = sample_shift(task, act, fixed, used)
     else:
         final = precise_error(task, act, state, settings.error_method, settings.error_samples)
     ok = fixed.certificate.certified if fixed is not None else rule.converged(t, hist["speed"])
