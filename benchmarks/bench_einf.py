@@ -26,11 +26,28 @@ differencing the whole gradient.
 run-off (what the polish did before), in CPU seconds and evaluations, same run.
 
     python benchmarks/bench_einf.py --presolve [--H 8] [--seed 0]
+
+``--solver``: whole E∞ runs (``tk.einf``, one run per seed, gradient flow, F = 4, ν = 10,
+L = 5, as ``theory-kit einf --gradient-flow`` but with Fig. 4's hand-over rule and E at the
+solution by Monte Carlo on 10^5 draws) with the exact-curvature solver (#45: L-BFGS to
+gtol 1e-6, trust-region Newton on exact Hessian products, exact classification) and with the
+previous solver (L-BFGS to 1e-12, finite-difference Hessian; :func:`previous_solver` restores
+it in this process) on the same seeds, in CPU seconds of this process (``time.process_time``,
+the kernels' threads included): per run the stages' CPU seconds and evaluations, the
+certificate, E∞ and the ratio of the two solvers.  ``--old-max-H``: the previous solver only
+up to this H (it takes 20-50 CPU minutes a run at H = 8 for softmax and softmax-1).
+
+    python benchmarks/bench_einf.py --solver --Hs 4,8 [--activations bsoftmax,softmax,softmax1]
+        [--seeds 0] [--old-max-H 8] [--old-activations bsoftmax] [--json out.json]
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import time
+from collections import defaultdict
+from typing import Iterator
 
 import numpy as np
 
@@ -133,6 +150,90 @@ def bench_presolve(H: int, seed: int) -> None:
               f"{solve.polish_from_sampled(start, fixed)}")
 
 
+@contextlib.contextmanager
+def previous_solver() -> Iterator[None]:
+    """The sampled solver before #45, in this process: no Hessian products (so L-BFGS to
+    1e-12, no trust-region Newton, the raw probe), the finite-difference Hessian of the exact
+    gradient, no sampling band in the classification."""
+    cls = objectives.SampledError
+    saved = {k: cls.__dict__[k] for k in ("hvp", "hessian", "curvature_stderr")}
+
+    def fd(self, x, Z):
+        return objectives.fd_hessian(lambda y: self.value_and_grad(y)[1], x, Z), 0.0
+
+    cls.hvp, cls.curvature_stderr, cls.hessian = None, None, fd
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            setattr(cls, k, v)
+
+
+# Fig. 4's hand-over (the flow only has to leave the plateau; the solver does the rest), and E
+# at the solution by Monte Carlo: both the same for the two solvers, so cheap ones
+HANDOVER = {"tol": 0.1, "chunk": 20.0, "window": 2, "T_max": 100.0}
+
+
+def one_run(name: str, H: int, seed: int) -> dict:
+    """One E∞ run (module docstring) in CPU seconds, with its stages and certificate."""
+    import theory_kit as tk
+    start = time.process_time()
+    res = tk.einf(name, H=H, L=5, nu=[10.0] * 4, runs=1, seed=seed, gradient_flow=True,
+                  stop=tk.Stop(**HANDOVER), evaluation=tk.Evaluation("mc", 100_000),
+                  global_min=False, run=tk.Run(progress=False))
+    cpu = time.process_time() - start
+    run = res.runs[0]
+    stages: dict = defaultdict(lambda: [0.0, 0])
+    for st in run.history["timing"]["stages"]:
+        key = st["name"].split(" (")[0].split(" on ")[0]
+        stages[key][0] += st["cpu_seconds"]
+        stages[key][1] += st["evaluations"]
+    cert = run.certificate
+    return {"activation": name, "H": H, "seed": seed, "cpu": cpu, "einf": run.error.value,
+            "abs_err_total": run.abs_err_total, "kind": cert.kind if cert else None,
+            "drift_norm": cert.drift_norm if cert else None,
+            "min_eigenvalue": cert.min_eigenvalue if cert else None,
+            "evaluations": run.fixed.evaluations if run.fixed else None,
+            "stages": {k: [round(v[0], 2), v[1]] for k, v in stages.items()}}
+
+
+def bench_solver(H_values: list[int], names: list[str], seeds: list[int], old_max_H: int,
+                 old_names: list[str], out: str | None) -> None:
+    """The exact-curvature solver against the previous one (module docstring): the kernels
+    compiled first (not timed), every run with the new solver, then the previous solver's
+    (the long ones: up to ``old_max_H`` heads, activations ``old_names``) on the same seeds."""
+    from theory_kit.figures import runner
+    for name in names:
+        for part in runner.KERNEL_PARTS:
+            runner.compile_kernels(name, part)
+    cases = [(H, name, seed) for H in H_values for name in names for seed in seeds]
+    rows: dict = {}
+    for label in ("new", "old"):
+        for H, name, seed in cases:
+            if label == "old" and (H > old_max_H or name not in old_names):
+                continue
+            with previous_solver() if label == "old" else contextlib.nullcontext():
+                r = one_run(name, H, seed)
+            rows.setdefault(f"{name} H={H} seed {seed}", {})[label] = r
+            report(label, r, rows[f"{name} H={H} seed {seed}"])
+            if out:
+                with open(out, "w") as handle:
+                    json.dump(rows, handle, indent=1)
+
+
+def report(label: str, r: dict, row: dict) -> None:
+    """One run's line, its stages and (for the previous solver) the ratio of the two."""
+    print(f"{label}: {r['activation']} H={r['H']} seed {r['seed']}: {r['cpu']:.1f} CPU s, "
+          f"{r['evaluations']} evaluations, {r['kind']} (1/2|grad| {r['drift_norm']:.1e}, "
+          f"lambda_min {r['min_eigenvalue']:.2e}), E = {r['einf']:.6f} +- "
+          f"{r['abs_err_total']:.1e}", flush=True)
+    print("    stages (CPU s, evaluations):", r["stages"], flush=True)
+    if label == "old":
+        solve = r["stages"]["sampled solve"][0] / row["new"]["stages"]["sampled solve"][0]
+        print(f"    ratio old/new: whole run {r['cpu'] / row['new']['cpu']:.2f}, sampled "
+              f"solve {solve:.2f}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--H", type=int, default=4)
@@ -145,7 +246,21 @@ def main() -> None:
     parser.add_argument("--presolve", action="store_true",
                         help="the sampled solve with and without the polish's key bound")
     parser.add_argument("--seed", type=int, default=0, help="run seed of --presolve")
+    parser.add_argument("--solver", action="store_true",
+                        help="whole E∞ runs, exact-curvature against previous solver")
+    parser.add_argument("--activations", default="bsoftmax,softmax,softmax1")
+    parser.add_argument("--seeds", default="0")
+    parser.add_argument("--old-max-H", type=int, default=8)
+    parser.add_argument("--old-activations", default=None,
+                        help="--solver: the previous solver for these only (default: all)")
+    parser.add_argument("--json", default=None, help="--solver: write the rows here")
+    parser.add_argument("--Hs", default="4,8", help="--solver: the numbers of heads")
     args = parser.parse_args()
+    if args.solver:
+        bench_solver([int(h) for h in args.Hs.split(",")], args.activations.split(","),
+                     [int(s) for s in args.seeds.split(",")], args.old_max_H,
+                     (args.old_activations or args.activations).split(","), args.json)
+        return
     if args.presolve:
         bench_presolve(args.H, args.seed)
         return

@@ -4,7 +4,8 @@ boundary minima, the global minimum and the Bayes floor (docs/theory.md §6).
 The modules, in the order the data flows:
 
 * ``objectives``: E on fixed samples as a smooth function of the keys K = [M | P], Q = K Kᵀ,
-  with its exact gradient, and the gauge quotient; ``deterministic``: the deterministic E of
+  with its exact gradient and exact Hessian-vector products, and the gauge quotient;
+  ``trust_newton``: trust-region Newton on those products; ``deterministic``: the deterministic E of
   the polish (pairwise decomposition, key cap, the face P = 0); ``laplace_objective``: the
   deterministic E of joint normalisers (H ≤ 3).
 * ``certificate``: the classification of a point (drift norm, quotient Hessian or drift

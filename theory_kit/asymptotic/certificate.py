@@ -18,7 +18,8 @@ A point with a clearly negative eigenvalue is a saddle: it is never reported as 
 minimum.  The solver records it and continues along the unstable direction (gradient flow:
 a step along the eigenvector to the lower side and a new minimisation; finite γ: the ODE
 integrated from the displaced point, then a new root).  An eigenvalue within the
-finite-difference tolerance of 0 is probed along its eigenvector at finite steps
+numerical tolerance of 0 (on the sampled E: a negative one within the sampling error of the
+curvature, :func:`_classify`) is probed along its eigenvector at finite steps
 (:func:`_probe`, steps ``PROBE_STEPS`` × :func:`step_scale`): if E rises on both sides the point
 is a (degenerate) minimum, otherwise it is escaped like a saddle.
 
@@ -49,6 +50,7 @@ import numpy as np
 from ..io.progress import stage
 from ..model.state import State
 from .objectives import DRIFT_TOL, Objective, SampledError
+from .trust_newton import has_products
 
 BOUNDARY = "boundary minimum"   # heads switched off at b = −∞ (``boundary``)
 STABLE_KINDS = ("minimum", "degenerate minimum", "stable", BOUNDARY)
@@ -65,7 +67,8 @@ class Certificate:
     ``drift_norm``: ‖dx/dτ‖ = ½‖∂E/∂x‖ (gradient flow, sampled objective) or ‖dy/dt‖ (finite
     γ, fixed-sample drift); ``drift_tol`` its threshold.  ``min_eigenvalue``: smallest
     eigenvalue of the quotient Hessian of E (gradient flow) or min −Re λ(J) (finite γ);
-    ``eig_tol``: the finite-difference resolution below which |λ| counts as zero.
+    ``eig_tol``: the resolution below which |λ| counts as zero (numerical; on the sampled E,
+    for a negative λ probed as flat, the sampling band of :func:`_classify`).
     ``kind``: "minimum", "degenerate minimum" (a zero eigenvalue, E rising on both sides of
     its eigenvector), "stable" (finite γ: every Re λ(J) < 0), "saddle", "not converged" or
     "objective unreliable" (:func:`check_objective`).  ``zero_modes``: gauge directions projected
@@ -157,13 +160,21 @@ def step_scale(x: np.ndarray) -> float:
 
 
 def _probe(obj: Objective, x: np.ndarray, v: np.ndarray) -> bool:
-    """Whether E rises on both sides of x along v at every probe step."""
-    e0 = obj.value_and_grad(x)[0]
+    """Whether E rises on both sides of x along v at every probe step.
+
+    With exact curvature (objectives with Hessian products, :func:`.trust_newton.has_products`)
+    the rise is counted above the tangent, E(x ± h v) − E(x) ∓ h ∇E·v: those solves stop at
+    the certificate's gradient tolerance, not at 1e-12, and along a flat direction the linear
+    term (up to 0.3 × 1e-8) outweighs the curvature (a flat λ of 1e-11 rises by 5e-13 at
+    h = 0.3), so the raw probe called one side a descent."""
+    e0, g = obj.value_and_grad(x)
+    slope = float(g @ v) if has_products(obj) else 0.0
     scale = step_scale(x)
     for h in PROBE_STEPS:
         for sign in (1.0, -1.0):
             y = x + sign * h * scale * v
-            if obj.value_and_grad(y)[0] < e0 - 1e-14 * max(1.0, abs(e0)):
+            if obj.value_and_grad(y)[0] - sign * h * scale * slope < \
+                    e0 - 1e-14 * max(1.0, abs(e0)):
                 return False
     return True
 
@@ -188,18 +199,35 @@ def _newton_ready(local: _Local) -> bool:
     return bool(np.linalg.eigvalsh(0.5 * (local.Hq + local.Hq.T))[0] > 0)
 
 
+FLAT_SIGMAS = 3.0   # a negative curvature within this many standard errors of 0 is flat
+
+
 def _classify(obj: Objective, x: np.ndarray) -> _Local:
-    """Quotient Hessian at x (gauge removed) and the kind of stationary point it indicates."""
+    """Quotient Hessian at x (gauge removed) and the kind of stationary point it indicates.
+
+    λ_min > tol: a minimum; |λ_min| ≤ tol: probed (:func:`_probe`); λ_min < −tol: a saddle.
+    With an objective that states the sampling error of its curvature (``curvature_stderr``:
+    the sampled E), a negative λ_min counts as flat (probed, not a saddle) down to
+    −``FLAT_SIGMAS`` standard errors of the curvature along its eigenvector: the population's
+    curvature there may be 0 (quick Fig. 4, ν = 8, softmax-1 had λ_min = −3.9e-11 at a
+    gradient of 1e-6 and was escaped as a saddle)."""
     Z = obj.quotient(x)
     with stage(f"classify (Hessian, {Z.shape[1]} directions)"):
         Hq, fd_err = obj.hessian(x, Z)
     eigs, vecs = np.linalg.eigh(Hq)
     etol = max(_eig_tol(eigs), fd_err)
+    lowest = Z @ vecs[:, 0]
+    sampling = getattr(obj, "curvature_stderr", None)
+    if eigs[0] < -etol and sampling is not None:
+        # the tolerance stated is the one that decided: the sampling band where it made a
+        # negative λ flat, else the numerical one (a clear saddle reports the latter)
+        band = FLAT_SIGMAS * float(sampling(x, lowest))
+        etol = band if eigs[0] >= -band else etol
     kind = "minimum"
     if eigs[0] < -etol:
         kind = "saddle"
     elif eigs[0] <= etol:
-        kind = "degenerate minimum" if _probe(obj, x, Z @ vecs[:, 0]) else "saddle"
+        kind = "degenerate minimum" if _probe(obj, x, lowest) else "saddle"
     return _Local(kind, eigs, Z @ vecs, Z, Hq, obj.dim - Z.shape[1], etol)
 
 

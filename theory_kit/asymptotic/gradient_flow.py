@@ -10,8 +10,9 @@ stationary points of E, and the stable ones its local minima.
   (``objectives.SampledError``: a smooth deterministic function with its exact gradient, the
   Bayes posterior as control variate so that what is minimised is the excess
   E − E_Bayes = E‖w − p‖²) in the parametrisation K = [M | P] ∈ R^{H×(F+H)}, Q = K Kᵀ (+ a, b
-  when trained): L-BFGS, then Newton steps with the Hessian obtained by finite differences of
-  the exact gradient.
+  when trained): L-BFGS to a gradient of 1e-6, then trust-region Newton on its exact
+  Hessian-vector products (``trust_newton``) to the certificate's tolerance; the
+  classification's Hessian from the same products.
 * **Deterministic polish** (gradient flow, per-head activations, discrete priors, any H):
   ``deterministic.PairwiseError`` is E with its exact gradient from the pairwise decomposition
   on the Laplace engine (``expect.pairwise``: no samples, ~1e-8 with an error estimate), and
@@ -68,21 +69,30 @@ from .certificate import (
 )
 from .deterministic import KEY_CAP, PairwiseError, ZeroOrthogonal
 from .objectives import DRIFT_TOL, KeySpace, Objective, SampledError, max_key_norm
+from .trust_newton import HANDOVER_GTOL, has_products, trust_newton
 
 RUNOFF_FACTOR = 300.0   # a descent whose ‖x‖ grows past this factor has run off (runoff_bound)
 
 
 # ----------------------------------------------------------------------------- descent
 def _minimise(obj: Objective, x0: np.ndarray, maxiter: int,
-              bound: float = np.inf, gtol: float = 1e-12, key_bound: float = np.inf
-              ) -> tuple[np.ndarray, bool]:
+              bound: float = np.inf, gtol: float = 1e-12, key_bound: float = np.inf,
+              tol: float | None = None) -> tuple[np.ndarray, bool]:
     """L-BFGS from x0: (the last iterate, whether it was stopped for ‖x‖ > ``bound`` or a key
-    norm > ``key_bound``); ``gtol``: L-BFGS-B's bound on the largest gradient entry."""
+    norm > ``key_bound``); ``gtol``: L-BFGS-B's bound on the largest gradient entry.
+
+    ``tol`` (objectives with exact Hessian products only, :func:`.trust_newton.has_products`):
+    L-BFGS stops at ``HANDOVER_GTOL`` instead, and trust-region Newton on the products takes
+    x on until ‖∇E‖ meets the certificate's ``tol`` (:func:`.trust_newton.trust_newton`)."""
     last = [x0]
     def outside(y: np.ndarray) -> bool:
         # a finite ``key_bound`` comes with KeySpace objectives only (``solve_gradient_flow``)
         return bool(np.linalg.norm(y) > bound or (
             np.isfinite(key_bound) and max_key_norm(cast(KeySpace, obj), y) > key_bound))
+
+    newton = tol is not None and has_products(obj)
+    if newton:
+        gtol = max(gtol, HANDOVER_GTOL)
 
     def watch(xk: np.ndarray) -> None:
         last[0] = xk.copy()
@@ -94,6 +104,9 @@ def _minimise(obj: Objective, x0: np.ndarray, maxiter: int,
                                 callback=watch, options={"maxiter": maxiter, "gtol": gtol,
                                                          "ftol": 1e-15, "maxcor": 30})
     x = res.x if res.x is not None else last[0]
+    if newton and not outside(x):
+        assert tol is not None
+        return trust_newton(cast(SampledError, obj), x, tol, outside)
     return x, outside(x)
 
 
@@ -207,8 +220,11 @@ def solve_gradient_flow(obj: SampledError, state: State, tol: float = DRIFT_TOL,
                         key_bound: float = np.inf) -> FixedPoint:
     """A certified local minimum of the sampled E reached from ``state``.
 
-    Loop: L-BFGS from x; quotient Hessian Hq = Zᵀ∇²E Z (:func:`objectives.fd_hessian`, gauge
-    removed by :func:`objectives.gauge_directions`); if its smallest eigenvalue
+    Loop: L-BFGS from x to ``trust_newton.HANDOVER_GTOL``, then trust-region Newton on the exact
+    Hessian products until ‖∇E‖ ≤ tol (:func:`_minimise`); quotient Hessian Hq = Zᵀ∇²E Z (exact
+    products, ``SampledError.hessian``; gauge removed by :func:`objectives.gauge_directions`,
+    a negative λ within the sampling error of the curvature counted as flat:
+    ``certificate._classify``); if its smallest eigenvalue
     λ < −eig_tol the point is a saddle: recorded, and x moves to the lower side along the
     eigenvector (:func:`escape`), up to ``max_escapes`` times; if |λ| ≤ eig_tol, E is probed
     along it (rises on both sides: degenerate minimum; else escaped as a saddle); at a minimum,
@@ -267,7 +283,7 @@ def _descend(obj, x: np.ndarray, tol: float, max_escapes: int, maxiter: int,
     local, attempt, rounds = None, 0, 0
     beyond = getattr(obj, "beyond_cap", lambda y: False)     # the deterministic E's KEY_CAP
     while True:
-        x, ran_off = _minimise(obj, x, maxiter, bound, gtol, key_bound)
+        x, ran_off = _minimise(obj, x, maxiter, bound, gtol, key_bound, tol)
         if ran_off or beyond(x):
             return x, None, saddles
         local = _classify(obj, x)
@@ -313,7 +329,7 @@ def _coarse_descent(obj: SampledError, coarse: SampledError, x: np.ndarray, max_
     """The loop of :func:`_presolve`."""
     y, saddles = x, []
     for attempt in range(max_escapes + 1):
-        y, ran_off = _minimise(coarse, y, maxiter, bound, key_bound=key_bound)
+        y, ran_off = _minimise(coarse, y, maxiter, bound, key_bound=key_bound, tol=DRIFT_TOL)
         if ran_off:
             return x, []
         local = _classify(coarse, y)

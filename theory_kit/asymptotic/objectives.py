@@ -11,7 +11,8 @@ depends on K only through K Kᵀ, so it is invariant under the gauge K → [M | 
 at K the orbit's tangent space is spanned by δK = [0 | P A], A antisymmetric
 (:func:`gauge_directions`), and the certificate takes the Hessian on the quotient,
 Zᵀ ∇²E Z with Z an orthonormal basis of the orthogonal complement (:func:`quotient_basis`;
-:func:`fd_hessian`, central differences of the exact gradient).
+exact Hessian-vector products on the sampled E, :meth:`SampledError.hessian_products`;
+:func:`fd_hessian`, central differences of the exact gradient, where no products exist).
 
 The sampled objective (:class:`SampledError`) is E on fixed samples (common random numbers:
 scrambled Sobol points by default, :func:`sobol_normals`, with an importance tilt of the token
@@ -19,7 +20,8 @@ noise at strong signal), a smooth deterministic function with its exact gradient
 
     ∂E/∂K_h = −2 E[Σ_l g_{hl} G_l] − 4 E[ρ_h] K_h,
 
-for L-BFGS and finite differences.  The Bayes posterior p_l = P(ε = l | X)
+for L-BFGS, and its exact curvature (forward over reverse through the generated kernels) for
+Newton and the certificate.  The Bayes posterior p_l = P(ε = l | X)
 (:func:`bayes_posterior`) is a control variate, so that what is minimised is the excess
 
     E_n = Δ + Σ_i ω_i [(1 − ‖p_i‖²) + ‖w_i − p_i‖²],   E_n − E_Bayes,n = Σ_i ω_i ‖w_i − p_i‖² ≥ 0.
@@ -199,6 +201,9 @@ class SampledError(KeySpace):
     target: np.ndarray = field(init=False, repr=False)
     floor: float = field(init=False, repr=False)
     evaluations: int = field(default=0, init=False)
+    products: int = field(default=0, init=False)          # Hessian-vector products
+    # the last point's weights pass, shared by its gradient and its Hessian products
+    _last: tuple = field(default=(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         F, H, L = self.task.F, self.H, self.task.L
@@ -268,12 +273,26 @@ class SampledError(KeySpace):
         """(K, w (n, L), e (n, L), Jv (n, H, L), Av, Bv, Qv (n, H)) at x, v = e = target − w
         (target: the posterior p with ``control``, else the one-hot ẽ): the generated kernels
         of ``kernels.sample_kernels`` (numba, or NumPy without it)."""
+        K, a, W, D, D2, w, e = self._forward(x)
+        return (K, w, e) + tuple(sample_kernels(self.act).vjp(W, D, D2, a, e))
+
+    def _forward(self, x: np.ndarray) -> tuple:
+        """(K, a, W, D, D2 (n, H, L), w, e (n, L)) at x: the weights pass of every derivative,
+        kept for the last x (trust-region Newton asks the gradient, then several products at
+        one point)."""
+        return self._at(x)[0]
+
+    def _at(self, x: np.ndarray) -> tuple[tuple, dict]:
+        """(:meth:`_forward`'s tuple, a dict of further sums at x) for the last x."""
+        if self._last and np.array_equal(self._last[0], x):
+            return self._last[1], self._last[2]
+        self._last = ()                 # freed before the new pass: no higher peak memory
+        x = np.array(x, float)          # a copy: K, a below are views of it
         K, a, b = self.unpack(x)
-        S = self.scores(K)
-        kern = sample_kernels(self.act)
-        W, D, D2, w = kern.weights(S, b, np.sum(K * K, axis=1), a)
-        e = self.target - w
-        return (K, w, e) + tuple(kern.vjp(W, D, D2, a, e))
+        W, D, D2, w = sample_kernels(self.act).weights(self.scores(K), b, np.sum(K * K, axis=1),
+                                                       a)
+        self._last = (x, (K, a, W, D, D2, w, self.target - w), {})
+        return self._last[1], self._last[2]
 
     def _per_sample_value(self, w: np.ndarray, e: np.ndarray) -> np.ndarray:
         """The per-sample summand of E_n without Δ, shape (n,)."""
@@ -312,9 +331,61 @@ class SampledError(KeySpace):
         return out
 
     def hessian(self, x: np.ndarray, Z: np.ndarray) -> tuple[np.ndarray, float]:
-        """(Zᵀ ∇²E Z by :func:`fd_hessian` of the exact gradient, 0): the eigenvalue tolerance
-        of the sampled objective is :func:`certificate._eig_tol` alone."""
-        return fd_hessian(lambda y: self.value_and_grad(y)[1], x, Z), 0.0
+        """(Zᵀ ∇²E Z from exact products (:meth:`hessian_products`), symmetrised; its asymmetry
+        max |Hq − Hqᵀ|, the round-off of the products).  Shape (k, k), k = Z.shape[1]."""
+        Hq = Z.T @ self.hessian_products(x, Z)
+        return 0.5 * (Hq + Hq.T), float(np.max(np.abs(Hq - Hq.T), initial=0.0))
+
+    def hvp(self, x: np.ndarray, u: np.ndarray) -> np.ndarray:
+        """The exact Hessian-vector product ∇²E(x) u, shape (dim,) (see
+        :meth:`hessian_products`).
+
+        >>> from theory_kit.model.activations import get_activation
+        >>> from theory_kit.model.priors import make_prior
+        >>> obj = SampledError.for_activation(Task(3, make_prior("flipping", nu=[1.0])),
+        ...                                   get_activation("softmax"), 1, n=64)
+        >>> x, u = np.array([1.0, 0.5]), np.array([0.0, 1.0])
+        >>> h, grad = 1e-6, lambda y: obj.value_and_grad(y)[1]
+        >>> fd = (grad(x + h * u) - grad(x - h * u)) / (2 * h)
+        >>> bool(np.allclose(obj.hvp(x, u), fd, atol=1e-8))
+        True
+        """
+        return self.hessian_products(x, np.asarray(u, float)[:, None])[:, 0]
+
+    def hessian_products(self, x: np.ndarray, U: np.ndarray) -> np.ndarray:
+        """∇²E(x) U for directions U (dim, k), shape (dim, k): one weights pass at x, then per
+        column the generated second-order kernel (``kernels`` ``tangent``) and one VJP.
+
+        Forward over reverse: with e = target − w, the gradient is g = −2 Σ ω X(x, e) for the
+        VJP outputs X = (J·e, ∂w/∂a·e, ∂w/∂b·e, ∂w/∂Q_hh·e); along u = (δK, δa, δb), with
+        δS_hl = δK_h·G_l, δq_h = 2 K_h·δK_h and δw the JVP of w,
+
+            δX = X'(x, e)[u] + X(x, −δw)          (X is linear in e),
+            δ(∂E/∂K_h) = −2 E[Σ_l δ(J·e)_hl G_l] − 4 E[δρ_h] K_h − 4 E[ρ_h] δK_h,
+
+        and δ(∂E/∂a), δ(∂E/∂b) = −2 E[δ(∂w/∂a·e)], −2 E[δ(∂w/∂b·e)] (ρ_h = ∂w/∂Q_hh·e)."""
+        (K, a, W, D, D2, w, e), sums = self._at(x)
+        kern = sample_kernels(self.act)
+        if "rho" not in sums:
+            sums["rho"] = sample_sum(self.samples.weights, kern.vjp(W, D, D2, a, e)[3])
+        forward = (K, a, W, D, D2, e, sums["rho"])
+        cols = []
+        for u in np.asarray(U, float).T:
+            cols.append(self._product(forward, kern, u))
+            self.products += 1
+            tick(products=len(cols))   # one a column: the bar moves during a large Hessian
+        return np.column_stack(cols) if cols else np.zeros((len(x), 0))
+
+    def _product(self, forward: tuple, kern, u: np.ndarray) -> np.ndarray:
+        """One column of :meth:`hessian_products` from the shared forward pass."""
+        K, a, W, D, D2, e, rho = forward
+        dK, dS, da, db, dq = self._direction(K, u)
+        dw, *fixed = kern.tangent(W, D, D2, a, e, dS, da, db, dq)
+        dJ, dA, dB, dQ = (f + g for f, g in zip(fixed, kern.vjp(W, D, D2, a, -dw)))
+        wts = self.samples.weights
+        gK = (-2.0 * self.token_contraction(dJ * wts[:, None, None])
+              - 4.0 * sample_sum(wts, dQ)[:, None] * K - 4.0 * rho[:, None] * dK)
+        return self.pack(gK, -2.0 * sample_sum(wts, dA), -2.0 * sample_sum(wts, dB))
 
     def value_and_grad(self, x: np.ndarray) -> tuple[float, np.ndarray]:
         """(E, ∂E/∂x) on the fixed samples."""
@@ -328,16 +399,49 @@ class SampledError(KeySpace):
         tick(E=value, grad=float(np.linalg.norm(grad)))
         return value, grad
 
+    def _direction(self, K: np.ndarray, u: np.ndarray) -> tuple[np.ndarray, ...]:
+        """u (dim,) as the kernels' direction at keys K: (δK (H, F+H), δS (n·reps, H, L),
+        δa, δb (H,; 0 where not a coordinate), δq_h = 2 K_h·δK_h)."""
+        dK, da, db = self.unpack(u)
+        da = da if self.train_a else np.zeros(self.H)
+        db = np.where(np.isin(np.arange(self.H), self.free_b), db, 0.0)   # b0 elsewhere
+        return dK, self.scores(dK), da, db, 2.0 * np.sum(K * dK, axis=1)
+
+    def curvature_stderr(self, x: np.ndarray, u: np.ndarray) -> float:
+        """Standard error of the curvature uᵀ∇²E u at x as if the n noise draws were
+        independent (θ strata of a draw summed first; for Sobol points an upper bound): how far
+        from the sampled curvature the population's may be.
+
+        Per row, with δw the JVP of w and e·δ²w from the second-order kernel at fixed e
+        (ρ_h = ∂w/∂Q_hh·e, δ²q_h = 2 |δK_h|²),
+
+            uᵀ∇²E_i u = 2 ω_i (|δw_i|² − e_i·δ²w_i),
+            e·δ²w = Σ_hl δ(J·e)_hl δS_hl + Σ_h [δ(∂w/∂a·e)_h δa_h + δ(∂w/∂b·e)_h δb_h
+            + δρ_h δq_h + 2 ρ_h |δK_h|²]."""
+        (K, a, W, D, D2, _, e), _ = self._at(x)
+        kern = sample_kernels(self.act)
+        dK, dS, da, db, dq = self._direction(K, np.asarray(u, float))
+        dw, dJ, dA, dB, dQ = kern.tangent(W, D, D2, a, e, dS, da, db, dq)
+        rho = kern.vjp(W, D, D2, a, e)[3]
+        second = (np.sum(dJ * dS, axis=(1, 2)) + dA @ da + dB @ db + dQ @ dq
+                  + 2.0 * rho @ np.sum(dK * dK, axis=1))
+        draws = self._draw_sums(2.0 * self.samples.weights * (np.sum(dw * dw, axis=1) - second))
+        return float(np.std(draws, ddof=1) / np.sqrt(len(draws)))
+
+    def _draw_sums(self, per_row: np.ndarray) -> np.ndarray:
+        """Per-row values (n·reps, ...) summed per noise draw (its θ strata), times the number
+        of draws so that their mean is the total; shape (n, ...)."""
+        groups = np.zeros((self.samples.n_groups,) + per_row.shape[1:])
+        np.add.at(groups, self.samples.group, per_row)
+        return groups * self.samples.n_groups
+
     def draw_values(self, x: np.ndarray) -> np.ndarray:
         """The summand of E_n − Δ per noise draw (θ strata of a draw summed), scaled so that
         their mean is E_n − Δ; shape (n,).  Weights only (no VJP): the cheap path for
         standard errors and paired comparisons of two points on one sample set."""
         K, a, b = self.unpack(x)
         w = sample_kernels(self.act).weights(self.scores(K), b, np.sum(K * K, axis=1), a)[3]
-        groups = np.zeros(self.samples.n_groups)
-        np.add.at(groups, self.samples.group,
-                  self.samples.weights * self._per_sample_value(w, self.target - w))
-        return groups * self.samples.n_groups
+        return self._draw_sums(self.samples.weights * self._per_sample_value(w, self.target - w))
 
     def value_stderr(self, x: np.ndarray) -> float:
         """Standard error of E at x as if the n noise draws were independent (θ strata of one
@@ -356,10 +460,7 @@ class SampledError(KeySpace):
              - 4.0 * Qv[:, :, None] * K[None]).reshape(len(e), -1),
             *([-2.0 * Av] if self.train_a else []),
             -2.0 * Bv[:, self.free_b]], axis=1)
-        wts = self.samples.weights
-        groups = np.zeros((self.samples.n_groups, per.shape[1]))
-        np.add.at(groups, self.samples.group, wts[:, None] * per)
-        groups *= self.samples.n_groups
+        groups = self._draw_sums(self.samples.weights[:, None] * per)
         return float(np.sqrt(np.sum(groups.var(axis=0, ddof=1)) / len(groups)))
 
 

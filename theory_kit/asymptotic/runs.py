@@ -34,7 +34,7 @@ import numpy as np
 from ..dynamics.ode import BoundaryError
 from ..expect.error import ErrorValue
 from ..io.executor import Store, run_sweep, runs_in_process
-from ..io.progress import progress_bar, stages
+from ..io.progress import progress_bar, stage, stages
 from ..io.result import PROVENANCE, Result, provenance_of, setting_text
 from ..io.results import Checkpoint, read_json, read_piece, stamps, to_jsonable, write_json
 from ..model.activations import Activation, activation_from_params
@@ -222,11 +222,12 @@ def run_to_convergence(task: Task, act: Activation, ic: InitialCondition,
         # runs for minutes): the stage, the evaluations, E and the gradient norm
         with stages(f"einf seed {ic.seed}: solving", show=progress) as log:
             fixed, final, used = solve_checked(task, act, state, settings, engine)
+            if settings.shift_check and fixed.presolve is None:   # a polished point: no samples
+                with stage("sample shift (the solve again on other points)"):
+                    shift = sample_shift(task, act, fixed, used)
         hist["timing"] = {"stages": log.records}
         state = fixed.state
         hist["solver_points"] = used.solver_points
-        if settings.shift_check and fixed.presolve is None:   # a polished point has no samples
-            shift = sample_shift(task, act, fixed, used)
     else:
         final = precise_error(task, act, state, settings.error_method, settings.error_samples)
     ok = fixed.certificate.certified if fixed is not None else rule.converged(t, hist["speed"])

@@ -186,8 +186,9 @@ def compile_kernels(act: "Activation | str", part: str) -> None:
     per argument type): ``drift`` the fused drift pass of the ODE engines (``pack_rows``,
     ``drift_blocks``; both projections share it), ``sample`` the token weights and their
     VJPs (``weights_rows``/``vjp_rows`` with b, diag Q, a shared by the samples, and
-    ``weights_batch``/``vjp_batch`` with them per sample: the error curve, E∞'s solver) and their
-    per-sample forms at the reduced simulation's signature (``simulate.step_kernels``)."""
+    ``weights_batch``/``vjp_batch`` with them per sample: the error curve, E∞'s solver), the
+    second-order ``tangent_rows`` (E∞'s Hessian products) and their per-sample forms at the
+    reduced simulation's signature (``simulate.step_kernels``)."""
     import numpy as np
 
     from .. import kernels
@@ -214,6 +215,7 @@ def compile_kernels(act: "Activation | str", part: str) -> None:
                                             np.tile(a, (n, 1)))):
         W, D, D2, _ = kern.weights(S, b_, q_, a_)
         kern.vjp(W, D, D2, a_, v)
+    kern.tangent(W, D, D2, a, v, S, a, b, np.diag(Q))   # E∞'s exact Hessian products
     simulate.step_kernels(act)
 
 

@@ -38,6 +38,7 @@ from .generator import (
     cse_lines,
     kernel_specs,
     specialised,
+    tangent_spec,
 )
 
 # error_model='numpy': a float division has no zero check (which would stop the sample loops
@@ -45,7 +46,7 @@ from .generator import (
 # numba-level inlining of the per-sample pieces into the loops that call them: measured 2x
 # faster per sample than calls (each call passes and ref-counts a dozen arrays)
 INLINE_JIT = "@njit(cache=True, fastmath=False, error_model='numpy', inline='always')"
-LANE_ARRAYS = ("W", "D", "D2", "e", "work")
+LANE_ARRAYS = ("W", "D", "D2", "e", "work", "dS")
 PLAIN_JIT = "@njit(cache=True, fastmath=False, error_model='numpy')"
 # the block functions of the lowering are inlined at numba level: numba re-optimises every
 # compiled callee inside each caller's LLVM module anyway, so a callee compiled on its own
@@ -152,7 +153,7 @@ LOOP_NAME = {dv.h: ("h", "H"), dv.g: ("g", "H"), dv.l: ("l", "L")}
 
 
 def loop_function(name: str, outputs: dict[str, sp.Expr], free: dict[str, str], doc: str,
-                  lanes: bool = False) -> str:
+                  lanes: bool = False, inputs: tuple[str, ...] = ()) -> str:
     """Source of the loop nests computing ``outputs`` (reductions first, then one CSE'd nest per
     set of free indices).
 
@@ -164,7 +165,9 @@ def loop_function(name: str, outputs: dict[str, sp.Expr], free: dict[str, str], 
     axis of length NB (W (H, L, NB), e (L, NB), work (size, NB), outputs (..., NB)); a stays
     (H,).  The sample loop ``for j in range(NB)`` is innermost, so the same arithmetic as the
     per-sample form (in the same order: bit-identical results) runs across samples and LLVM
-    vectorises it without reassociation.  Scalar-only outputs are not supported."""
+    vectorises it without reassociation.  Scalar-only outputs are not supported.
+    ``inputs``: further arguments after ``a`` (``dS`` per sample like W, the others (H,) like a:
+    the directions of :func:`.generator.tangent_spec`)."""
     lane = "j" if lanes else None
     low = IndexLowering()
     lowered = {key: low.lower(expr) for key, expr in outputs.items()}
@@ -195,7 +198,7 @@ def loop_function(name: str, outputs: dict[str, sp.Expr], free: dict[str, str], 
         target = ", ".join([LOOP_NAME[v][0] for v in order] + ([lane] if lane else []))
         assign = [f"{k}[{target}] = {c}" for k, c in zip(keys, codes)]
         lines += _loops([LOOP_NAME[v] for v in order] + inner, lines_ + assign, 1)
-    args = ", ".join(["W", "D", "D2", "e", "a", "work"] + list(outputs))
+    args = ", ".join(["W", "D", "D2", "e", "a", *inputs, "work"] + list(outputs))
     head = [BLOCK_JIT if lanes else INLINE_JIT, f"def {name}({args}):", f'    """{doc}"""']
     work = ["@njit(cache=True)", f"def {name}_work(H, L):",
             f'    """Length of the scratch vector of {name}."""', f"    return {size}", ""]
@@ -393,11 +396,11 @@ RUNTIME = Path(__file__).with_name("numba_runtime.py")
 # the runtime's entry points: the generated module defines each as a call that passes its
 # kernels (the runtime's parameters named in KERNELS) and forwards the other parameters
 ENTRY_POINTS = ("vjp1", "weights_batch", "vjp_batch", "weights_rows", "vjp_rows", "drift_rows",
-                "drift_blocks")
+                "drift_blocks", "tangent_rows")
 KERNELS = {name: name for name in (
     "weights_block", "weights_inline", "first_order_block", "first_order_block_work",
     "stein_block", "stein_block_work", "vjp_block", "vjp_block_work", "vjp_core",
-    "vjp_core_work")} | {"plain_exp": "PLAIN_EXP"}
+    "vjp_core_work", "tangent_block", "tangent_block_work")} | {"plain_exp": "PLAIN_EXP"}
 ENTRY_JIT = "@njit(cache=True, fastmath=False, error_model='numpy', nogil=True)"
 
 
@@ -462,7 +465,8 @@ class NumbaBackend(KernelBackend):
             "  weights1(S (H, L), b, qdiag, a (H,), W, D, D2 (H, L), w (L,)) -> ok",
             "  vjp1(W, D, D2 (H, L), a (H,), v (L,), Jv (H, L), Av, Bv, Qv (H,))",
             "Blocks of NB samples, structure of arrays (sample axis last; numba_runtime doc):",
-            "  weights_block, first_order_block, stein_block, vjp_block (+ *_work sizes)",
+            "  weights_block, first_order_block, stein_block, vjp_block, tangent_block "
+            "(+ *_work sizes)",
             "Entry points (numba_runtime with these kernels; rows start..stop-1, nogil):",
             "  " + ", ".join(ENTRY_POINTS)]
 
@@ -474,6 +478,7 @@ class NumbaBackend(KernelBackend):
         vjp_free = dict(zip(vjp, specs["vjp"].free.values()))
         first = {("JJ" if k == "JJsum" else k): v for k, v in fast["first_order"].outputs.items()}
         first_free = dict(zip(first, fast["first_order"].free.values()))
+        tangent = tangent_spec(specialised(dv.derive_tangent(st.norm, st.offset), plan))
         return [
             preamble(plan), _scalar_source(plan), weights_source(plan, st),
             weights_source(plan, st, "weights_inline", inline=True),
@@ -485,6 +490,8 @@ class NumbaBackend(KernelBackend):
                           fast["first_order"].doc + " NB samples.", lanes=True),
             loop_function("stein_block", {"St": sb.stein}, {"St": fast["stein"].free["stein"]},
                           fast["stein"].doc + " NB samples.", lanes=True),
+            loop_function("tangent_block", tangent.outputs, tangent.free,
+                          tangent.doc + " NB samples.", lanes=True, inputs=tangent.inputs),
             entry_points_source()]
 
     def load(self, path: Path, source: str, module_name: str) -> types.ModuleType:

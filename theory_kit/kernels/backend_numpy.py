@@ -30,11 +30,13 @@ from .generator import (
     cse_lines,
     kernel_specs,
     reads,
+    tangent_spec,
 )
 
 PRINTER = SciPyPrinter({"fully_qualified_modules": True, "allow_unknown_functions": True})
 AXIS_OF_FREE = {dv.h: 1, dv.g: 2, dv.l: 3}
-ARRAY_BASES = {dv.W_: "W", dv.D_: "D", dv.D2_: "D2"}
+ARRAY_BASES = {dv.W_: "W", dv.D_: "D", dv.D2_: "D2", dv.dS_: "dS"}
+HEAD_VECTORS = {dv.a_: "a", dv.da_: "da", dv.db_: "db", dv.dq_: "dq"}   # (n, H) arguments
 
 
 # ----------------------------------------------------------------------------- runtime helpers
@@ -90,9 +92,10 @@ class ArrayLowering:
             base = ARRAY_BASES[z.base]
             code = {1: f"{base}[:, :, None, :]", 2: f"{base}[:, None, :, :]"}[axes[head]]
             return self._view(f"{base}_{axes[head]}", code)
-        if z.base == dv.a_:
-            ax = axes[z.indices[0]]
-            return self._view(f"a_{ax}", {1: "a[:, :, None, None]", 2: "a[:, None, :, None]"}[ax])
+        if z.base in HEAD_VECTORS:
+            ax, base = axes[z.indices[0]], HEAD_VECTORS[z.base]
+            return self._view(f"{base}_{ax}", {1: f"{base}[:, :, None, None]",
+                                               2: f"{base}[:, None, :, None]"}[ax])
         if z.base == dv.e_:
             return self._view("e_3", "e[:, None, None, :]")
         raise NotImplementedError(f"no array for {z}")
@@ -154,8 +157,11 @@ def function_source(spec: KernelSpec, reduce: Callable[[str, int], str] = numpy_
     views = [f"{name} = {code}" for name, code in sorted(arrays.views.items())]
     result = ", ".join(f"{key!r}: _out({code}, W, {spec.free[key]!r})"
                        for key, code in zip(lowered, codes))
-    head = [f"def {spec.name}(W, D, D2, e, a):", f'    """{spec.doc}"""',
-            "    a = numpy.broadcast_to(numpy.asarray(a, dtype=float), W.shape[:2])"]
+    heads = ["a"] + [x for x in spec.inputs if x != "dS"]   # (H,) or (n, H): broadcast
+    head = [f"def {spec.name}({', '.join(['W', 'D', 'D2', 'e', 'a', *spec.inputs])}):",
+            f'    """{spec.doc}"""']
+    head += [f"    {x} = numpy.broadcast_to(numpy.asarray({x}, dtype=float), W.shape[:2])"
+             for x in heads]
     return "\n".join(head + [f"    {line}" for line in views + body + lines]
                      + [f"    return {{{result}}}", ""])
 
@@ -213,7 +219,8 @@ class NumpyBackend(KernelBackend):
     def layout(self) -> list[str]:
         return ["offsets(qdiag (..., H)) -> o (..., H); normalised(T (n, H, L)) -> W, D, D2;",
                 "token_weights, first_order, stein, vjp (W, D, D2 (n, H, L), e (n, L), a (n, H))",
-                "    -> dict of output arrays (n, *free axes), see each function."]
+                "    -> dict of output arrays (n, *free axes), see each function;",
+                "tangent(W, D, D2, e, a, dS (n, H, L), da, db, dq (n, H)): the same, second order."]
 
     def preamble(self, plan: WeightsPlan) -> list[str]:
         """Imports and constants of the generated module."""
@@ -233,9 +240,11 @@ class NumpyBackend(KernelBackend):
         return numpy_sum(code, axis)
 
     def parts(self, plan: WeightsPlan, st: "dv.Structured") -> list[str]:
+        specs = [*kernel_specs(st).values(),
+                 tangent_spec(dv.derive_tangent(st.norm, st.offset))]
         return ["\n".join(self.preamble(plan)), offsets_source(plan), "",
                 normalised_source(plan), ""] + [function_source(spec, self.reduction) + "\n"
-                                                for spec in kernel_specs(st).values()]
+                                                for spec in specs]
 
     def load(self, path: Path, source: str, module_name: str) -> types.ModuleType:
         module = types.ModuleType(module_name)

@@ -30,7 +30,7 @@ import types
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, TypeVar
 
 import numpy as np
 import sympy as sp
@@ -92,7 +92,8 @@ class IndexLowering:
 
     def _reduction(self, expr: sp.Sum) -> sp.Expr:
         if len(expr.limits) > 1:   # Σ_{x,y} f = Σ_y Σ_x f (innermost limit first)
-            inner = sp.Sum(expr.function, expr.limits[0])
+            # lowered before it is wrapped: Sum(Sum(f, x), y) would merge back into Σ_{x,y}
+            inner = self._reduction(sp.Sum(expr.function, expr.limits[0]))
             return self._reduction(sp.Sum(inner, *expr.limits[1:]))
         (dummy, _, _), = expr.limits
         body = self.lower(expr.function)
@@ -143,6 +144,8 @@ class KernelSpec:
     outputs: dict[str, sp.Expr]
     free: dict[str, str]
     doc: str
+    # arguments after (W, D, D2, e, a): per-sample arrays (n, H, L) first, then (H,) vectors
+    inputs: tuple[str, ...] = ()
 
 
 def kernel_specs(st: "dv.Structured") -> dict[str, KernelSpec]:
@@ -165,6 +168,26 @@ def kernel_specs(st: "dv.Structured") -> dict[str, KernelSpec]:
         "vjp": KernelSpec("vjp", {k: getattr(st, k) for k in vjp}, {k: free[k] for k in vjp},
                           "J.v (H,L), dw/da.v, dw/db.v, dw/dQ_hh.v (H,) for v in place of e."),
     }
+
+
+TANGENT_INPUTS = ("dS", "da", "db", "dq")
+
+
+def tangent_spec(tg: "dv.Tangent") -> KernelSpec:
+    """The second-order kernel: the directional derivatives of w and of the VJP outputs along
+    (dS (H, L) per sample, da, db, dq (H,)) with v fixed (:class:`..symbolic.derive.Tangent`),
+    inputs ``TANGENT_INPUTS`` after (W, D, D2, v, a).
+
+    >>> from theory_kit.symbolic import derive as dv
+    >>> spec = tangent_spec(dv.derive_tangent("per-head", "none"))
+    >>> sorted(spec.outputs), spec.inputs
+    (['dAv', 'dBv', 'dJv', 'dQv', 'dw'], ('dS', 'da', 'db', 'dq'))
+    """
+    names = {"dw": "dw", "dJe": "dJv", "dAe": "dAv", "dBe": "dBv", "dQe": "dQv"}
+    return KernelSpec("tangent", {names[k]: getattr(tg, k) for k in tg.FREE},
+                      {names[k]: tg.FREE[k] for k in tg.FREE},
+                      "dw (L,), dJ.v (H,L), d(dw/da.v), d(dw/db.v), d(dw/dQ_hh.v) (H,) along "
+                      "(dS, da, db, dq), v fixed.", TANGENT_INPUTS)
 
 
 @dataclass(frozen=True)
@@ -209,9 +232,13 @@ def weights_plan(act: Activation) -> WeightsPlan:
     return WeightsPlan(act, tuple(sc.exprs), sc.log_domain, not sc.singular, axes, bool(plain))
 
 
-def specialised(st: "dv.Structured", plan: WeightsPlan) -> "dv.Structured":
-    """``st`` with D, D2 replaced by W when φ = e^s, so that equal sums share one reduction
-    (e.g. Σ_l D_hl D_gl = Σ_l W_hl W_gl); otherwise ``st``."""
+Pieces = TypeVar("Pieces", "dv.Structured", "dv.Tangent")
+
+
+def specialised(st: Pieces, plan: WeightsPlan) -> Pieces:
+    """``st`` (derived pieces: structured or tangent) with D, D2 replaced by W when φ = e^s, so
+    that equal sums share one reduction (e.g. Σ_l D_hl D_gl = Σ_l W_hl W_gl); otherwise
+    ``st``."""
     if not plan.plain_exp:
         return st
     sub = {dv.D_: dv.W_, dv.D2_: dv.W_}

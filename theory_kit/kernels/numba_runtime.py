@@ -275,6 +275,36 @@ def vjp_rows(vjp_block, vjp_block_work, W, D, D2, a, v, Jv, Av, Bv, Qv, start, s
     return 0
 
 
+@entry_point
+def tangent_rows(tangent_block, tangent_block_work, W, D, D2, a, v, dS, da, db, dq, dw, dJv, dAv,
+                 dBv, dQv, start, stop):
+    """Rows start..stop-1 of the second-order kernel: along dS (n, H, L) and da, db, dq (H,)
+    (shared, like a), with v (n, L) fixed, dw (n, L), dJv (n, H, L), dAv, dBv, dQv (n, H) —
+    the directional derivatives of w and of vjp_rows' outputs, through tangent_block on lanes
+    of NB rows."""
+    H, L = W.shape[1], W.shape[2]
+    Wb, Db, D2b, Sb, Jb = (np.empty((H, L, NB)), np.empty((H, L, NB)), np.empty((H, L, NB)),
+                           np.empty((H, L, NB)), np.empty((H, L, NB)))
+    vb, wb = np.empty((1, L, NB)), np.empty((1, L, NB))
+    Ab, Bb, Qb = np.empty((1, H, NB)), np.empty((1, H, NB)), np.empty((1, H, NB))
+    work = np.empty((tangent_block_work(H, L), NB))
+    for r0 in range(start, stop, NB):
+        nb = min(NB, stop - r0)
+        _lanes_from_rows(W, r0, nb, Wb)
+        _lanes_from_rows(D, r0, nb, Db)
+        _lanes_from_rows(D2, r0, nb, D2b)
+        _lanes_from_rows(dS, r0, nb, Sb)
+        _lanes_from_rows(v.reshape((v.shape[0], 1, L)), r0, nb, vb)
+        tangent_block(Wb, Db, D2b, vb[0], a, Sb, da, db, dq, work, wb[0], Jb, Ab[0], Bb[0],
+                      Qb[0])
+        _rows_from_lanes(wb, r0, nb, dw.reshape((dw.shape[0], 1, L)))
+        _rows_from_lanes(Jb, r0, nb, dJv)
+        _rows_from_lanes(Ab, r0, nb, dAv.reshape((dAv.shape[0], 1, H)))
+        _rows_from_lanes(Bb, r0, nb, dBv.reshape((dBv.shape[0], 1, H)))
+        _rows_from_lanes(Qb, r0, nb, dQv.reshape((dQv.shape[0], 1, H)))
+    return 0
+
+
 # ----------------------------------------------------------------------------- drift
 @njit(cache=True, fastmath=False, error_model='numpy', inline='always')
 def _block_scratch(H, L, F, K, work1, work2):

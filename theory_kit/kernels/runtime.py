@@ -11,6 +11,9 @@ call, over the module a backend generated.
     Jv, Av, Bv, Qv = kern.vjp(W, D, D2, a, v)
         # v (n, L) any token vector; Jv_hl = J_hl·v = Σ_x ∂w_x/∂s_hl v_x (n, H, L);
         # Av_h, Bv_h, Qv_h = ∂w/∂a_h·v, ∂w/∂b_h·v, ∂w/∂Q_hh·v (n, H).
+    dw, dJv, dAv, dBv, dQv = kern.tangent(W, D, D2, a, v, dS, da, db, dq)
+        # the second-order kernel: along scores dS (n, H, L) and da, db, dq (H,), v fixed,
+        # dw (n, L) the JVP of w and the directional derivatives of the vjp outputs.
     kern.weights1(S, b, qdiag, a, W, D, D2, w) -> ok      # numba, one sample, in njit code
     kern.vjp1(W, D, D2, a, v, Jv, Av, Bv, Qv)              # numba, one sample, in njit code
 
@@ -52,6 +55,7 @@ from .integrands import DriftSamples, conditional_projections, projection_matrix
 
 PROJECTIONS = ("conditional", "stein")
 VJP_OUTPUTS = ("Je", "Ae", "Be", "Qe")
+TANGENT_OUTPUTS = ("dw", "dJv", "dAv", "dBv", "dQv")
 
 
 def _parameter(x: np.ndarray) -> np.ndarray:
@@ -158,6 +162,23 @@ class SampleKernels:
         return (Jv.reshape(tuple(lead) + (H, L)), Av.reshape(heads), Bv.reshape(heads),
                 Qv.reshape(heads))
 
+    def tangent(self, W: np.ndarray, D: np.ndarray, D2: np.ndarray, a: np.ndarray,
+                v: np.ndarray, dS: np.ndarray, da: np.ndarray, db: np.ndarray, dq: np.ndarray
+                ) -> tuple[np.ndarray, ...]:
+        """Directional derivatives along (dS (n, H, L), da, db, dq (H,)) at fixed v (n, L):
+        (dw (n, L), dJv (n, H, L), dAv, dBv, dQv (n, H)), where w, Jv, Av, Bv, Qv are the
+        outputs of :meth:`weights` and :meth:`vjp` (see ``derive.Tangent``).  Flat rows and
+        head parameters a, da, db, dq shared by every row (H,)."""
+        W, D, D2, v, dS = (np.ascontiguousarray(x, dtype=float) for x in (W, D, D2, v, dS))
+        a, da, db, dq = (_heads_array(x, (W.shape[1],), name) for x, name in
+                         ((a, "a"), (da, "da"), (db, "db"), (dq, "dq")))
+        return self._tangent_shared(W, D, D2, a, v, dS, da, db, dq)
+
+    def _tangent_shared(self, W: np.ndarray, D: np.ndarray, D2: np.ndarray, a: np.ndarray,
+                        v: np.ndarray, dS: np.ndarray, da: np.ndarray, db: np.ndarray,
+                        dq: np.ndarray) -> tuple[np.ndarray, ...]:
+        raise NotImplementedError
+
     # a backend's runtime: flat rows (n, H, L), head parameters shared (H,) or per row (n, H)
     def _weights_shared(self, S: np.ndarray, b: np.ndarray, qdiag: np.ndarray, a: np.ndarray
                         ) -> tuple[np.ndarray, ...]:
@@ -191,6 +212,12 @@ class VectorisedKernels(SampleKernels):
                   v: np.ndarray) -> tuple[np.ndarray, ...]:
         out = self.module.vjp(W, D, D2, v, a)
         return tuple(out[k] for k in VJP_OUTPUTS)
+
+    def _tangent_shared(self, W: np.ndarray, D: np.ndarray, D2: np.ndarray, a: np.ndarray,
+                        v: np.ndarray, dS: np.ndarray, da: np.ndarray, db: np.ndarray,
+                        dq: np.ndarray) -> tuple[np.ndarray, ...]:
+        out = self.module.tangent(W, D, D2, v, a, dS, da, db, dq)
+        return tuple(out[k] for k in TANGENT_OUTPUTS)
 
 
 class CompiledKernels(SampleKernels):
@@ -227,6 +254,16 @@ class CompiledKernels(SampleKernels):
         Jv, Av, Bv, Qv = _vjp_outputs(W.shape)
         self.module.vjp_batch(W, D, D2, a, v, Jv, Av, Bv, Qv)
         return Jv, Av, Bv, Qv
+
+    def _tangent_shared(self, W: np.ndarray, D: np.ndarray, D2: np.ndarray, a: np.ndarray,
+                        v: np.ndarray, dS: np.ndarray, da: np.ndarray, db: np.ndarray,
+                        dq: np.ndarray) -> tuple[np.ndarray, ...]:
+        n, H, L = W.shape
+        dw, (dJv, dAv, dBv, dQv) = np.empty((n, L)), _vjp_outputs(W.shape)
+        run_ranges(lambda start, stop: self.module.tangent_rows(
+            W, D, D2, a, v, dS, da, db, dq, dw, dJv, dAv, dBv, dQv, start, stop), n,
+            self.MIN_ROWS)
+        return dw, dJv, dAv, dBv, dQv
 
     @property
     def numba_module(self) -> types.ModuleType:

@@ -246,6 +246,76 @@ def derive_structured(norm: str, offset_kind: str) -> Structured:
         Qe=_normalised(sp.diff(we, q_[h]), norm) if offset_kind == "bayes" else sp.Integer(0))
 
 
+# ----------------------------------------------------------------------------- tangents
+dS_ = sp.IndexedBase("dS")          # a direction of the scores s
+da_ = sp.IndexedBase("da")
+db_ = sp.IndexedBase("db")
+dq_ = sp.IndexedBase("dq")
+EPS = sp.Symbol("epsilon")
+TANGENT_OF = {s_: dS_, a_: da_, b_: db_, q_: dq_}
+
+
+def directional(expr: sp.Expr) -> sp.Expr:
+    """d/dε expr(s + ε dS, a + ε da, b + ε db, q + ε dq) at ε = 0: the derivative of ``expr``
+    along a direction of every argument of w (inside sums too: each index stays bound).
+
+    >>> directional(a_[h] * s_[h, l] ** 2)
+    2*a[h]*dS[h, l]*s[h, l] + da[h]*s[h, l]**2
+    """
+    moved = {z: z + EPS * TANGENT_OF[z.base][z.indices]
+             for z in expr.atoms(sp.Indexed) if z.base in TANGENT_OF}
+    return sp.diff(expr.xreplace(moved), EPS).subs(EPS, 0)
+
+
+@dataclass(frozen=True)
+class Tangent:
+    """Directional derivatives (SymPy, free indices h, l) along (dS, da, db, dq), e fixed:
+
+        dw[l]  = Σ_{g,m} ∂w_l/∂s_gm dS_gm + Σ_g (∂w_l/∂a_g da_g + ∂w_l/∂b_g db_g
+                 + ∂w_l/∂q_g dq_g)                       (the JVP of w)
+        dJe[h,l], dAe[h], dBe[h], dQe[h]: the same derivative of J_hl·e, ∂w/∂a_h·e, ∂w/∂b_h·e,
+                 ∂w/∂Q_hh·e (second derivatives of w contracted with e and the direction).
+
+    With e = e(x) the derivative of a VJP output X(x, e) is dX + X(x, de) (X is linear in e):
+    the forward-over-reverse Hessian-vector product of E = Σ ω |target − w|²."""
+
+    norm: str
+    offset: str
+    dw: sp.Expr       # [l]
+    dJe: sp.Expr      # [h, l]
+    dAe: sp.Expr      # [h]
+    dBe: sp.Expr      # [h]
+    dQe: sp.Expr      # [h]
+
+    FREE = {"dw": "l", "dJe": "hl", "dAe": "h", "dBe": "h", "dQe": "h"}
+
+
+@lru_cache(maxsize=None)
+def derive_tangent(norm: str, offset_kind: str) -> Tangent:
+    """Derive the :class:`Tangent` pieces for a normalisation and offset kind (φ abstract, as
+    in :func:`derive_structured`; φ\'\'\' never enters: each piece is at most a second
+    derivative of w).
+
+    >>> for term in sorted(map(str, sp.Add.make_args(derive_tangent("elementwise", "none").dw))):
+    ...     print(term)             # w_l = Σ_i a_i φ(s_il + b_i), W = φ, D = φ'
+    Sum(D[i, l]*a[i]*dS[i, l], (i, 1, H))
+    Sum(D[i, l]*a[i]*db[i], (i, 1, H))
+    Sum(W[i, l]*da[i], (i, 1, H))
+    """
+    wx = token_weight(norm, offset_kind, x)
+    we = sp.Sum(wx * e_[x], (x, 1, L_SYM))
+    Je = sp.Sum(sp.diff(wx, s_[h, l]) * e_[x], (x, 1, L_SYM))
+    Qe = (_normalised(directional(sp.diff(we, q_[h])), norm) if offset_kind == "bayes"
+          else sp.Integer(0))
+    return Tangent(
+        norm=norm, offset=offset_kind,
+        dw=_normalised(directional(token_weight(norm, offset_kind, l)), norm),
+        dJe=_normalised(directional(Je), norm),
+        dAe=_normalised(directional(sp.diff(we, a_[h])), norm),
+        dBe=_normalised(directional(sp.diff(we, b_[h])), norm),
+        dQe=Qe)
+
+
 # ----------------------------------------------------------------------------- scalar parts
 def _drop_distributions(expr: sp.Expr) -> sp.Expr:
     return expr.replace(sp.DiracDelta, lambda *args: sp.Integer(0))
