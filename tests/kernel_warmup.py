@@ -36,6 +36,10 @@ ACTIVATIONS: tuple[str, ...] = ("softmax", "bsoftmax", "softmax1", "relu", "sigm
 # identical drift code, the others differ from one of these in the weight functions only
 # (SAME_NUMBA_DRIFT in tests/test_codegen.py, which checks that).
 PER_SAMPLE_DRIFT: tuple[str, ...] = ("softmax", "bsoftmax", "softmax1", "sigmoid", "softplus")
+# The activations whose second-order kernel (E∞'s Hessian products, ``tangent_rows``) the
+# default run compiles in several files (the E∞ tests); the others' (~10 CPU s each) are left
+# to the one test that needs them.
+CURVATURE: tuple[str, ...] = ("softmax", "bsoftmax", "softmax1")
 SHARED = "shared"   # the activation-independent kernels (reduced SGD step, laplace pass)
 WAIT_SECONDS = 900.0   # a share that never finishes (a crashed worker) delays the run at most this
 
@@ -57,7 +61,7 @@ def warm_activation(name: str) -> None:
     from theory_kit.figures import runner
     act = _activation(name)
     for part in runner.KERNEL_PARTS:
-        runner.compile_kernels(act, part)
+        runner.compile_kernels(act, part, curvature=name in CURVATURE)
     if name not in PER_SAMPLE_DRIFT:
         return
     rng = np.random.default_rng(0)

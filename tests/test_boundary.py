@@ -233,6 +233,7 @@ def test_removal_gain_of_a_head_at_b_minus_50_is_zero_within_its_error(tol):
     assert tol > 1e-10 or f.level > full.level          # the case the test is about
 
 
+@pytest.mark.slow  # (moved out of the default run: its 5-minute budget)
 def test_a_boundary_saddle_is_left_by_reviving_a_head(monkeypatch):
     """One live softmax-1 head (saturated: the plain softmax head at √3 u₁) and a silent one
     at b = −30 with a key where its revival slope is positive (so ∂E/∂b > 0 and it is

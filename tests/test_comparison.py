@@ -39,6 +39,7 @@ def test_example_never_imports_the_toolkit():
     assert modules and not any(m.split(".")[0] == "theory_kit" for m in modules), modules
 
 
+@pytest.mark.slow  # (moved out of the default run: its 5-minute budget)
 def test_example_consistent_and_wrong_step_size_inconsistent(tmp_path, capfd):
     """The user's run at the right γ is consistent; trained at 2γ but compared at γ it is not.
 

@@ -149,7 +149,7 @@ def test_trained_heads_are_closer_to_templates_than_random_keys(uci):
 
 
 # ----------------------------------------------------------------------------- figures
-@pytest.mark.parametrize("number", [5, 7])
+@pytest.mark.parametrize("number", [pytest.param(5, marks=pytest.mark.slow), 7])
 def test_quick_figure_writes_png_and_json(tmp_path, number):
     from theory_kit.figures import panels, runner
     png, js = runner.run_figure(number, quick=True, out=tmp_path, log=lambda _: None)

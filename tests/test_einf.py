@@ -89,7 +89,8 @@ def quad_or_skip(fn, *args):
         raise
 
 
-@pytest.mark.parametrize("nu,H", [([2.0, 2.0], 2), ([1.0, 3.0], 3)])
+@pytest.mark.parametrize("nu,H", [([2.0, 2.0], 2),
+                                  pytest.param([1.0, 3.0], 3, marks=pytest.mark.slow)])
 def test_bsoftmax_at_atoms_equals_bayes_to_quadrature_precision(nu, H):
     task = Task(5, make_prior("flipping", nu=nu))
     act, state = bayes_softmax_at_atoms(task.prior, H)

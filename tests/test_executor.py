@@ -204,7 +204,8 @@ def _kill_first_running(marks: Path, store: ex.FolderStore, killed: list, stop: 
         time.sleep(0.02)
 
 
-@pytest.mark.parametrize("backend", ["processes", "dask"])
+@pytest.mark.parametrize("backend", ["processes",
+                                     pytest.param("dask", marks=pytest.mark.slow)])
 def test_worker_killed_mid_piece(tmp_path, backend, client):
     marks, store = tmp_path / "marks", ex.FolderStore(tmp_path / "store")
     marks.mkdir()
@@ -498,6 +499,7 @@ def without_timing(text: str) -> dict:
     return strip(json.loads(text))
 
 
+@pytest.mark.slow  # (moved out of the default run: its 5-minute budget)
 def test_cli_einf_runs_identical_local_and_dask(tmp_path, capsys):
     """Every number but the wall-clock ``timing`` blocks is the same bit for bit.  Can fail:
     8192 solver points (x 2 θ strata) are long enough for OpenBLAS to split a dot product

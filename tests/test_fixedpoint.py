@@ -111,6 +111,7 @@ print(" ".join(v.hex() for v, _ in out), hashlib.md5(np.array([g for _, g in out
 """
 
 
+@pytest.mark.slow  # (moved out of the default run: its 5-minute budget)
 def test_sampled_error_does_not_depend_on_the_blas_thread_count():
     """E and ∂E at 8 points, on 2^13 Sobol points (2^14 rows), bit for bit with one and with two
     OpenBLAS threads (Dask's workers run with one).  A BLAS dot product over the samples

@@ -30,6 +30,7 @@ def _flow(engine, T: float, **kw):
                          dt=0.1, **kw)
 
 
+@pytest.mark.slow  # (moved out of the default run: its 5-minute budget)
 def test_adaptive_step_retries_a_stage_that_overshoots_the_psd_boundary():
     """The exact flow (deterministic engine) takes λ_min(Q) from 1 to 1e-6 by τ = 100.  At
     einf's rtol, atol a trial stage of a long step landed at a non-PSD Q (τ = 76.6) and the

@@ -152,6 +152,7 @@ def _skewed_bsoftmax_case():
     return task, st, ref
 
 
+@pytest.mark.slow  # (moved out of the default run: its 5-minute budget)
 def test_finer_resolution_stays_on_a_tensor_grid_that_fits():
     task, st, ref = _skewed_bsoftmax_case()
     r = quad_moments(task, get_activation("bsoftmax"), st, resolution=2.0)

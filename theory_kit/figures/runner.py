@@ -180,15 +180,16 @@ def uncompiled(names: set[str]) -> list[str]:
 KERNEL_PARTS = ("drift", "sample")
 
 
-def compile_kernels(act: "Activation | str", part: str) -> None:
+def compile_kernels(act: "Activation | str", part: str, curvature: bool = True) -> None:
     """Compile (or load from numba's disk cache) one part of an activation's generated
     kernels by calling it once on tiny inputs of the production array types (numba compiles
     per argument type): ``drift`` the fused drift pass of the ODE engines (``pack_rows``,
     ``drift_blocks``; both projections share it), ``sample`` the token weights and their
     VJPs (``weights_rows``/``vjp_rows`` with b, diag Q, a shared by the samples, and
     ``weights_batch``/``vjp_batch`` with them per sample: the error curve, E∞'s solver), the
-    second-order ``tangent_rows`` (E∞'s Hessian products) and their per-sample forms at the
-    reduced simulation's signature (``simulate.step_kernels``)."""
+    second-order ``tangent_rows`` (E∞'s Hessian products; ``curvature=False`` leaves it out)
+    and their per-sample forms at the reduced simulation's signature
+    (``simulate.step_kernels``)."""
     import numpy as np
 
     from .. import kernels
@@ -215,7 +216,8 @@ def compile_kernels(act: "Activation | str", part: str) -> None:
                                             np.tile(a, (n, 1)))):
         W, D, D2, _ = kern.weights(S, b_, q_, a_)
         kern.vjp(W, D, D2, a_, v)
-    kern.tangent(W, D, D2, a, v, S, a, b, np.diag(Q))   # E∞'s exact Hessian products
+    if curvature:
+        kern.tangent(W, D, D2, a, v, S, a, b, np.diag(Q))   # E∞'s exact Hessian products
     simulate.step_kernels(act)
 
 
