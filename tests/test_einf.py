@@ -103,6 +103,7 @@ def test_bsoftmax_at_atoms_equals_bayes_to_quadrature_precision(nu, H):
     assert moved.value > at_atoms.value + 1e-6
 
 
+@pytest.mark.slow  # (moved out of the default run: its 5-minute budget)
 def test_bayes_excess_is_zero_at_the_atoms_and_matches_quadrature_off_them():
     """E − E_Bayes = E‖w − p‖² on paired samples: exactly 0 where B-softmax is the posterior;
     off the atoms equal to quadrature's E − E_Bayes within 5 of its (much smaller than E's

@@ -13,8 +13,11 @@ and flags the one whose error exceeds a third of its drift (the sign is then not
 fraction :data:`GROWTH` than at the last record, or at the first record.  A component that
 shrinks or stands still is at or near a stable point, where a drift of the size of the error
 only shifts the point by error/curvature and decides nothing.  The error of a difference is
-the sum of the two errors (a bound).  Deterministic engines (``deterministic = True``) are
-not watched: their error is a bound, not noise, and their symmetries are exact.
+the sum of the two errors (a bound).  Not flagged either: an error below :data:`FLOOR`, and a
+direction whose value and drift are both exactly 0 (a symmetry of the point set, e.g. head
+permutations at a head-symmetric state, holds it there).  Deterministic engines
+(``deterministic = True``) are not watched: their error is a bound, not noise, and their
+symmetries are exact.
 
 What happens to a flagged direction:
 
@@ -43,7 +46,9 @@ if TYPE_CHECKING:
 RATIO = 3.0      # error above |drift| / RATIO: the drift's sign is not resolved
 SMALL = 0.1      # a component this close to its symmetric value 0 is near the plateau
 GROWTH = 1e-3    # |component| grew by more than this fraction since the last record
-FLOOR = 1e-12    # errors below this are rounding (an exactly symmetric drift is 0 ± 1e-14)
+# an error below this (per unit time) moves an overlap by less than 1e-4 over t = 100, below
+# any finite-D spread: such a direction is resolved whatever its drift
+FLOOR = 1e-6
 
 
 @dataclass(frozen=True)
@@ -84,12 +89,13 @@ def directions(M: np.ndarray, dM: np.ndarray, errM: np.ndarray) -> list[Directio
 
 
 def suggested_tol(drift: float) -> float:
-    """A power of ten at most |drift| / (RATIO + 1) (and at least 1e-10).
+    """A power of ten at most |drift| / (RATIO + 1), and at least :data:`FLOOR` / 10 (an
+    error below the floor resolves any direction).
 
-    >>> suggested_tol(6.3e-4)
-    0.0001
+    >>> suggested_tol(6.3e-4), suggested_tol(0.0)
+    (0.0001, 1e-07)
     """
-    target = max(abs(drift) / (RATIO + 1), 1e-10)
+    target = max(abs(drift) / (RATIO + 1), FLOOR / 10)
     return float(10.0 ** math.floor(math.log10(target)))
 
 
@@ -105,6 +111,8 @@ class DriftWatch:
         """The flagged directions at this record (module docstring)."""
         flagged = []
         for d in directions(M, dM, errM):
+            if d.value == 0.0 and d.drift == 0.0:
+                continue   # held at its symmetric value exactly by the point set's symmetry
             before = self.previous.get(d.label)
             growing = before is None or abs(d.value) > (1 + GROWTH) * abs(before)
             if (d.error > max(abs(d.drift) / RATIO, FLOOR) and abs(d.value) < SMALL
