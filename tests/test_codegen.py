@@ -361,7 +361,8 @@ def _top_level_blocks(source):
 
 
 @pytest.mark.parametrize("backend", kernels.backend_names())
-@pytest.mark.parametrize("norm", list(USER_PHIS))
+@pytest.mark.parametrize("norm", [pytest.param(n, marks=pytest.mark.slow) if n == "joint" else n
+                                  for n in USER_PHIS])   # joint: a 14 s compile, slow run
 def test_user_phi_of_each_normalisation_agrees_with_oracle(norm, backend):
     """The generated code of a user φ of each normalisation against the oracle (the compiled
     drift of USER_SAME_NUMBA_DRIFT's: the slow run, see SAME_NUMBA_DRIFT)."""

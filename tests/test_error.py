@@ -42,6 +42,7 @@ def flipping_atom_state(nu1, nu2):
     return M, M @ M.T
 
 
+@pytest.mark.slow  # (moved out of the default run: its 5-minute budget)
 def test_bsoftmax_at_the_atoms_is_bayes_optimal():
     # B-softmax with k_± = √ν1 u1 ± √ν2 u2 computes the posterior, so its error is E_Bayes
     # (here computed through the same engine but via E[Σp²], not 1 − 2E[w_ε] + E[Σw²]).

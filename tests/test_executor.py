@@ -411,6 +411,7 @@ def test_cli_einf_ctrl_c_then_same_command_finishes_the_rest(tmp_path):
 
 
 # ----------------------------------------------------------------------------- real sweeps
+@pytest.mark.slow  # (moved out of the default run: its 5-minute budget)
 def test_fig6_sweep_identical_on_local_processes_and_dask(tmp_path, monkeypatch, client):
     """Fig. 6's code path (SimPiece per D through run_pieces, then the statistics) with a
     small plan: the same JSON from 2 local processes and from the LocalCluster."""

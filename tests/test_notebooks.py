@@ -61,6 +61,7 @@ def test_there_are_four_notebooks():
     assert [p.name[:2] for p in NOTEBOOKS] == ["01", "02", "03", "04"]
 
 
+@pytest.mark.slow   # CI executes notebook 01 as the README says; all four run here
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_in_quick_mode(path, executed):
     code, stderr, target = executed[path.stem]
