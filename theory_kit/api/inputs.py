@@ -28,6 +28,7 @@ from ..model.validation import (
     check_flag,
     check_int,
     check_number,
+    check_power_of_two,
     fail,
 )
 from ..options import Engine, Integrator, Rates, Run
@@ -95,9 +96,7 @@ def as_engine(engine: EngineLike, names: tuple[str, ...] | None = None) -> Engin
     check_flag(engine.fresh, "fresh")
     check_flag(engine.symmetric_heads, "symmetric_heads")
     check_number(engine.tol, "tol", above=0.0, maximum=1.0)
-    budget = check_int(engine.budget, "budget", 4)
-    if budget & (budget - 1):
-        fail("budget", "must be a power of two (Sobol points per replicate)", budget)
+    check_power_of_two(engine.budget, "budget", 4)
     return engine
 
 

@@ -46,6 +46,7 @@ from . import montecarlo as mc
 Integrand = Callable[..., DriftSamples]
 DRIFT_FIELDS = ("dM", "dQ_lin", "dQ_noise", "da", "db", "sq_err")
 CHUNK_BYTES = 64_000_000  # rough bound on the memory of one batch of integrands
+ROUNDING = 256 * np.finfo(float).eps   # rounding of weighted node sums, relative to max(1, |X|)
 
 
 @dataclass
@@ -309,8 +310,6 @@ class QuadratureDrift(SampleDrift):
     :func:`~theory_kit.expect.engines.sample_engine` builds with Sobol points at every
     dimension)."""
 
-    ROUNDING = 256 * np.finfo(float).eps
-
     def __init__(self, points: int = 8, max_tensor_dim: int = 6, qmc_points: int = 2 ** 15,
                  seed: int = 0, integrand: Integrand | None = None,
                  head_symmetric: bool = False, projection: str = "conditional",
@@ -354,28 +353,9 @@ class QuadratureDrift(SampleDrift):
         for i in range(len(sets)):
             self._current = i
             parts.append(super().evaluate(task, act, M, Q, a, b))
-        names = list(parts[0].stderr)
-        values = {name: np.array([np.asarray(self._field(p, name), dtype=float) for p in parts])
-                  for name in names}
-        if self.rule(task, M.shape[0]) == "gauss-hermite":
-            value = {name: v[0] for name, v in values.items()}
-            stderr = {name: (np.max(np.abs(v[1:] - v[0]), axis=0) if len(v) > 1
-                             else np.full_like(v[0], np.inf)) for name, v in values.items()}
-        else:
-            value = {name: np.mean(v, axis=0) for name, v in values.items()}
-            stderr = {name: np.std(v, axis=0, ddof=1) / np.sqrt(len(v))
-                      for name, v in values.items()}
-        # rounding of the weighted node sums (a field that vanishes identically, e.g. db of
-        # softmax, is not estimated as exactly 0 by either rule)
-        stderr = {name: np.maximum(err, self.ROUNDING * np.maximum(1.0, np.abs(value[name])))
-                  for name, err in stderr.items()}
-        return DriftMeans(value["dM"], value["dQ_lin"], value["dQ_noise"], value["da"],
-                          value["db"], float(value["error"]), stderr)
+        return combine_estimates(parts, "coarser" if self.rule(task, M.shape[0])
+                                 == "gauss-hermite" else "replicates")
 
-    @staticmethod
-    def _field(d: DriftMeans, name: str) -> object:
-        """One field by its stderr key (``error`` is the population error)."""
-        return d.error if name == "error" else getattr(d, name)
 
     def _samples(self, task: Task, H: int) -> mc.Samples:
         return self._node_sets(task, H)[self._current]
@@ -446,6 +426,41 @@ class QuadratureDrift(SampleDrift):
                 "integrand": self.integrand_name(),
                 "error_estimate": "sd of scrambled replicates / sqrt(replicates) (Sobol); "
                                   "|rule - rule with points - 2| (Gauss-Hermite)"}
+
+
+def combine_estimates(parts: list[DriftMeans], kind: str) -> DriftMeans:
+    """One drift from several evaluations of it, with an error estimate per field.
+
+    ``replicates``: independent (or block) estimates X_r; the value is their mean and the
+    error sd_r(X_r)/√R.  ``coarser``: the first is the rule, the others coarser rules; the
+    value is the first and the error max_k |X_k − X_0| (inf without a coarser rule).  A floor
+    :data:`ROUNDING` × max(1, |X|) covers the rounding of the node sums (a field that vanishes
+    identically, e.g. db of softmax, is not estimated as exactly 0 by either).
+
+    Examples
+    --------
+    >>> z = np.zeros(1)
+    >>> ps = [DriftMeans(np.array([v]), z, z, z, z, 0.0, {k: z for k in
+    ...       ("dM", "dQ_lin", "dQ_noise", "da", "db", "error")}) for v in (1.0, 3.0)]
+    >>> d = combine_estimates(ps, "replicates")
+    >>> float(d.dM[0]), float(d.stderr["dM"][0])
+    (2.0, 1.0)
+    """
+    values = {name: np.array([np.asarray(d.error if name == "error" else getattr(d, name),
+                                         dtype=float) for d in parts])
+              for name in parts[0].stderr}
+    if kind == "coarser":
+        value = {name: v[0] for name, v in values.items()}
+        stderr = {name: (np.max(np.abs(v[1:] - v[0]), axis=0) if len(v) > 1
+                         else np.full_like(v[0], np.inf)) for name, v in values.items()}
+    else:
+        value = {name: np.mean(v, axis=0) for name, v in values.items()}
+        stderr = {name: np.std(v, axis=0, ddof=1) / np.sqrt(len(v))
+                  for name, v in values.items()}
+    stderr = {name: np.maximum(err, ROUNDING * np.maximum(1.0, np.abs(value[name])))
+              for name, err in stderr.items()}
+    return DriftMeans(value["dM"], value["dQ_lin"], value["dQ_noise"], value["da"],
+                      value["db"], float(value["error"]), stderr)
 
 
 def gauss_hermite_tensor(dim: int, points: int, positive: bool = False

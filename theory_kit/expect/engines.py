@@ -230,7 +230,7 @@ def _auto(task: Task | None, act: Activation | None, H: int | None, samples: int
     laplace = cls()
     probe = compare_at_equal_accuracy(laplace, fallback, task, act,
                                       probe_state(task, act, H) if state is None else state,
-                                      seed, tol)
+                                      tol)
     if probe["laplace_seconds"] <= probe["sample_seconds_at_equal_accuracy"]:
         return SelectedEngine(laplace, {"engine": "laplace", "reason": "applies, and faster "
                                         "than sampling at the accuracy asked for",
@@ -240,16 +240,14 @@ def _auto(task: Task | None, act: Activation | None, H: int | None, samples: int
 
 
 def compare_at_equal_accuracy(deterministic: DriftEngine, sampled: DriftEngine, task: Task,
-                              act: Activation, state: State, seed: int = 0,
-                              tol: float = 0.0) -> dict:
+                              act: Activation, state: State, tol: float = 0.0) -> dict:
     """Time one evaluation of each engine at ``state``, and the sample engine's time to reach
     ε = max(the deterministic engine's largest error estimate, ``tol``).
 
     The sample engine is the one the run would use (``rqmc`` grows its points to its target
     on a first evaluation, which also builds its point sets; the second is timed).  If its
     error σ is still above ε (a spent budget), its time is scaled as t_S (σ/ε)², the
-    Monte Carlo rate, which is conservative for quasi-Monte Carlo.  ``seed`` is kept for the
-    callers' signature (the sample engine carries its own)."""
+    Monte Carlo rate, which is conservative for quasi-Monte Carlo."""
     t_det, det = _timed(deterministic, task, act, state)
     _timed(sampled, task, act, state)
     t_smp, smp = _timed(sampled, task, act, state)

@@ -44,18 +44,23 @@ from .. import kernels
 from ..model.activations import Activation
 from ..model.priors import GaussianPrior
 from ..model.task import Task
-from ..model.validation import check_int, check_number, fail
+from ..model.validation import check_int, check_number, check_power_of_two, fail
 from . import montecarlo as mc
-from .drift import DRIFT_FIELDS, DriftMeans, Integrand, SampleDrift, stratify_theta
+from .drift import (
+    DRIFT_FIELDS,
+    DriftMeans,
+    Integrand,
+    SampleDrift,
+    _checked_integrand_choice,
+    combine_estimates,
+    stratify_theta,
+)
 
 DEFAULT_TOL = 1e-4
 DEFAULT_REPLICATES = 16
 DEFAULT_START_POINTS = 2 ** 8
 DEFAULT_MAX_POINTS = 2 ** 15
 TOL_FIELDS = ("dM", "dQ_lin", "dQ_noise")
-# rounding of the weighted node sums: a field that vanishes identically (db of softmax) has
-# replicates that agree to rounding, not exactly
-ROUNDING = 256 * np.finfo(float).eps
 
 
 @dataclass(frozen=True)
@@ -135,11 +140,10 @@ class AdaptiveQmcDrift(SampleDrift):
                  seed: int = 0, head_symmetric: bool = False,
                  integrand: Integrand | None = None, projection: str = "conditional",
                  backend: "str | kernels.KernelBackend | None" = None) -> None:
-        from .drift import _checked_integrand_choice
         self.tol = check_number(tol, "tol", above=0.0)
         self.replicates = check_int(replicates, "replicates", 4)
-        self.start_points = _power_of_two(start_points, "start_points")
-        self.max_points = _power_of_two(max_points, "max_points")
+        self.start_points = check_power_of_two(start_points, "start_points")
+        self.max_points = check_power_of_two(max_points, "max_points")
         if self.max_points < self.start_points:
             fail("max_points", f"must be >= start_points ({self.start_points})", max_points)
         self.seed = check_int(seed, "mc-seed", 0)
@@ -211,7 +215,7 @@ class AdaptiveQmcDrift(SampleDrift):
         for smp in self._replicate_sets(task, M.shape[0]):
             self._current = smp
             parts.append(super().evaluate(task, act, M, Q, a, b))
-        return combine_replicates(parts)
+        return combine_estimates(parts, "replicates")
 
     def _samples(self, task: Task, H: int) -> mc.Samples:
         assert self._current is not None          # set by _at_points
@@ -260,33 +264,3 @@ class AdaptiveQmcDrift(SampleDrift):
         """The points reached and the largest error of the last evaluation (for records)."""
         return {} if self.last is None else {**self.last.to_dict(),
                                              "limited_by": self.limited_by}
-
-
-def combine_replicates(parts: list[DriftMeans]) -> DriftMeans:
-    """Mean of R replicate estimates, and sd/√R as each field's error (with a rounding floor).
-
-    Examples
-    --------
-    >>> z = np.zeros(1)
-    >>> ps = [DriftMeans(np.array([v]), z, z, z, z, 0.0, {k: z for k in
-    ...       ("dM", "dQ_lin", "dQ_noise", "da", "db", "error")}) for v in (1.0, 3.0)]
-    >>> d = combine_replicates(ps)
-    >>> float(d.dM[0]), float(d.stderr["dM"][0])
-    (2.0, 1.0)
-    """
-    names = ("dM", "dQ_lin", "dQ_noise", "da", "db", "error")
-    values = {name: np.array([np.asarray(getattr(p, name), dtype=float) for p in parts])
-              for name in names}
-    mean = {name: v.mean(axis=0) for name, v in values.items()}
-    err = {name: np.maximum(v.std(axis=0, ddof=1) / np.sqrt(len(v)),
-                            ROUNDING * np.maximum(1.0, np.abs(mean[name])))
-           for name, v in values.items()}
-    return DriftMeans(mean["dM"], mean["dQ_lin"], mean["dQ_noise"], mean["da"], mean["db"],
-                      float(mean["error"]), err)
-
-
-def _power_of_two(value: int, param: str) -> int:
-    n = check_int(value, param, 2)
-    if n & (n - 1):
-        fail(param, "must be a power of two (Sobol balance)", value)
-    return n

@@ -134,6 +134,18 @@ def check_int(value: object, param: str, minimum: int) -> int:
     return int(value)
 
 
+def check_power_of_two(value: object, param: str, minimum: int = 2) -> int:
+    """An integer ≥ minimum that is a power of two (Sobol point counts keep their balance).
+
+    >>> check_power_of_two(1024, "budget")
+    1024
+    """
+    n = check_int(value, param, minimum)
+    if n & (n - 1):
+        fail(param, "must be a power of two (Sobol balance)", value)
+    return n
+
+
 def check_psd(mat: np.ndarray, param: str, tol: float = PSD_TOL) -> None:
     """Symmetric positive semi-definite up to a relative tolerance (and finite: Q − MMᵀ of
     entries near 1e308 overflows to inf, and an inf tolerance would accept anything)."""
