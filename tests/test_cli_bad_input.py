@@ -33,7 +33,8 @@ BASE = {
     "figure": ["figure", "1", "--quick", "--out", "{out}/fig"],
     "drift": ["drift", *ACT, *TASK, "--M", M_OK, "--Q", Q_OK, "--gamma", "1", "--engine", "mc",
               "--samples", "64"],
-    "escape": ["escape", *ACT, *TASK, "--H", "2", "--gamma", "1", "--T", "4", "--points", "16",
+    "escape": ["escape", *ACT, *TASK, "--H", "2", "--gamma", "1", "--T", "4", "--engine", "sobol",
+               "--points", "16",
                "--runs", "10", "--no-progress"],
 }
 TASK_VERBS = ("error", "bayes-error", "ode", "simulate", "einf", "compare", "drift")

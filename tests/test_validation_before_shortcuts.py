@@ -97,7 +97,8 @@ def api_call(verb: str, root, run: tk.Run):
     if verb == "compare":
         return tk.compare(root / "log.json", softmax, **task, run=run, out=root / "cmp")
     if verb == "escape":
-        return tk.escape(softmax, **task, H=2, gamma=1.0, T=4.0, dt=1.0, points=16, runs=10,
+        return tk.escape(softmax, **task, H=2, gamma=1.0, T=4.0, dt=1.0, engine="sobol",
+                         points=16, runs=10,
                          D=[100], run=run, out=root / "esc.json")
     return tk.figure(1, quick=True, out=root / "fig", run=run)
 

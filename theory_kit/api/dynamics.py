@@ -7,6 +7,8 @@ import numpy as np
 
 from ..dynamics import simulate as sgd
 from ..dynamics.escape import escape_law
+from ..dynamics.escape.law import DEFAULT_ESCAPE_POINTS, ESCAPE_ENGINES
+from ..dynamics.escape.linearisation import LAMBDA_RTOL
 from ..dynamics.ode import (
     build_system,
     check_positive,
@@ -270,8 +272,9 @@ def escape(activation: ActivationLike, *, L: int, nu: ArrayLike, gamma: float,
            H: int | None = None, prior: str = "flipping", label_noise: float = 0.0,
            eta: float = 1.0, D: ArrayLike = DEFAULT_ESCAPE_D, M0: ArrayLike | None = None,
            Q0: ArrayLike | None = None, delta: float = 0.2, direction: int = 2,
-           T: float = 400.0, runs: int = 2000, points: int = 4096, dt: float = 2.0,
-           nonlinear: bool = False, seed: int = 0, rates: Rates = Rates(), run: Run = Run(),
+           T: float = 400.0, runs: int = 2000, points: int | None = None, dt: float = 2.0,
+           nonlinear: bool = False, seed: int = 0, rates: Rates = Rates(),
+           engine: EngineLike = "auto", lambda_rtol: float = LAMBDA_RTOL, run: Run = Run(),
            out: str | Path | None = None) -> Escape:
     """The predicted law of the specialisation time τ_f at finite D (docs/theory.md §8).
 
@@ -297,9 +300,21 @@ def escape(activation: ActivationLike, *, L: int, nu: ArrayLike, gamma: float,
         Given initial overlaps (only the SGD noise is then random).
     delta, direction : float, int
         The threshold δ and the feature f (1-based) of τ_f.
-    T, runs, points, dt : float, int, int, float
-        Horizon, samples of the linear process per D, scrambled Sobol points of the drift
-        and the time step.
+    T, runs, dt : float, int, float
+        Horizon, samples of the linear process per D and the time step.
+    engine : str or Engine
+        The drift's engine, always paired with the head permutations so that the reference
+        trajectory stays head-symmetric: ``auto`` (default: ``laplace`` where it applies and
+        is faster at ``Engine.tol``, else ``rqmc``), ``rqmc`` (replicated Sobol sets grown to
+        ``Engine.tol`` along the trajectory, and at each Jacobian node until λ's error is
+        below ``lambda_rtol``, within ``Engine.budget``), ``laplace``, or ``sobol`` (a fixed
+        set of ``points`` scrambled Sobol points; λ's error from a quarter-size check).
+    points : int, optional
+        The Sobol points of ``engine="sobol"`` (default 4096; refused with another engine,
+        which would not use them).
+    lambda_rtol : float
+        ``rqmc``: the target of λ(t)'s error at each Jacobian node, relative to
+        max(|λ|, λ_max/10); the default 3e-3 puts 3σ at 1 %.
     nonlinear : bool
         Also continue the escape through the nonlinear ODE and report the shift of ⟨τ⟩.
     seed : int
@@ -318,8 +333,8 @@ def escape(activation: ActivationLike, *, L: int, nu: ArrayLike, gamma: float,
 
     Examples
     --------
-    >>> esc = escape("softmax", L=2, nu=[2, 2], H=2, gamma=1.0, T=4, dt=1, points=16,
-    ...              runs=10, D=[100], run=Run(progress=False))
+    >>> esc = escape("softmax", L=2, nu=[2, 2], H=2, gamma=1.0, T=4, dt=1, engine="sobol",
+    ...              points=16, runs=10, D=[100], run=Run(progress=False))
     >>> [row["D"] for row in esc.per_D]
     [100]
     """
@@ -331,11 +346,17 @@ def escape(activation: ActivationLike, *, L: int, nu: ArrayLike, gamma: float,
     for name, value in (("delta", delta), ("T", T), ("dt", dt)):
         check_number(value, name, above=0.0)
     for name, value, least in (("direction", direction, 1), ("runs", runs, 1),
-                               ("points", points, 1), ("seed", seed, 0)):
+                               ("seed", seed, 0)):
         check_int(value, name, least)
     if H is not None:
         check_int(H, "H", 1)
     check_flag(nonlinear, "nonlinear")
+    check_number(lambda_rtol, "lambda_rtol", above=0.0, maximum=1.0)
+    eng = as_engine(engine, ESCAPE_ENGINES)
+    if points is not None and eng.name != "sobol":
+        fail("points", f"sets the Sobol points of engine 'sobol' only (the engine is "
+                       f"'{eng.name}'; its accuracy is Engine.tol)", points)
+    points = DEFAULT_ESCAPE_POINTS if points is None else check_int(points, "points", 16)
     check_path(out, "out")
     with running(run):
         the_task = as_task(L, prior, nu, label_noise)
@@ -346,7 +367,8 @@ def escape(activation: ActivationLike, *, L: int, nu: ArrayLike, gamma: float,
             raise ValidationError("H: give --H (or --M0/--Q0)")
         dims = dimensions(D)
         check_int(seed, "seed", 0)
-        path, request = out_json(out, "escape.json"), request_of("escape", options)
+        path = out_json(out, "escape.json")
+        request = request_of("escape", {**options, "engine": eng})
         stored = stored_output(path, request)
         if stored is not None:
             return reused(Escape(stored))
@@ -354,7 +376,8 @@ def escape(activation: ActivationLike, *, L: int, nu: ArrayLike, gamma: float,
                             delta=delta, direction=direction, runs=runs, n_points=points,
                             dt=dt, continuation=nonlinear, seed=seed, train_a=rates.train_a,
                             train_b=rates.train_b, gamma_a=rates.gamma_a,
-                            gamma_b=rates.gamma_b, progress=run.progress)
+                            gamma_b=rates.gamma_b, progress=run.progress, engine=eng.name,
+                            tol=eng.tol, budget=eng.budget, lambda_rtol=lambda_rtol)
         if path is not None:
             write_json(path, {**result, "request": request})
     return Escape(result)

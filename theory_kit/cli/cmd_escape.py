@@ -7,8 +7,11 @@ import argparse
 
 from .. import api
 from ..api.dynamics import DEFAULT_ESCAPE_D
+from ..dynamics.escape.law import DEFAULT_ESCAPE_POINTS, ESCAPE_ENGINES
+from ..dynamics.escape.linearisation import LAMBDA_RTOL
 from ..model.validation import fail
-from .cmd_ode import add_rate_args, rates_of
+from ..options import Engine
+from .cmd_ode import add_accuracy_args, add_rate_args, rates_of
 from .common import (
     add_activation_args,
     add_out_arg,
@@ -52,9 +55,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--T", type=float, default=400.0, help="horizon (runs not crossed by T are "
                                                           "counted as such)")
     p.add_argument("--runs", type=int, default=2000, help="samples of the linear process per D")
-    p.add_argument("--points", type=int, default=4096,
-                   help="scrambled Sobol points of the drift (each paired with its head "
-                        "permutations)")
+    p.add_argument("--engine", default="auto", choices=ESCAPE_ENGINES,
+                   help="the drift's engine, paired with the head permutations: auto "
+                        "(laplace where it applies and is faster at --tol, else rqmc), rqmc "
+                        "(scrambled Sobol replicates grown to --tol, and at each Jacobian node "
+                        "until lambda's error is below --lambda-rtol), laplace, or sobol (a "
+                        "fixed set of --points); default %(default)s")
+    add_accuracy_args(p)
+    p.add_argument("--lambda-rtol", type=float, default=LAMBDA_RTOL,
+                   help="rqmc: error target of lambda(t) at each Jacobian node, relative to "
+                        "max(|lambda|, lambda_max/10); default %(default)g (3 sigma = 1 %%)")
+    p.add_argument("--points", type=int,
+                   help="--engine sobol: scrambled Sobol points of the drift (each paired "
+                        f"with its head permutations; default {DEFAULT_ESCAPE_POINTS})")
     p.add_argument("--dt", type=float, default=2.0, help="time step of the ODE and the sampler")
     p.add_argument("--nonlinear", action="store_true",
                    help="also continue the escape through the nonlinear ODE from amplitude "
@@ -77,7 +90,9 @@ def run_escape(args: argparse.Namespace) -> int:
                         Q0=parse_json_array(args.Q0, "Q0", 2), delta=args.delta,
                         direction=args.direction, T=args.T, runs=args.runs, points=args.points,
                         dt=args.dt, nonlinear=args.nonlinear, seed=args.seed,
-                        rates=rates_of(args), run=run_options(args), out=args.out)
+                        rates=rates_of(args), engine=Engine(args.engine, tol=args.tol,
+                                                            budget=args.budget),
+                        lambda_rtol=args.lambda_rtol, run=run_options(args), out=args.out)
     if args.json:
         print_json(result.data)
     else:
@@ -92,7 +107,8 @@ def print_table(result: dict) -> None:
     err = result["linearisation"]["errors"]
     print(f"tau_{f} (delta = {pred['delta']:g}, {pred['runs']} samples per D, T = {pred['T']:g}, "
           f"initial overlaps {pred['initial']}); lambda(T/2) = {err['lambda_mid']:.4g}, "
-          f"relative error {pred['lambda_rel_err']:.2g}")
+          f"relative error {pred['lambda_rel_err']:.2g}; drift engine "
+          f"{result['params']['engine']['engine']}")
     head = (f"{'D':>6} {'<tau>':>8} {'+/-':>6} {'std':>7} {'q10':>7} {'median':>7} {'q90':>7} "
             f"{'crossed':>7}")
     extra = ("  closed: <tau>    std  lambda(tau)  1/(2 lambda)" if pred["initial"] != "given"

@@ -92,13 +92,7 @@ def add_engine_args(p: argparse.ArgumentParser, default: str = "auto") -> None:
                         "deterministic laplace engine where it applies and is faster at the "
                         "accuracy --tol, else rqmc: scrambled Sobol replicates grown until "
                         "every drift component's error is below --tol); default %(default)s")
-    p.add_argument("--tol", type=float, default=Engine.tol,
-                   help="absolute error target of every drift component (rqmc, auto); "
-                        "default %(default)g")
-    p.add_argument("--budget", type=int, default=Engine.budget,
-                   help="rqmc: Sobol points per replicate at most (a power of two; 16 "
-                        "replicates); a target not met within it is reported; default "
-                        "%(default)d")
+    add_accuracy_args(p)
     p.add_argument("--samples", type=int, default=20_000,
                    help="Monte Carlo noise draws (each paired with every theta stratum); with "
                         "--engine quad, the Sobol points used when H*L > 6; with sobol, the "
@@ -111,6 +105,17 @@ def add_engine_args(p: argparse.ArgumentParser, default: str = "auto") -> None:
                    help="pair every draw with its head permutations (H! for H <= 3, else H "
                         "cyclic shifts; costs that factor): the drift of a head-symmetric state "
                         "is then exactly symmetric, so sampling error cannot split the heads")
+
+
+def add_accuracy_args(p: argparse.ArgumentParser) -> None:
+    """--tol and --budget: the accuracy target of the drifts and rqmc's budget."""
+    p.add_argument("--tol", type=float, default=Engine.tol,
+                   help="absolute error target of every drift component (rqmc, auto); "
+                        "default %(default)g")
+    p.add_argument("--budget", type=int, default=Engine.budget,
+                   help="rqmc: Sobol points per replicate at most (a power of two; 16 "
+                        "replicates); a target not met within it is reported; default "
+                        "%(default)d")
 
 
 def engine_of(args: argparse.Namespace) -> Engine:

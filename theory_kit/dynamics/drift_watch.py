@@ -14,8 +14,8 @@ fraction :data:`GROWTH` than at the last record, or at the first record.  A comp
 shrinks or stands still is at or near a stable point, where a drift of the size of the error
 only shifts the point by error/curvature and decides nothing.  The error of a difference is
 the sum of the two errors (a bound).  Not flagged either: an error below :data:`FLOOR`, and a
-direction whose value and drift are both exactly 0 (a symmetry of the point set, e.g. head
-permutations at a head-symmetric state, holds it there).  Deterministic engines
+direction whose value and drift are both 0 up to rounding (:data:`HELD`: a symmetry of the
+point set, e.g. head permutations at a head-symmetric state, holds it there).  Deterministic engines
 (``deterministic = True``) are not watched: their error is a bound, not noise, and their
 symmetries are exact.
 
@@ -49,6 +49,10 @@ GROWTH = 1e-3    # |component| grew by more than this fraction since the last re
 # an error below this (per unit time) moves an overlap by less than 1e-4 over t = 100, below
 # any finite-D spread: such a direction is resolved whatever its drift
 FLOOR = 1e-6
+# a direction whose value and drift are both below this is held at 0 by an exact symmetry of
+# the point set, up to rounding (a head difference along a head-symmetric trajectory: a
+# rounding error of 1e-16 grows to 1e-13 over the escape theory's T = 400)
+HELD = 1e-12
 
 
 @dataclass(frozen=True)
@@ -111,8 +115,8 @@ class DriftWatch:
         """The flagged directions at this record (module docstring)."""
         flagged = []
         for d in directions(M, dM, errM):
-            if d.value == 0.0 and d.drift == 0.0:
-                continue   # held at its symmetric value exactly by the point set's symmetry
+            if abs(d.value) <= HELD and abs(d.drift) <= HELD:
+                continue   # held at its symmetric value by the point set's symmetry
             before = self.previous.get(d.label)
             growing = before is None or abs(d.value) > (1 + GROWTH) * abs(before)
             if (d.error > max(abs(d.drift) / RATIO, FLOOR) and abs(d.value) < SMALL

@@ -35,6 +35,8 @@ part, much more accurate than the target (φ = s², H = 3, L = 6: 3e−7 where Q
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -157,6 +159,7 @@ class AdaptiveQmcDrift(SampleDrift):
         self.history: list[Accuracy] = []
         self._sets: dict[tuple, list[mc.Samples]] = {}
         self._current: mc.Samples | None = None
+        self._frozen = False
 
     # ------------------------------------------------------------------ configuration
     def watch_fields(self, names: tuple[str, ...]) -> None:
@@ -176,21 +179,41 @@ class AdaptiveQmcDrift(SampleDrift):
         """Whether the points have reached ``max_points``."""
         return self.points >= self.max_points
 
+    @contextmanager
+    def frozen(self) -> Iterator["AdaptiveQmcDrift"]:
+        """Evaluate at the current point count, without growing it, inside the block.
+
+        A finite difference [f(x + h) − f(x − h)]/2h is smooth in x only on one point set:
+        the escape theory's Jacobians are taken inside this block."""
+        before, self._frozen = self._frozen, True
+        try:
+            yield self
+        finally:
+            self._frozen = before
+
+    def grow(self, task: Task, H: int) -> bool:
+        """Double the points per replicate when the budget and the memory allow; whether they
+        grew (a caller with its own target, such as the escape theory's λ, drives this)."""
+        if self.exhausted:
+            return False
+        if not self._next_fits(task, H):
+            self.max_points = self.points
+            self.limited_by = "memory"
+            return False
+        self.points *= 2
+        return True
+
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, task: Task, act: Activation, M: np.ndarray, Q: np.ndarray,
                  a: np.ndarray, b: np.ndarray) -> DriftMeans:
         """The drift on R replicates of the current point count, doubled until the watched
         fields' largest error is ≤ ``tol`` or the budget is spent."""
         while True:
-            means = self._at_points(task, act, M, Q, a, b)
+            means = combine_estimates(self.replicate_estimates(task, act, M, Q, a, b),
+                                      "replicates")
             worst = self._watched_error(means)
-            if worst <= self.tol or self.exhausted:
+            if worst <= self.tol or self._frozen or not self.grow(task, M.shape[0]):
                 break
-            if not self._next_fits(task, M.shape[0]):
-                self.max_points = self.points     # memory, not the budget, ends the growth
-                self.limited_by = "memory"
-                break
-            self.points *= 2
         self.last = Accuracy(self.points, self.replicates, worst, self.tol, worst <= self.tol)
         self.history.append(self.last)
         return means
@@ -209,16 +232,19 @@ class AdaptiveQmcDrift(SampleDrift):
         worst = max(errs, default=0.0)
         return worst if np.isfinite(worst) else float("inf")
 
-    def _at_points(self, task: Task, act: Activation, M: np.ndarray, Q: np.ndarray,
-                   a: np.ndarray, b: np.ndarray) -> DriftMeans:
+    def replicate_estimates(self, task: Task, act: Activation, M: np.ndarray, Q: np.ndarray,
+                            a: np.ndarray, b: np.ndarray) -> list[DriftMeans]:
+        """The R independent estimates X̂_r of the drift at the current point count (no growth;
+        :meth:`evaluate` combines them).  Replicate r keeps its scrambling (seed, r) at every
+        state, so differences of X̂_r between nearby states are smooth."""
         parts = []
         for smp in self._replicate_sets(task, M.shape[0]):
             self._current = smp
             parts.append(super().evaluate(task, act, M, Q, a, b))
-        return combine_estimates(parts, "replicates")
+        return parts
 
     def _samples(self, task: Task, H: int) -> mc.Samples:
-        assert self._current is not None          # set by _at_points
+        assert self._current is not None          # set by replicate_estimates
         return self._current
 
     def _live_sets(self) -> list[mc.Samples]:

@@ -18,7 +18,7 @@ from matplotlib.axes import Axes
 
 from ..dynamics.escape import escape_law
 from ..expect.montecarlo import head_permutations
-from .panels import Setting, drift_seconds
+from .panels import Setting, drift_seconds, laplace_eval_seconds
 
 # reference constants of the cost model (CPU seconds of the reference machine): the escape
 # theory's evaluations cost about twice a plain drift evaluation of the same points, and
@@ -30,7 +30,8 @@ SAMPLER_SECONDS_PER_RUN = 4e-3
 @dataclass(frozen=True)
 class EscapePiece:
     """The predicted law of τ_direction at the dimensions D for one setting: keys drawn at D
-    (``given=False``) or from the setting's initial overlaps (``given=True``)."""
+    (``given=False``) or from the setting's initial overlaps (``given=True``); the drift on
+    ``engine`` (``escape_engine``: ``sobol`` with ``points``, ``laplace``, ``rqmc``, ``auto``)."""
 
     setting: Setting
     D: tuple[int, ...]
@@ -40,21 +41,26 @@ class EscapePiece:
     every: float = 10.0
     given: bool = False
     direction: int = 2
+    engine: str = "sobol"
 
     @property
     def name(self) -> str:
         key = self.setting.key(self.D, self.runs, self.points, self.dt, self.every, self.given,
-                               self.direction)
+                               self.direction, self.engine)
         return f"escape-{key}"
 
     def seconds(self) -> float:
         """RK4 along the trajectory (4 evaluations per step) plus 2n per Jacobian node (and a
         quarter-size check), at the ODE pieces' cost per evaluation (calibrated factor
-        ``JACOBIAN_COST_FACTOR``), plus the sampler's runs at every D."""
+        ``JACOBIAN_COST_FACTOR``; the deterministic engine's per evaluation where it is the
+        one used), plus the sampler's runs at every D."""
         s = self.setting
         n = s.H * len(s.nu) + s.H * (s.H + 1) // 2
         evals = 4 * s.T / self.dt + (2 * n + 2) * (s.T / self.every + 6)
-        per_eval = drift_seconds(s, self.points * len(head_permutations(s.H)))
+        if self.engine == "sobol":
+            per_eval = drift_seconds(s, self.points * len(head_permutations(s.H)))
+        else:
+            per_eval = laplace_eval_seconds(s.H, s.L)
         return (JACOBIAN_COST_FACTOR * evals * per_eval
                 + SAMPLER_SECONDS_PER_RUN * self.runs * len(self.D))
 
@@ -63,7 +69,8 @@ class EscapePiece:
         initial = s.initial().state if self.given else None
         res = escape_law(s.task(), s.act(), s.H, s.gamma, list(self.D), eta=s.eta,
                          initial=initial, T=s.T, direction=self.direction, runs=self.runs,
-                         n_points=self.points, dt=self.dt, every=self.every, progress=progress)
+                         n_points=self.points, dt=self.dt, every=self.every, progress=progress,
+                         engine=self.engine)
         lin = res["linearisation"]
         return {"params": res["params"], "per_D": res["prediction"]["per_D"],
                 "lambda_rel_err": res["prediction"]["lambda_rel_err"], "t": lin["t"],

@@ -12,7 +12,7 @@ enough for the flipping direction to specialise; the ODE and every SGD run start
 initial overlaps drawn at D.  Simulation: exact reduced SGD (docs/theory.md §7).
 Theory band (orange, m_h2 panel): the SGD τ_2 predicted by ``theory_kit.dynamics.escape``
 from the same overlaps at the same D (linearised escape + SGD noise), mean ± std next to the
-ODE's τ_2.
+ODE's τ_2; its drift on ``laplace`` too (quick: 256 Sobol points, a smoke test).
 """
 from __future__ import annotations
 
@@ -51,7 +51,8 @@ def theory_piece(quick: bool) -> EscapePiece:
     """The predicted SGD law of τ_2 at the plan's D from the same initial overlaps
     (``theory_kit.dynamics.escape``, given overlaps: only the SGD noise is random)."""
     p = plan(quick)
-    return EscapePiece(p.settings[0], (p.D,), points=256 if quick else p.n_samples, given=True)
+    return EscapePiece(p.settings[0], (p.D,), points=256 if quick else p.n_samples, given=True,
+                       engine="sobol" if quick else "laplace")
 
 
 def estimate_seconds(quick: bool) -> float:

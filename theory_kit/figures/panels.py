@@ -26,6 +26,7 @@ from ..dynamics.simulate import SimConfig, simulate_to_file
 from ..expect.engines import DriftEngine, build_engine, laplace_applies
 from ..expect.error import population_error_mc
 from ..expect.montecarlo import head_permutations
+from ..expect.rqmc import DEFAULT_TOL
 from ..io.executor import FolderStore, run_sweep, runs_in_process
 from ..io.results import to_jsonable
 from ..model.activations import Activation, get_activation
@@ -575,7 +576,8 @@ def overlay_compute(plan: OverlayPlan, workdir: Path, jobs: int = 1,
     τ's."""
     results = run_pieces(plan.pieces(), workdir, jobs, desc="ODE + SGD", executor=executor)
     rows = [overlay_summary(ode, sim) for ode, sim in zip(results[::2], results[1::2])]
-    return {"params": plan.params(), "rows": rows}
+    return {"params": plan.params(), "rows": rows,
+            "drift_accuracy": drift_accuracy(results[::2])}
 
 
 def overlay_draw(data: dict, what: str,
@@ -626,7 +628,49 @@ def heads_compute(plan: HeadsPlan, workdir: Path, jobs: int = 1,
     """Integrate every setting (``run_pieces``) and keep t, M, Q, the error, τ_f and the
     phases."""
     results = run_pieces(plan.pieces(), workdir, jobs, desc="ODE", executor=executor)
-    return {"params": plan.params(), "trajectories": [trajectory_summary(r) for r in results]}
+    return {"params": plan.params(), "trajectories": [trajectory_summary(r) for r in results],
+            "drift_accuracy": drift_accuracy(results)}
+
+
+def drift_accuracy(trajectories: Sequence[dict]) -> dict:
+    """How accurate the ODE pieces' drifts were: their engines, the largest error estimate of
+    any drift component (times its rate) at any record of any trajectory, and whether it is
+    within the toolkit's default target ``tol`` (``expect.rqmc.DEFAULT_TOL``).
+
+    Examples
+    --------
+    >>> acc = drift_accuracy([{"drift_err": [1e-5, 3e-4], "params": {"engine": {"engine":
+    ...                         "sobol"}}}])
+    >>> acc["engines"], acc["largest_error"], acc["meets_tol"]
+    (['sobol'], 0.0003, False)
+    """
+    errors = [float(np.nanmax(np.asarray(tr["drift_err"], dtype=float)))
+              for tr in trajectories if np.size(tr.get("drift_err", []))]
+    engines = sorted({str(tr.get("params", {}).get("engine", {}).get("engine", "unknown"))
+                      for tr in trajectories})
+    largest = max(errors) if errors else float("nan")
+    return {"engines": engines, "largest_error": largest, "tol": DEFAULT_TOL,
+            "meets_tol": bool(largest <= DEFAULT_TOL)}
+
+
+def accuracy_sentence(data: dict) -> str:
+    """The caption's sentence on the drift accuracy of a figure's ODE curves ("" when the
+    figure has none).
+
+    Examples
+    --------
+    >>> text = accuracy_sentence({"drift_accuracy": {"engines": ["sobol"], "largest_error":
+    ...                                              3e-4, "tol": 1e-4, "meets_tol": False}})
+    >>> text.split(": ")[0], text.split("curves ")[1]
+    (' ODE drifts on sobol', '3e-04 (above the default target 1e-04).')
+    """
+    acc = data.get("drift_accuracy") if isinstance(data, dict) else None
+    if not acc or not np.isfinite(acc["largest_error"]):
+        return ""
+    where = "within" if acc["meets_tol"] else "above"
+    return (f" ODE drifts on {', '.join(acc['engines'])}: largest error estimate of a drift "
+            f"component along the curves {acc['largest_error']:.0e} ({where} the default "
+            f"target {acc['tol']:.0e}).")
 
 
 def heads_draw(data: dict, titles: Sequence[str], suptitle: str, columns: int) -> Figure:

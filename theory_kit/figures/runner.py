@@ -435,7 +435,9 @@ def run_figure(number: int, quick: bool = False, out: str | Path = "figures", jo
     spent = clock.total()
     png, js = output_paths(out, module.NUMBER, quick)
     timing = timing_record(spent, clock.watch, jobs, scheduler, alongside)
-    write_json(js, {"figure": module.NUMBER, "caption": module.CAPTION, "quick": bool(quick),
+    from .panels import accuracy_sentence  # (panels pulls in the engines; runner stays light)
+    caption = module.CAPTION + accuracy_sentence(data if isinstance(data, dict) else {})
+    write_json(js, {"figure": module.NUMBER, "caption": caption, "quick": bool(quick),
                     "seconds": spent.wall_seconds, "timing": timing, "data": data,
                     **({"request": request} if request is not None else {})})
     # draw from the reloaded file, so that --redraw reproduces exactly this picture
