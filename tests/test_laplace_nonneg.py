@@ -107,7 +107,7 @@ def test_kappa_zero_with_phi_touching_zero_is_refused_naming_kappa(phi):
 
 def test_flat_zeros_and_too_small_a_kappa_are_refused_with_the_reason():
     # s⁴ (φ'' = 0 at its zero): the refinement is measured on quadratic zeros only; φ = s² at
-    # κ = 0.005 would need 17.7× the score resolution (at most 16×)
+    # κ = 0.005 would need 17.7× the score resolution per axis (at most 16× on 2-D rules)
     act, task = _case("s**4", kappa=0.1)
     ok, why = applicability(task, act, 2)
     assert not ok and "flatter than s**2" in why, why
@@ -115,6 +115,11 @@ def test_flat_zeros_and_too_small_a_kappa_are_refused_with_the_reason():
     ok, why = applicability(task, act, 2)
     assert not ok and "larger kappa" in why and "17.7x" in why, why
     assert applicability(*_case("s**2", kappa=0.01)[::-1], 2)[0]
+    assert applicability(*_case("s**2", kappa=0.005)[::-1], 1)[0]        # 1-D rules: cheap
+    act, task = _case("s**2", "joint", kappa=0.03)                         # 7.2x, 3-D rules
+    assert applicability(task, act, 2)[0]
+    ok, why = applicability(task, act, 3)
+    assert not ok and "at H = 3" in why and "6.35x" in why, why
 
 
 def test_negative_phi_is_refused_and_positive_phi_with_kappa_zero_still_runs():

@@ -60,7 +60,16 @@ def applicability(task: Task, act: Activation, H: int) -> tuple[bool, str]:
     if task.L > MAX_L:
         return False, f"needs L <= {MAX_L} (got L = {task.L})"
     if act.norm != "elementwise":
-        return _smooth_positive(act)
+        ok, why = _smooth_positive(act)
+        # the refined score rules cost factor^H nodes per column (H-D rules; H = 2 per-head:
+        # nested z_1 × z_2): at most MAX_RESOLUTION² (for s²: κ ≥ 0.006 at H = 2, 0.04 at H = 3)
+        factor = zero_resolution(act)
+        if ok and factor ** H > MAX_RESOLUTION ** 2:
+            limit = MAX_RESOLUTION ** (2.0 / H)
+            return False, (f"needs a larger kappa for this phi at H = {H} (kappa = "
+                           f"{act.kappa:.3g}): at its zero the score rules would need "
+                           f"{factor:.3g}x the resolution per score axis (at most {limit:.3g}x)")
+        return ok, why
     return True, ""
 
 
@@ -95,11 +104,6 @@ def _smooth_positive(act: Activation) -> tuple[bool, str]:
         return False, (f"a normalised phi whose zero at s = {flat:.4g} is flatter than s**2 "
                        "(phi'' = 0 there, as s**4): the score rules are refined for quadratic "
                        "zeros only")
-    factor = zero_resolution(act)
-    if factor > MAX_RESOLUTION:
-        return False, (f"needs a larger kappa for this phi (kappa = {act.kappa:.3g}): at its "
-                       f"zero the score rules would need {factor:.3g}x the resolution (at most "
-                       f"{MAX_RESOLUTION:g}x)")
     return True, ""
 
 
