@@ -20,12 +20,11 @@ PROBE = np.linspace(-40.0, 40.0, 801)   # where φ's sign and zeros are checked
 ZERO_TOL = 1e-10                 # an interior minimum of φ at or below this counts as a zero
 MAX_REFINED = 64                 # local minima refined by ``phi_minimum`` (a periodic φ: the
                                  # lowest 64 of its ~25 per 2π)
-
-
 TAIL = 30.0                      # e^{−κt} < 1e−13 beyond t = TAIL/κ: the largest t that matters
-MAX_RESOLUTION = 16.0           # factor^H beyond its square is refused (``ladder.
-                                 # applicability``): the H-D score rules cost factor^H (κ = 0.01,
-                                 # φ = s², H = 2: factor 12.5, a drift 0.9 CPU s against 0.23)
+MAX_RESOLUTION = 16.0            # factor^H beyond its square is refused (``ladder.
+                                 # applicability``): the H-D score rules cost factor^H (φ = s²,
+                                 # H = 2, L = 6, warm: κ = 0.01, factor 12.5, 0.9–3.7 CPU s a
+                                 # drift against 0.03–0.06 at κ = 1)
 FLAT = 1.5                       # ``flat_zero``: w beyond this × its quadratic prediction
 WIDTH_REF = 1.25 * math.sqrt(1.0 / TAIL)
 # ... 1.25 × the half-width of the peak e^{−tφ} at t = TAIL/κ for φ = s², κ = 1: a narrower
