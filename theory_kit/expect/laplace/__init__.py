@@ -25,7 +25,10 @@ steps are numbered as in their Notes):
     7. The bytes an evaluation holds, and its sums over windows of a u grid beyond the budget.
 ``ladder``
     The public engine :class:`LaplaceDrift`: abs_err from a resolution ladder, one ladder per
-    ODE step.
+    ODE step, and the class it covers (:func:`applicability`).
+``zeros``
+    Where a normalised φ ≥ 0 touches zero: the reduction needs only N = κ + Σ φ > 0 (κ > 0
+    then), and the score rules are refined there (the peak of e^{−tφ} narrows as t grows).
 ``tuning``
     BLAS threads and glibc malloc settings (speed only).
 

@@ -115,8 +115,8 @@ class _NodeColumn:
             elif self.act.log_psi is not None:
                 val = _log_ratio_fn(self.act)(self.t[h])
             else:
-                fn = _phi_prime(self.act)
-                val = fn(self.t[h]) / self.act.phi_numpy(self.t[h])
+                val = _safe_ratio(_phi_prime(self.act)(self.t[h]),
+                                  self.act.phi_numpy(self.t[h]))
             self._cache[key] = val
         return self._cache[key]
 
@@ -201,3 +201,19 @@ def nested_factors(q: np.ndarray) -> tuple[int, int, float, float, float]:
     if sc < np.sqrt(EIG_TOL) * max(1.0, np.sqrt(max(q[second, second], 0.0))):
         sc = 0.0
     return first, second, s1, beta, sc
+
+
+def _safe_ratio(dphi: np.ndarray, phi: np.ndarray) -> np.ndarray:
+    """φ′/φ where φ > 0, and 0 where φ = 0 (a zero of a φ ≥ 0, or φ underflowed).
+
+    Every table multiplies (φ′/φ)^β by (tφ)^k with k ≥ β ≥ 1 (a D atom is also one of the k
+    normaliser atoms), i.e. it needs t^k φ^{k−β} φ′^β, which is 0 at a zero of φ (a smooth
+    φ ≥ 0 has φ′ = 0 there) and negligible where φ underflows; e^{kψ} = 0 there, so any finite
+    value is exact, and 0 keeps 0 · (φ′/φ)^β from being 0 · ∞ = NaN.
+
+    >>> _safe_ratio(np.array([0.0, 2.0, 0.0]), np.array([0.0, 1.0, 4.0])).tolist()
+    [0.0, 2.0, 0.0]
+    """
+    out = np.zeros(np.broadcast(dphi, phi).shape)
+    np.divide(dphi, phi, out=out, where=np.broadcast_to(phi > 0, out.shape))
+    return out

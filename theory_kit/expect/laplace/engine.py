@@ -53,6 +53,7 @@ from .columns import (
 from .memory import NODE_ARRAYS, _BoundedMemory
 from .sums import _PatternSums
 from .tables import X_CLIP, _Tables
+from .zeros import touches_zero, zero_resolution
 
 # Resolution at level 1.  Measured on softmax H = 2, L = 10: the error at level 0.75 is
 # ~1e−13–2e−11, but it grows erratically to ~1e−7 when the steps are a further 1.33× coarser
@@ -82,6 +83,9 @@ class _Engine(_Tables, _PatternSums, _BoundedMemory):
                  a: np.ndarray, b: np.ndarray, level: float, rest_min: int = 0,
                  groups: tuple[ColumnGroup, list[ColumnGroup]] | None = None) -> None:
         self.task, self.act, self.level = task, act, level
+        # the score rules' resolution: × zero_resolution(act) where φ touches zero (the peak
+        # of e^{−tφ} at the zero narrows as t grows), exactly ``level`` otherwise
+        self.z_level = level * zero_resolution(act)
         self.rest_min = int(rest_min)
         self.H = M.shape[0]
         self.a = np.asarray(a, dtype=float)
@@ -115,7 +119,7 @@ class _Engine(_Tables, _PatternSums, _BoundedMemory):
             return self._gl_nodes(group)
         if self.norm == "per-head" and H == 2:
             return self._nested_nodes(group)
-        z_level = Z_LEVEL * (JOINT3_Z if H == 3 else 1.0) * self.level
+        z_level = Z_LEVEL * (JOINT3_Z if H == 3 else 1.0) * self.z_level
         A = whiten(group.cov)
         count = tensor_cost(tensor_rules(A, z_level), 1.0) if A.size else 1.0
         self._check_memory(8.0 * count * (NODE_ARRAYS + 2 * H), " for its score nodes")
@@ -127,8 +131,8 @@ class _Engine(_Tables, _PatternSums, _BoundedMemory):
         """s_f = μ_f + σ_1 z_1 and s_g = μ_g + β z_1 + σ_c z_2, f the head of larger variance."""
         q = group.cov
         first, second, s1, beta, sc = nested_factors(q)
-        z1, w1 = trapezoid_normal(s1, Z_LEVEL * self.level)
-        z2, w2 = trapezoid_normal(sc, Z_LEVEL * self.level)
+        z1, w1 = trapezoid_normal(s1, Z_LEVEL * self.z_level)
+        z2, w2 = trapezoid_normal(sc, Z_LEVEL * self.z_level)
         self._check_memory(8.0 * NODE_ARRAYS * len(z1) * len(z2), " for its score nodes")
         s: list[Any] = [None, None]          # per head, both filled below
         s[first] = (group.mean[first] + s1 * z1)[:, None]
@@ -201,7 +205,15 @@ class _Engine(_Tables, _PatternSums, _BoundedMemory):
             low = max(low, math.log(self.act.kappa) + U_LOW)
         ug = u_grid(lo, low, self.act.kappa, self.level, low_margin=0.0,
                     step=U_STEP, max_span=MAX_PSI_SPAN)
-        return self._cut_top(self._stretch_low(ug, largest_psi(hi, self.act.kappa)), heads)
+        ug = self._cut_top(self._stretch_low(ug, largest_psi(hi, self.act.kappa)), heads)
+        if self.act.kappa > 0 and touches_zero(self.act):
+            # a score node near a zero of φ has ψ ≪ 0 and stretches the grid to u ≈ −ψ_min
+            # (to 78 for a node at 1e−17), but e^{−κt} has zeroed the weights from
+            # u ≈ log(745/κ) on: cut there (3–4× fewer u points per head at H = 2).  Only for
+            # this class: elsewhere the trailing zeros stay, so the sums keep their last bits
+            end = int(np.nonzero(ug.w > 0)[0][-1]) + 2 if np.any(ug.w > 0) else len(ug.u)
+            ug = UGrid(ug.u[:end], ug.w[:end])
+        return ug
 
     def _stretch_low(self, ug: UGrid, psi_max: float) -> UGrid:
         """The same u range with 1 + ``STRETCH`` times wider steps in the lower tail.
@@ -256,7 +268,7 @@ class _Engine(_Tables, _PatternSums, _BoundedMemory):
         log_t1 = np.full(len(ug.u), np.inf)
         for h in heads:
             sd = float(np.sqrt(max(g.cov[h, h], 0.0)))
-            z, w = trapezoid_normal(sd, Z_LEVEL * self.level)
+            z, w = trapezoid_normal(sd, Z_LEVEL * self.z_level)
             psi = log_phi(self.act, sd * z + self.c[h])
             fin = np.isfinite(psi)
             with np.errstate(over="ignore", divide="ignore"):

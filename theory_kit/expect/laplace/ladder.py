@@ -38,6 +38,7 @@ from .algebra import CompiledPattern, Slots, compile_patterns, drift_polynomial
 from .columns import ColumnGroup, column_groups
 from .engine import _Engine
 from .tuning import retain_freed_memory, single_thread_blas
+from .zeros import MAX_RESOLUTION, PROBE, ZERO_TOL, flat_zero, phi_minimum, zero_resolution
 
 MAX_H = {"elementwise": 2, "per-head": 2, "joint": 3}
 MAX_L = 64
@@ -59,18 +60,50 @@ def applicability(task: Task, act: Activation, H: int) -> tuple[bool, str]:
     if task.L > MAX_L:
         return False, f"needs L <= {MAX_L} (got L = {task.L})"
     if act.norm != "elementwise":
-        return _smooth_positive(act)
+        ok, why = _smooth_positive(act)
+        # the refined score rules cost factor^H nodes per column (H-D rules; H = 2 per-head:
+        # nested z_1 × z_2): at most MAX_RESOLUTION² (for s²: κ ≥ 0.006 at H = 2, 0.04 at H = 3)
+        factor = zero_resolution(act)
+        if ok and factor ** H > MAX_RESOLUTION ** 2:
+            limit = MAX_RESOLUTION ** (2.0 / H)
+            return False, (f"needs a larger kappa for this phi at H = {H} (kappa = "
+                           f"{act.kappa:.3g}): at its zero the score rules would need "
+                           f"{factor:.3g}x the resolution per score axis (at most {limit:.3g}x)")
+        return ok, why
     return True, ""
 
 
 @lru_cache(maxsize=32)
 def _smooth_positive(act: Activation) -> tuple[bool, str]:
-    """``applicability``'s test of a normalised φ (cached: every drift call asks it)."""
+    """``applicability``'s test of a normalised φ (cached: every drift call asks it).
+
+    The Laplace reduction needs the normaliser N = κ + Σ φ > 0, not φ > 0: every table holds
+    t^k φ^{k−β} φ′^β e^{−tφ} (``columns._safe_ratio``), finite where φ = 0, and e^{−κt} closes
+    the u integral however many tokens sit at a zero of φ.  So φ ≥ 0 that touches zero
+    (s², s² σ(s)) runs with κ > 0; with κ = 0 it is refused (N can be ~0: E[D²] ~ E[1/N] may
+    not even be finite, and the u range would have no top), as is a φ that is 0 (underflows)
+    anywhere on ``PROBE``, as before."""
     if kinks(act).size:
         return False, "a normalised phi with kinks (the u and z trapezoid rules need a smooth phi)"
-    probe = act.phi_numpy(np.linspace(-40.0, 40.0, 801))
-    if not np.all(probe > 0):
-        return False, "a normalised activation needs phi > 0 on the real line"
+    low, where = phi_minimum(act)
+    if not low >= 0:                     # (NaN too)
+        return False, f"a normalised activation needs phi >= 0 (phi({where:.4g}) = {low:.3g})"
+    if act.kappa <= 0:
+        with np.errstate(all="ignore"):
+            vals = act.phi_numpy(PROBE)
+        dip, at = phi_minimum(act, interior=True)
+        if dip > ZERO_TOL and np.all(vals > 0):
+            return True, ""
+        if dip > ZERO_TOL:               # φ > 0 inside, but 0 (underflow) at an end of PROBE
+            i = int(np.argmin(vals))
+            dip, at = float(vals[i]), float(PROBE[i])
+        return False, (f"needs kappa > 0 for a normalised phi that touches zero (phi({at:.4g})"
+                       f" = {dip:.2g}): the normaliser kappa + sum phi must stay > 0")
+    flat = flat_zero(act)
+    if flat is not None:
+        return False, (f"a normalised phi whose zero at s = {flat:.4g} is flatter than s**2 "
+                       "(phi'' = 0 there, as s**4): the score rules are refined for quadratic "
+                       "zeros only")
     return True, ""
 
 

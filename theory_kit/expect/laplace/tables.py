@@ -293,12 +293,14 @@ class _Tables:
         logphi = self._log_total(col)[sl]
         n_w = m.count("w")
         if n_w:
-            share = sum(self.a[h] * np.exp(col.psi(h)[sl] - logphi) for h in range(self.H))
+            with np.errstate(invalid="ignore"):          # (as below)
+                share = sum(self.a[h] * np.exp(col.psi(h)[sl] - logphi) for h in range(self.H))
             v = v * share ** n_w
         for h in range(self.H):
             kh = k[h] - (n_w if h == 0 else 0)
             if kh:
-                v = v * np.exp(kh * (col.psi(h)[sl] - logphi))
+                with np.errstate(invalid="ignore"):      # −∞ − (−∞) where every φ_h = 0: the
+                    v = v * np.exp(kh * (col.psi(h)[sl] - logphi))    # NaN is zeroed below
             if beta[h]:
                 v = v * col.ratio(h)[sl] ** beta[h]
         return np.nan_to_num(v, nan=0.0)
