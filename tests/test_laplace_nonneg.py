@@ -135,8 +135,9 @@ def test_negative_phi_is_refused_and_positive_phi_with_kappa_zero_still_runs():
 
 
 # ----------------------------------------------------------------------------- numbers
-@pytest.mark.parametrize("phi,state", [("s**2", "generic"), ("s**2", "bias"),
-                                       ("s**2*sigmoid(s)", "bias"), ("1 + tanh(s)", "bias")])
+@pytest.mark.parametrize("phi,state", [
+    ("s**2", "generic"), pytest.param("s**2", "bias", marks=pytest.mark.slow),
+    ("s**2*sigmoid(s)", "bias"), pytest.param("1 + tanh(s)", "bias", marks=pytest.mark.slow)])
 def test_one_head_against_the_tensor_trapezoid(phi, state):
     # H = 1, L = 3 (3-D, ~1e6 nodes): steps 0.15 and 0.12 agree to < 1e−10, laplace to them
     act, task = _case(phi, L=3)
@@ -150,8 +151,9 @@ def test_one_head_against_the_tensor_trapezoid(phi, state):
     assert np.max(np.abs(_flat(lap) - _flat(ref))) < 1e-10, _flat(lap) - _flat(ref)
 
 
-@pytest.mark.parametrize("kappa,state", [(0.05, "generic"), (0.01, "generic"),
-                                         (0.05, "wide")])
+@pytest.mark.parametrize("kappa,state", [
+    pytest.param(0.05, "generic", marks=pytest.mark.slow), (0.01, "generic"),
+    pytest.param(0.05, "wide", marks=pytest.mark.slow)])
 def test_small_kappa_against_the_tensor_trapezoid(kappa, state):
     # H = 1, L = 2 (2-D, so the reference can take tiny steps): small κ lets t = e^u reach
     # ~30/κ, where e^{−tφ} is a peak of half-width ~√(κ/30) at the zero of φ; the score rules
@@ -219,9 +221,9 @@ def test_two_heads_L6_against_rqmc_tight(state):
         assert np.all(np.abs(x - y) <= 4 * err + 1e-12), (f, x, y, err)
 
 
-@pytest.mark.parametrize("phi,norm,kappa,H", [("s**2", "per-head", 1.0, 2),
-                                              ("s**2", "per-head", 0.05, 1),
-                                              ("s**2*sigmoid(s)", "joint", 0.3, 2)])
+@pytest.mark.parametrize("phi,norm,kappa,H", [
+    ("s**2", "per-head", 1.0, 2), ("s**2", "per-head", 0.05, 1),
+    pytest.param("s**2*sigmoid(s)", "joint", 0.3, 2, marks=pytest.mark.slow)])
 def test_doubling_the_resolution_stays_within_abs_err(phi, norm, kappa, H):
     # small κ lets t = e^u reach ~1/κ, where e^{−tφ} is a narrow peak at the zero of φ: the
     # ladder must either resolve it or say so
