@@ -135,7 +135,10 @@ OWN: dict[str, dict[str, list]] = {
              "workdir": PATHS},
     "escape": {"label_noise": numbers(-1.0), "delta": numbers(0, -1.0),
                "D": [None, "100", [0], [100.5], [[100]], [1j], []], "direction": integers(0),
-               "points": integers(0), "dt": numbers(0, -1.0), "nonlinear": FLAGS},
+               "points": integers(0)[1:], "dt": numbers(0, -1.0), "nonlinear": FLAGS,
+               # escape's engines: a fixed Sobol set, rqmc, laplace, auto (no mc samples)
+               "engine": [3.0, "bogus", "mc", tk.Engine(None), ("tol", tk.Engine("rqmc", tol=0)),
+                          ("budget", tk.Engine("rqmc", budget=1000))]},
     "compare": {"data": [3, None, ["log.json"]], "gamma": numbers(0, -1.0, 1e200)[1:],
                 "D": integers(0)[1:], "time_unit": CHOICES[1:], "runs": integers(1),
                 "samples": integers(1), "ode_seeds": integers(1), "dt": numbers(0, -1.0),

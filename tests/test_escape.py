@@ -357,7 +357,10 @@ def test_escape_defaults_to_auto_and_records_the_engine():
     the choice recorded; an engine the linearisation cannot use is refused naming it."""
     import inspect
     import theory_kit as tk
-    assert inspect.signature(tk.escape).parameters["engine"].default == "auto"
+    assert inspect.signature(tk.escape).parameters["engine"].default is None   # auto
+    assert tk.escape("softmax", L=3, nu=[2, 2], H=2, gamma=1.0, T=4.0, dt=2.0, runs=10,
+                     D=[100], run=tk.Run(progress=False)).data["params"]["engine"]["engine"] \
+        == "laplace"
     act = SOFTMAX
     tk3 = task(3)
     start = symmetric_start(act, 2, 3)

@@ -274,7 +274,8 @@ def escape(activation: ActivationLike, *, L: int, nu: ArrayLike, gamma: float,
            Q0: ArrayLike | None = None, delta: float = 0.2, direction: int = 2,
            T: float = 400.0, runs: int = 2000, points: int | None = None, dt: float = 2.0,
            nonlinear: bool = False, seed: int = 0, rates: Rates = Rates(),
-           engine: EngineLike = "auto", lambda_rtol: float = LAMBDA_RTOL, run: Run = Run(),
+           engine: EngineLike | None = None, lambda_rtol: float = LAMBDA_RTOL,
+           run: Run = Run(),
            out: str | Path | None = None) -> Escape:
     """The predicted law of the specialisation time τ_f at finite D (docs/theory.md §8).
 
@@ -302,16 +303,16 @@ def escape(activation: ActivationLike, *, L: int, nu: ArrayLike, gamma: float,
         The threshold δ and the feature f (1-based) of τ_f.
     T, runs, dt : float, int, float
         Horizon, samples of the linear process per D and the time step.
-    engine : str or Engine
+    engine : str or Engine, optional
         The drift's engine, always paired with the head permutations so that the reference
-        trajectory stays head-symmetric: ``auto`` (default: ``laplace`` where it applies and
-        is faster at ``Engine.tol``, else ``rqmc``), ``rqmc`` (replicated Sobol sets grown to
+        trajectory stays head-symmetric: ``auto`` (the default, or ``sobol`` when ``points``
+        is given: ``laplace`` wherever it applies, else ``rqmc``), ``rqmc`` (replicated Sobol sets grown to
         ``Engine.tol`` along the trajectory, and at each Jacobian node until λ's error is
         below ``lambda_rtol``, within ``Engine.budget``), ``laplace``, or ``sobol`` (a fixed
         set of ``points`` scrambled Sobol points; λ's error from a quarter-size check).
     points : int, optional
-        The Sobol points of ``engine="sobol"`` (default 4096; refused with another engine,
-        which would not use them).
+        The Sobol points of ``engine="sobol"`` (default 4096); given alone, they select that
+        engine, and with another engine they are refused (it would not use them).
     lambda_rtol : float
         ``rqmc``: the target of λ(t)'s error at each Jacobian node, relative to
         max(|λ|, λ_max/10); the default 3e-3 puts 3σ at 1 %.
@@ -333,8 +334,8 @@ def escape(activation: ActivationLike, *, L: int, nu: ArrayLike, gamma: float,
 
     Examples
     --------
-    >>> esc = escape("softmax", L=2, nu=[2, 2], H=2, gamma=1.0, T=4, dt=1, engine="sobol",
-    ...              points=16, runs=10, D=[100], run=Run(progress=False))
+    >>> esc = escape("softmax", L=2, nu=[2, 2], H=2, gamma=1.0, T=4, dt=1, points=16, runs=10,
+    ...              D=[100], run=Run(progress=False))
     >>> [row["D"] for row in esc.per_D]
     [100]
     """
@@ -352,6 +353,8 @@ def escape(activation: ActivationLike, *, L: int, nu: ArrayLike, gamma: float,
         check_int(H, "H", 1)
     check_flag(nonlinear, "nonlinear")
     check_number(lambda_rtol, "lambda_rtol", above=0.0, maximum=1.0)
+    if engine is None:
+        engine = "auto" if points is None else "sobol"
     eng = as_engine(engine, ESCAPE_ENGINES)
     if points is not None and eng.name != "sobol":
         fail("points", f"sets the Sobol points of engine 'sobol' only (the engine is "

@@ -55,12 +55,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--T", type=float, default=400.0, help="horizon (runs not crossed by T are "
                                                           "counted as such)")
     p.add_argument("--runs", type=int, default=2000, help="samples of the linear process per D")
-    p.add_argument("--engine", default="auto", choices=ESCAPE_ENGINES,
-                   help="the drift's engine, paired with the head permutations: auto "
-                        "(laplace where it applies and is faster at --tol, else rqmc), rqmc "
+    p.add_argument("--engine", choices=ESCAPE_ENGINES,
+                   help="the drift's engine, paired with the head permutations: auto (the "
+                        "default, or sobol when --points is given: laplace wherever it "
+                        "applies, else rqmc), rqmc "
                         "(scrambled Sobol replicates grown to --tol, and at each Jacobian node "
                         "until lambda's error is below --lambda-rtol), laplace, or sobol (a "
-                        "fixed set of --points); default %(default)s")
+                        "fixed set of --points)")
     add_accuracy_args(p)
     p.add_argument("--lambda-rtol", type=float, default=LAMBDA_RTOL,
                    help="rqmc: error target of lambda(t) at each Jacobian node, relative to "
@@ -90,14 +91,22 @@ def run_escape(args: argparse.Namespace) -> int:
                         Q0=parse_json_array(args.Q0, "Q0", 2), delta=args.delta,
                         direction=args.direction, T=args.T, runs=args.runs, points=args.points,
                         dt=args.dt, nonlinear=args.nonlinear, seed=args.seed,
-                        rates=rates_of(args), engine=Engine(args.engine, tol=args.tol,
-                                                            budget=args.budget),
+                        rates=rates_of(args), engine=engine_option(args),
                         lambda_rtol=args.lambda_rtol, run=run_options(args), out=args.out)
     if args.json:
         print_json(result.data)
     else:
         print_table(result.data)
     return 0
+
+
+def engine_option(args: argparse.Namespace) -> Engine | None:
+    """The API's engine: None (auto, or sobol with --points) unless --engine, --tol or
+    --budget say more."""
+    if args.engine is None and args.tol == Engine.tol and args.budget == Engine.budget:
+        return None
+    name = args.engine or ("auto" if args.points is None else "sobol")
+    return Engine(name, tol=args.tol, budget=args.budget)
 
 
 def print_table(result: dict) -> None:
