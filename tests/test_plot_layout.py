@@ -228,6 +228,19 @@ def test_compare_title_gives_the_verdicts_worst_deviation(three_heads):
     assert star.get_xydata()[0].tolist() == [worst["t_max_z"], report["max_abs_z"]]
 
 
+def test_compare_png_names_the_directions_by_the_logs_prior(three_heads):
+    """compare.png's m panels say "constant"/"flipping direction" for the flipping prior only
+    (a Gaussian prior's directions are u_1, u_2); they said it whatever the prior."""
+    from theory_kit.userdata.comparison import report_figure
+    report, runs, fig = three_heads
+    assert "constant direction" in fig.axes[1].get_ylabel()
+    gaussian = {**report, "params": {**report["params"], "task": {
+        **report["params"]["task"], "prior": "gaussian"}}}
+    labels = [ax.get_ylabel() for ax in report_figure(gaussian, runs).axes]
+    assert not any("constant" in text or "flipping" in text for text in labels), labels
+    assert any("u_1" in text for text in labels) and any("u_2" in text for text in labels)
+
+
 @pytest.mark.slow
 def test_compare_png_of_the_golden_report_without_its_runs():
     # a report read back from its file has no simulated runs: the ODE ± the expected spread

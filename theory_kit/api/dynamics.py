@@ -306,10 +306,11 @@ def escape(activation: ActivationLike, *, L: int, nu: ArrayLike, gamma: float,
     engine : str or Engine, optional
         The drift's engine, always paired with the head permutations so that the reference
         trajectory stays head-symmetric: ``auto`` (the default, or ``sobol`` when ``points``
-        is given: ``laplace`` wherever it applies, else ``rqmc``), ``rqmc`` (replicated Sobol sets grown to
-        ``Engine.tol`` along the trajectory, and at each Jacobian node until λ's error is
-        below ``lambda_rtol``, within ``Engine.budget``), ``laplace``, or ``sobol`` (a fixed
-        set of ``points`` scrambled Sobol points; λ's error from a quarter-size check).
+        is given: ``laplace`` wherever it applies, else ``rqmc``), ``rqmc`` (replicated
+        Sobol sets grown to ``Engine.tol`` along the trajectory, and at each Jacobian node
+        until λ's error is below ``lambda_rtol``, within ``Engine.budget``), ``laplace``, or
+        ``sobol`` (a fixed set of ``points`` scrambled Sobol points; λ's error from a
+        quarter-size check).
     points : int, optional
         The Sobol points of ``engine="sobol"`` (default 4096); given alone, they select that
         engine, and with another engine they are refused (it would not use them).

@@ -183,6 +183,7 @@ class LogOverlay:
     threshold: float
     D: int
     n_runs: int
+    prior: str | None = None      # names the directions of the m panels (``panel_label``)
 
 
 def _draw_log_panel(ax: Axes, lo: LogOverlay, name: str) -> None:
@@ -199,7 +200,7 @@ def _draw_log_panel(ax: Axes, lo: LogOverlay, name: str) -> None:
                       series_style(j, n), series_label("ODE", j, n, SPREAD_TEXT))
         draw_lines(ax, lo.t, theory, "ODE", SPREAD_TEXT)
     draw_points(ax, lo.t, lo.data[name], "your run")
-    label_axes(ax, r"$t$ = steps / $D$", PANEL_LABELS[name], legend=False)
+    label_axes(ax, r"$t$ = steps / $D$", panel_label(name, lo.prior), legend=False)
 
 
 def _draw_verdict_panel(ax: Axes, lo: LogOverlay) -> None:
