@@ -478,7 +478,7 @@ def figure_comparison(report: dict, runs: dict[str, np.ndarray] | None = None) -
         z=z, worst={**report["worst"], "max_abs_z": report["max_abs_z"]},
         verdict=report["verdict"], threshold=report["threshold"],
         D=report["params"]["settings"]["D"], n_runs=report["params"]["settings"]["runs"],
-        prior=report["params"]["task"].get("prior"))
+        prior=report["params"].get("task", {}).get("prior"))
 
 
 def report_figure(report: dict, runs: dict[str, np.ndarray] | None = None) -> Figure:
