@@ -119,8 +119,8 @@ def replicate_error(influence: np.ndarray) -> float:
 
     Examples
     --------
-    >>> replicate_error(np.array([-0.1, 0.1, 0.0, 0.0]))
-    0.04082482904638631
+    >>> round(replicate_error(np.array([-0.1, 0.1, 0.0, 0.0])), 12)     # √(0.02/12)
+    0.040824829046
     """
     R = len(influence)
     return float(np.sqrt(np.sum(np.square(influence)) / (R * (R - 1))))
@@ -283,7 +283,16 @@ def linearise(task: Task, act: Activation, start: State, gamma: float, T: float,
 
 
 def frozen_points(engine: object) -> ContextManager:
-    """The engine's ``frozen`` block (no growth of its points) or, for fixed engines, none."""
+    """The engine's ``frozen`` block (no growth of its points) or, for fixed engines, none.
+
+    >>> from theory_kit.expect.rqmc import AdaptiveQmcDrift
+    >>> eng = AdaptiveQmcDrift()
+    >>> with frozen_points(eng):
+    ...     eng._frozen
+    True
+    >>> with frozen_points(object()):
+    ...     pass
+    """
     frozen = getattr(engine, "frozen", None)
     return frozen() if frozen is not None else nullcontext()
 
