@@ -123,6 +123,7 @@ def ode(activation: ActivationLike, *, L: int, nu: ArrayLike, gamma: float | Non
 
     Examples
     --------
+    >>> from theory_kit.options import Engine
     >>> tr = ode("softmax", H=2, L=3, nu=[2, 2], gamma=1, T=1, D=1000, times=[0, 1],
     ...          engine=Engine("mc", samples=500), run=Run(progress=False))
     >>> tr.M.shape
