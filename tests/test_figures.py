@@ -389,3 +389,17 @@ def test_head_figure_names_the_unspecialised_phase_only_when_it_is_drawn():
         names = [x.get_text() for x in fig.legends[0].get_texts()]
         assert ("unspecialised" in names) is shown, (taus, names)
         plt.close(fig)
+
+
+def test_a_figure_says_which_directions_the_drift_watch_flagged():
+    """The ODE pieces' drift-watch warnings (directions decided by sampling error) reach the
+    figure's JSON and caption; before, only the largest drift error did, and a figure whose
+    head order was set by sampling noise said nothing of it."""
+    from theory_kit.figures.panels import accuracy_sentence, drift_accuracy
+    pieces = [{"drift_err": [1e-5], "params": {"engine": {"engine": "sobol"}},
+               "stats": {"warnings": ["m_{1,1} - m_{2,1}: decided by sampling error"]}},
+              {"drift_err": [2e-5], "params": {"engine": {"engine": "sobol"}}}]
+    acc = drift_accuracy(pieces)
+    assert acc["meets_tol"] and acc["watch_warnings"] == pieces[0]["stats"]["warnings"]
+    assert "flagged 1 direction(s)" in accuracy_sentence({"drift_accuracy": acc})
+    assert "flagged" not in accuracy_sentence({"drift_accuracy": drift_accuracy(pieces[1:])})

@@ -641,16 +641,19 @@ def drift_accuracy(trajectories: Sequence[dict]) -> dict:
     --------
     >>> acc = drift_accuracy([{"drift_err": [1e-5, 3e-4], "params": {"engine": {"engine":
     ...                         "sobol"}}}])
-    >>> acc["engines"], acc["largest_error"], acc["meets_tol"]
-    (['sobol'], 0.0003, False)
+    >>> acc["engines"], acc["largest_error"], acc["meets_tol"], acc["watch_warnings"]
+    (['sobol'], 0.0003, False, [])
     """
     errors = [float(np.nanmax(np.asarray(tr["drift_err"], dtype=float)))
               for tr in trajectories if np.size(tr.get("drift_err", []))]
     engines = sorted({str(tr.get("params", {}).get("engine", {}).get("engine", "unknown"))
                       for tr in trajectories})
     largest = max(errors) if errors else float("nan")
+    # the drift watch's messages (``dynamics.drift_watch``): directions of the curves decided
+    # by sampling error, which the figure must say even where the largest error looks small
+    warnings = [w for tr in trajectories for w in tr.get("stats", {}).get("warnings", [])]
     return {"engines": engines, "largest_error": largest, "tol": DEFAULT_TOL,
-            "meets_tol": bool(largest <= DEFAULT_TOL)}
+            "meets_tol": bool(largest <= DEFAULT_TOL), "watch_warnings": warnings}
 
 
 def accuracy_sentence(data: dict) -> str:
@@ -668,9 +671,12 @@ def accuracy_sentence(data: dict) -> str:
     if not acc or not np.isfinite(acc["largest_error"]):
         return ""
     where = "within" if acc["meets_tol"] else "above"
+    flagged = len(acc.get("watch_warnings", []))
+    watch = (f" The drift watch flagged {flagged} direction(s) of the curves as decided by "
+             "sampling error (listed in the JSON)." if flagged else "")
     return (f" ODE drifts on {', '.join(acc['engines'])}: largest error estimate of a drift "
             f"component along the curves {acc['largest_error']:.0e} ({where} the default "
-            f"target {acc['tol']:.0e}).")
+            f"target {acc['tol']:.0e})." + watch)
 
 
 def heads_draw(data: dict, titles: Sequence[str], suptitle: str, columns: int) -> Figure:
