@@ -135,20 +135,26 @@ def test_negative_phi_is_refused_and_positive_phi_with_kappa_zero_still_runs():
 
 
 # ----------------------------------------------------------------------------- numbers
+def _assert_one_head_matches_trapezoid(act, task, state: str, steps: tuple[float, float]):
+    """laplace at one head against the tensor trapezoid at two steps (which must agree to
+    < 1e−10 themselves): its abs_err < 1e−8 and its values within 1e−10 of the finer one."""
+    M, Q, b = _state(state, 1)
+    a = act.a_default(1, task.L)
+    lap = LaplaceDrift().evaluate(task, act, M, Q, a, b)
+    ref = _TensorTrapezoid(steps[0]).evaluate(task, act, M, Q, a, b)
+    ref2 = _TensorTrapezoid(steps[1]).evaluate(task, act, M, Q, a, b)
+    assert np.max(np.abs(_flat(ref) - _flat(ref2))) < 1e-10
+    assert np.max(_flat_err(lap)) < 1e-8
+    assert np.max(np.abs(_flat(lap) - _flat(ref))) < 1e-10, _flat(lap) - _flat(ref)
+
+
 @pytest.mark.parametrize("phi,state", [
     ("s**2", "generic"), pytest.param("s**2", "bias", marks=pytest.mark.slow),
     ("s**2*sigmoid(s)", "bias"), pytest.param("1 + tanh(s)", "bias", marks=pytest.mark.slow)])
 def test_one_head_against_the_tensor_trapezoid(phi, state):
     # H = 1, L = 3 (3-D, ~1e6 nodes): steps 0.15 and 0.12 agree to < 1e−10, laplace to them
     act, task = _case(phi, L=3)
-    M, Q, b = _state(state, 1)
-    a = act.a_default(1, 3)
-    lap = LaplaceDrift().evaluate(task, act, M, Q, a, b)
-    ref = _TensorTrapezoid(0.12).evaluate(task, act, M, Q, a, b)
-    ref2 = _TensorTrapezoid(0.15).evaluate(task, act, M, Q, a, b)
-    assert np.max(np.abs(_flat(ref) - _flat(ref2))) < 1e-10
-    assert np.max(_flat_err(lap)) < 1e-8
-    assert np.max(np.abs(_flat(lap) - _flat(ref))) < 1e-10, _flat(lap) - _flat(ref)
+    _assert_one_head_matches_trapezoid(act, task, state, steps=(0.12, 0.15))
 
 
 @pytest.mark.parametrize("kappa,state", [
@@ -159,14 +165,7 @@ def test_small_kappa_against_the_tensor_trapezoid(kappa, state):
     # ~30/κ, where e^{−tφ} is a peak of half-width ~√(κ/30) at the zero of φ; the score rules
     # are refined for it (``zeros.zero_resolution``: 12.5× at κ = 0.01)
     act, task = _case("s**2", kappa=kappa, L=2)
-    M, Q, b = _state(state, 1)
-    a = act.a_default(1, 2)
-    lap = LaplaceDrift().evaluate(task, act, M, Q, a, b)
-    ref = _TensorTrapezoid(0.01).evaluate(task, act, M, Q, a, b)
-    ref2 = _TensorTrapezoid(0.015).evaluate(task, act, M, Q, a, b)
-    assert np.max(np.abs(_flat(ref) - _flat(ref2))) < 1e-10
-    assert np.max(_flat_err(lap)) < 1e-8
-    assert np.max(np.abs(_flat(lap) - _flat(ref))) < 1e-10, _flat(lap) - _flat(ref)
+    _assert_one_head_matches_trapezoid(act, task, state, steps=(0.01, 0.015))
 
 
 @pytest.mark.slow

@@ -70,7 +70,7 @@ def predict(lin: Linearisation, system: OdeSystem, D_values: list[int], runs: in
         second = cov + np.einsum("ti,tj->tij", mu, mu)
         for key, a_s in (("continued", switch), ("continued_half", switch / 2)):
             maps[key] = build_map(lin, system, sampled, second, f, delta, a_s, map_nodes, map_dt)
-    rel_lam = lambda_relative_error(lin)
+    rel_lam = lin.lambda_relative_error()
     per_D = [prediction_row(lin, D, spreads, xi0, f, delta, maps, cov, x0 is None)
              for D, xi0, spreads in sampled]
     out = {"per_D": per_D, "delta": delta, "direction": f + 1, "runs": runs,
@@ -79,17 +79,6 @@ def predict(lin: Linearisation, system: OdeSystem, D_values: list[int], runs: in
     if continuation:
         out["maps"] = {k: {"t1": m.t1, "tau": m.tau, "switch": m.switch} for k, m in maps.items()}
     return out
-
-
-def lambda_relative_error(lin: Linearisation) -> float:
-    """λ's error relative to λ at the middle node: the replicates' error there with
-    replicated points, else the Sobol check; ⊕ the finite-difference error."""
-    err = lin.errors
-    if "lambda_err" in err:
-        sampling = float(err["lambda_err"][len(err["lambda_err"]) // 2])
-    else:
-        sampling = err.get("sampling_err", 0.0)
-    return math.hypot(sampling, err.get("fd_err", 0.0)) / abs(err.get("lambda_mid", np.inf))
 
 
 def prediction_row(lin: Linearisation, D: int, spreads: np.ndarray, xi0: np.ndarray, f: int,

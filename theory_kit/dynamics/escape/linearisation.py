@@ -165,6 +165,16 @@ class Linearisation:
             mu[k + 1] = self.A[k] @ mu[k]
         return mu
 
+    def lambda_relative_error(self) -> float:
+        """λ's error relative to λ at the middle node: the replicates' error there with
+        replicated points, else the Sobol check; ⊕ the finite-difference error."""
+        err = self.errors
+        if "lambda_err" in err:
+            sampling = float(err["lambda_err"][len(err["lambda_err"]) // 2])
+        else:
+            sampling = err.get("sampling_err", 0.0)
+        return math.hypot(sampling, err.get("fd_err", 0.0)) / abs(err.get("lambda_mid", np.inf))
+
     def lambda_tau_error(self, tau: float) -> float:
         """The error of a crossing time τ from the error of the linearisation's rates.
 
@@ -178,8 +188,7 @@ class Linearisation:
             return 0.0
         err = self.errors
         if "lambda_influence" not in err:
-            lam_err = math.hypot(err.get("sampling_err", 0.0), err.get("fd_err", 0.0))
-            return abs(tau) * lam_err / abs(err.get("lambda_mid", np.inf))
+            return abs(tau) * self.lambda_relative_error()
         lam_tau = float(np.interp(tau, self.t, self.lam))
         if lam_tau <= 0:
             return float("inf")
