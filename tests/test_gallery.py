@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import theory_kit as tk
+from theory_kit.asymptotic.certificate import STABLE_KINDS
 from theory_kit.figures import gallery
 from theory_kit.figures.captions import PAPER_CAPTIONS
 from theory_kit.io.results import to_jsonable, write_json
@@ -147,6 +148,35 @@ def test_each_committed_data_file_loads_at_the_captions_settings():
         assert path.stat().st_size <= LIMITS.data_bytes * 1.05, path.name
         total += png.stat().st_size + path.stat().st_size
     assert total <= LIMITS.total_bytes
+
+
+def test_the_committed_fig4_carries_a_certificate_for_every_run_and_reaches_bayes_at_h8():
+    """Fig. 4 in full (issue #40): 135 runs (9 points × 3 activations × 5 runs), each with
+    the kind of fixed point its certificate found, its drift norm and its lowest Hessian
+    eigenvalue; a run counted as certified is a stable kind with a drift inside its
+    tolerance; the best certified B-softmax run at H = 8 (as many heads as the 8 atoms of
+    F = 4) ends at the Bayes error within 1e-5 and the errors of both."""
+    path = GALLERY / "fig4.json"
+    if not path.is_file():
+        pytest.skip("Fig. 4 is not in the gallery yet")
+    data = tk.load(path).record["data"]
+    runs = [(row, name, i) for row in data["rows"] for name in data["activations"]
+            for i in range(len(row["activations"][name]["einf_runs"]))]
+    assert len(runs) == 135
+    for row, name, i in runs:
+        d = row["activations"][name]
+        where = f"{row['panel']} = {row['x']}, {name}, run {i}"
+        assert d["kind"][i] is not None, where
+        assert d["drift_norm"][i] is not None and np.isfinite(d["drift_norm"][i]), where
+        if d["converged"][i]:
+            assert d["kind"][i] in STABLE_KINDS, where
+    h8 = next(r for r in data["rows"] if r["panel"] == "H" and r["H"] == 8)
+    d, bayes = h8["activations"]["bsoftmax"], h8["bayes"]
+    certified = [i for i, ok in enumerate(d["converged"]) if ok]
+    assert certified, "no certified B-softmax run at H = 8"
+    best = min(certified, key=lambda i: d["einf_runs"][i])
+    gap = abs(d["einf_runs"][best] - bayes["error"])
+    assert gap < 1e-5 + 4 * np.hypot(d["abs_err"][best], bayes["abs_err"])
 
 
 # ----------------------------------------------------------------------------- the build
