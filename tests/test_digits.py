@@ -151,7 +151,7 @@ def test_trained_heads_are_closer_to_templates_than_random_keys(uci):
 # ----------------------------------------------------------------------------- figures
 @pytest.mark.parametrize("number", [pytest.param(5, marks=pytest.mark.slow), 7])
 def test_quick_figure_writes_png_and_json(tmp_path, number):
-    from theory_kit.figures import panels, runner
+    from theory_kit.figures import fig5, panels, runner
     png, js = runner.run_figure(number, quick=True, out=tmp_path, log=lambda _: None)
     assert png.stat().st_size > 10_000
     data = read_json(js)["data"]
@@ -159,7 +159,11 @@ def test_quick_figure_writes_png_and_json(tmp_path, number):
         rows = data["rows"]
         assert [r["setting"]["activation"] for r in rows] == ["softmax", "softmax1", "bsoftmax"]
         for row in rows:
-            assert 0.3 < row["E_inf_mean"] < 0.9 and row["E_inf_sem"] > 0
+            assert row["converged"] == fig5.converged_runs(row, data["params"]["settle_tol"])
+            if any(row["converged"]):
+                assert 0.3 < row["E_inf_mean"] < 0.9 and row["E_inf_sem"] > 0
+            # the paired change has an error below E∞'s own
+            assert max(row["E_change_stderr"]) < min(row["E_inf_mc_stderr"])
             assert np.asarray(row["key_images"]).shape == (2, 10, 64)
         assert data["random_baseline_cosine"] == pytest.approx(0.22, abs=0.03)
     else:
@@ -189,3 +193,20 @@ def test_cli_data_option(tmp_path, capsys):
     params = read_json(tmp_path / "fig7_quick.json")["data"]["params"]
     assert params["data"] == str(good) and params["task"]["D"] == 16
     assert params["task"]["F"] == 16 - 10 - 1  # D − H − 1 caps the directions
+
+
+def test_fig5_averages_only_the_converged_runs():
+    """fig5.summarise: a run whose E still fell by more than settle_tol over the check window
+    (beyond 2 paired errors) is kept in the data, flagged, and left out of the mean."""
+    from theory_kit.figures import fig5
+    piece = {"setting": {"activation": "softmax"}, "E_inf": [0.70, 0.72, 0.90],
+             "E_inf_mc_stderr": [0.003] * 3, "E_change": [-0.004, -0.013, -0.05],
+             "E_change_stderr": [0.001, 0.002, 0.001], "error_curves": np.ones((3, 5))}
+    row = fig5.summarise(piece, settle_tol=0.01)
+    assert row["converged"] == [True, True, False]
+    assert row["E_inf_mean"] == pytest.approx(0.71)
+    assert row["E_inf_sem"] == pytest.approx(0.01)           # std 0.01·√2 over √2 runs
+    alone = fig5.summarise({**piece, "E_change": [-0.04, -0.013, -0.05]}, settle_tol=0.01)
+    assert alone["E_inf_mean"] == 0.72 and alone["E_inf_sem"] == 0.003
+    none = fig5.summarise({**piece, "E_change": [-0.04, -0.03, -0.05]}, settle_tol=0.01)
+    assert none["E_inf_mean"] is None and none["E_inf_sem"] is None

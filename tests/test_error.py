@@ -192,3 +192,30 @@ def test_bayes_error_quad_matches_mpmath(prior, kw):
     ref = err.bayes_error(task, method="mpmath")
     assert abs(err.bayes_error(task, method="quad").value - ref.value) < 1e-10
     assert ref.abs_err < 1e-12  # tower-property gap at 30 digits
+
+
+@pytest.mark.parametrize("name,factor", [("softmax", 1.01), ("bsoftmax", 1.1)])
+def test_the_paired_change_of_e_matches_quadrature_and_is_the_difference_of_estimates(name,
+                                                                                       factor):
+    """population_error_change_mc: on E∞'s own draws it is exactly the difference of the two
+    Monte Carlo estimates, its (paired) error is far below theirs, and it agrees with the
+    difference of two deterministic quadratures within 4 of its errors."""
+    task, act = Task(3, make_prior("flipping", nu=[2.0, 2.0])), get_activation(name)
+    M = np.array([[1.5, 0.3], [1.2, -0.4]])
+    a, b = (State(M * f, f * f * M @ M.T + np.eye(2), np.ones(2), np.array([0.2, -0.1]))
+            for f in (1.0, factor))
+    change = err.population_error_change_mc(task, act, a, b, n=40_000, seed=3)
+    apart = [err.population_error_mc(task, act, s, n=40_000, seed=3) for s in (a, b)]
+    assert change.value == pytest.approx(apart[1].value - apart[0].value, abs=1e-13)
+    assert change.abs_err < 0.2 * apart[0].abs_err
+    exact = [err.population_error_quad(task, act, s) for s in (a, b)]
+    assert abs(change.value - (exact[1].value - exact[0].value)) < 4 * change.abs_err + 1e-9
+    assert abs(change.value) > 5 * change.abs_err        # the test can see a change at all
+
+
+def test_the_paired_change_refuses_states_of_different_heads():
+    task, act = Task(3, make_prior("flipping", nu=[2.0, 2.0])), get_activation("softmax")
+    one = State(np.array([[1.0, 0.0]]), np.eye(1), np.ones(1))
+    two = State(np.array([[1.0, 0.0], [0.0, 1.0]]), np.eye(2), np.ones(2))
+    with pytest.raises(ValidationError, match="after: must have as many heads as before"):
+        err.population_error_change_mc(task, act, one, two, n=100)

@@ -329,6 +329,7 @@ def test_fig4():
     def point(panel, x, scale):
         runs = {name: {"einf": scale * (i + 1), "einf_runs": [scale * (i + 1)] * 2,
                        "converged": [True, i != 1], "group": [0, i % 2],
+                       "abs_err": [scale * 0.01] * 2,
                        "kind": [None, RUNOFF if i == 2 else None]}
                 for i, name in enumerate(names)}
         return {"panel": panel, "x": x, "activations": runs, "bayes": {"error": scale / 10}}
@@ -340,6 +341,11 @@ def test_fig4():
     fig = fig4.draw(data)
     assert_clean(fig)
     assert {"not certified", "keys diverged"} <= set(legend_texts(fig))
+    # E∞ rises from softmax to B-softmax in these data: the order is resolved nowhere
+    assert "softmax > softmax-1 > B-softmax by > 2 errors at 0 of 4 points" in \
+        fig._suptitle.get_text()
+    falling = {**data, "activations": names[::-1]}
+    assert "at 4 of 4 points" in fig4.draw(falling)._suptitle.get_text()
 
 
 def test_fig5():
@@ -351,13 +357,19 @@ def test_fig5():
                          "cosines": [[0.5] * H]},
              "t": np.linspace(0, 100, 11), "error_curve_mean": 0.8 - 0.01 * i * np.arange(11),
              "E_inf": [0.7 - 0.05 * i, 0.72 - 0.05 * i], "E_inf_mean": 0.71 - 0.05 * i,
-             "E_inf_sem": 0.01} for i, label in enumerate(labels)]
+             "E_inf_sem": 0.01, "converged": [True, True]} for i, label in enumerate(labels)]
+    rows[1].update(converged=[True, False], E_inf_mean=0.65, E_inf_sem=0.002)
+    rows[2].update(converged=[False, False], E_inf_mean=None, E_inf_sem=None)
     data = {"rows": rows, "image_shape": [8, 8], "chance_error": 0.8,
             "templates": {"classes": list(range(10)), "images": rng.standard_normal((10, 64))},
             "params": {"H": H, "L": 5, "nu": 10.0, "D": 64, "gamma": 1.0, "T": 100.0,
                        "runs": 2},
             "random_baseline_cosine": 0.2}
-    assert_clean(fig5.draw(data))
+    fig = fig5.draw(data)
+    assert_clean(fig)
+    assert {"not converged (left out)", "mean ± s.e.m. over converged runs"} <= set(
+        legend_texts(fig))
+    assert any(t.get_text() == "no run\nconverged" for t in fig.axes[-1].texts)
 
 
 def test_fig6():

@@ -14,7 +14,7 @@ cases), ``auto`` (the most accurate one that is fast for the case at hand).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import ClassVar, cast
+from typing import Callable, ClassVar, cast
 
 import numpy as np
 from scipy import special
@@ -133,24 +133,91 @@ def population_error_mc(task: Task, act: Activation, state: State, n: int = 200_
     n, seed = check_samples(n), check_seed(seed)
     check_state_for_task(state, task)
     check_monte_carlo(n, state.H, task.L)
-    rng = np.random.default_rng(seed)
+    loss = _squared_residual_of(act, state)
+    total, sq = _mc_average(task, state.H, n, seed, loss)
+    return ErrorValue(task.delta + total, sq, "mc", {"n_samples": n, "seed": seed})
+
+
+def population_error_change_mc(task: Task, act: Activation, before: State, after: State,
+                               n: int = 200_000, seed: int = 0) -> ErrorValue:
+    r"""E(after) − E(before) by Monte Carlo on common samples, with the paired standard error.
+
+    Both errors are averaged over the same draws (those of :func:`population_error_mc` with
+    this ``n`` and ``seed``), so the value is exactly the difference of those two estimates,
+    while its error is that of the per-sample difference |e_after|² − |e_before|²: for two
+    nearby states far below the error of either estimate alone.  Δ cancels.
+
+    Parameters
+    ----------
+    task, act : the task and the activation of both states.
+    before, after : State
+        Two states of the same number of heads H.
+    n : int
+        Samples (>= 2).
+    seed : int
+        Seed (>= 0).
+
+    Returns
+    -------
+    ErrorValue
+        ``value`` the change of E, ``abs_err`` its standard error, method ``"mc-paired"``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from theory_kit.model.activations import get_activation
+    >>> from theory_kit.model.priors import make_prior
+    >>> task, act = Task(3, make_prior("flipping", nu=[2.0, 2.0])), get_activation("softmax")
+    >>> M = np.array([[1.5, 0.3], [1.2, -0.4]])
+    >>> a, b = (State(M * f, f * f * M @ M.T + np.eye(2), np.ones(2)) for f in (1.0, 1.01))
+    >>> change = population_error_change_mc(task, act, a, b, n=20_000, seed=1)
+    >>> apart = [population_error_mc(task, act, s, n=20_000, seed=1) for s in (a, b)]
+    >>> bool(abs(change.value - (apart[1].value - apart[0].value)) < 1e-12)
+    True
+    >>> bool(change.abs_err < 0.1 * apart[0].abs_err)
+    True
+    """
+    n, seed = check_samples(n), check_seed(seed)
+    check_state_for_task(before, task)
+    check_state_for_task(after, task)
+    if after.H != before.H:
+        fail("after", f"must have as many heads as before ({before.H})", after.H)
+    check_monte_carlo(n, before.H, task.L)
+    loss_before, loss_after = _squared_residual_of(act, before), _squared_residual_of(act, after)
+    total, sq = _mc_average(task, before.H, n, seed,
+                            lambda smp: loss_after(smp) - loss_before(smp))
+    return ErrorValue(total, sq, "mc-paired", {"n_samples": n, "seed": seed})
+
+
+def _squared_residual_of(act: Activation, state: State) -> Callable[[mc.Samples], np.ndarray]:
+    """|e|² per sample (shape (n,)) of the state's attention weights on drawn samples."""
     kern = kernels.sample_kernels(act)
-    total, sq = 0.0, 0.0
-    chunk = max(1, min(n, 2_000_000 // max(1, state.H * task.L * 8)))
+
+    def loss(smp: mc.Samples) -> np.ndarray:
+        S, _ = mc.scores(smp, state.M, state.Q)
+        return squared_residual(kern.weights(S, state.b, np.diag(state.Q), state.a)[3])
+    return loss
+
+
+def _mc_average(task: Task, H: int, n: int, seed: int,
+                values: Callable[[mc.Samples], np.ndarray]) -> tuple[float, float]:
+    """The θ-stratified mean of ``values`` over n draws of the task at H heads, and its
+    standard error; drawn in chunks that bound the memory (the same draws for a given
+    ``(n, seed, H)``, which is what pairs two states)."""
+    rng = np.random.default_rng(seed)
+    chunk = max(1, min(n, 2_000_000 // max(1, H * task.L * 8)))
     done = 0
     means, errs = [], []
     while done < n:
         m = min(chunk, n - done)
-        smp = mc.draw_samples(task.prior, state.H, task.L, m, rng)
-        S, _ = mc.scores(smp, state.M, state.Q)
-        w = kern.weights(S, state.b, np.diag(state.Q), state.a)[3]
-        mean, se = mc.weighted_mean(smp, squared_residual(w))
+        smp = mc.draw_samples(task.prior, H, task.L, m, rng)
+        mean, se = mc.weighted_mean(smp, values(smp))
         means.append((m, float(mean)))
         errs.append((m, float(se)))
         done += m
     total = sum(k * v for k, v in means) / n
     sq = np.sqrt(sum((k * e) ** 2 for k, e in errs)) / n
-    return ErrorValue(task.delta + total, float(sq), "mc", {"n_samples": n, "seed": seed})
+    return float(total), float(sq)
 
 
 def population_error_quad(task: Task, act: Activation, state: State,

@@ -316,6 +316,45 @@ def summarise_runs(runs: list[EinfRun], task: Task) -> dict:
             "saddles_passed": [0 if r.fixed is None else len(r.fixed.saddles) for r in runs]}
 
 
+def einf_error(d: dict) -> tuple[float, float | None]:
+    """E∞ of one (point, activation) of Fig. 4 and its error: the largest error of the runs
+    it averages (the certified runs of the lowest fixed point) or their spread, whichever is
+    larger; None when a run has no error bar.
+
+    >>> einf_error({"einf": 0.5, "einf_runs": [0.5, 0.5001], "converged": [True, True],
+    ...             "group": [0, 0], "abs_err": [1e-4, 2e-4]})
+    (0.5, 0.0002)
+    """
+    values = np.asarray(d["einf_runs"], dtype=float)
+    ok, group = d["converged"], d.get("group", [0] * len(values))
+    best = min((g for g, c in zip(group, ok) if c), default=None)
+    chosen = [i for i in range(len(values)) if best is None or (ok[i] and group[i] == best)]
+    errors = [d["abs_err"][i] for i in chosen]
+    if any(e is None or not np.isfinite(e) for e in errors):
+        return float(d["einf"]), None
+    spread = float(np.std(values[chosen])) if len(chosen) > 1 else 0.0
+    return float(d["einf"]), max(max(errors), spread)
+
+
+def ordered_points(data: dict, sigmas: float = 2.0) -> tuple[int, int]:
+    """At how many of the figure's points E∞ falls from each activation to the next (in the
+    order of ``data["activations"]``: softmax, softmax-1, B-softmax) by more than ``sigmas``
+    errors of the difference, and at how many points in all.
+
+    >>> run = {"einf_runs": [0.4], "converged": [True], "abs_err": [0.01]}
+    >>> row = {"activations": {"softmax": {**run, "einf": 0.45}, "bsoftmax": {**run, "einf": 0.4}}}
+    >>> ordered_points({"activations": ["softmax", "bsoftmax"], "rows": [row]})
+    (1, 1)
+    """
+    names, ordered = data["activations"], 0
+    for row in data["rows"]:
+        pairs = [(einf_error(row["activations"][a]), einf_error(row["activations"][b]))
+                 for a, b in zip(names, names[1:])]
+        ordered += all(sa is not None and sb is not None and ea - eb > sigmas * np.hypot(sa, sb)
+                       for (ea, sa), (eb, sb) in pairs)
+    return ordered, len(data["rows"])
+
+
 def draw(data: dict) -> Figure:
     """Left: E∞ against H; right: E∞ against ν; runs as small dots, means as lines."""
     fig, (left, right) = new_figure(1, 2, panel_size=(3.6, 2.9))
@@ -352,8 +391,10 @@ def draw(data: dict) -> Figure:
                f"F = {plan_['F_right']}, H = {plan_['H_right']}, L = {plan_['L']}", legend=False)
     done = sum(sum(d["converged"]) for r in data["rows"] for d in r["activations"].values())
     total = sum(len(d["converged"]) for r in data["rows"] for d in r["activations"].values())
+    ordered, points = ordered_points(data)
     fig.suptitle(f"Fig. 4: E∞ (gradient flow, solved fixed points); {done}/{total} runs "
-                 "certified", fontsize=9)
+                 f"certified\n{' > '.join(LABELS.get(n, n) for n in data['activations'])} "
+                 f"by > 2 errors at {ordered} of {points} points", fontsize=9)
     _glyph_legend(left, data)
     legend_under_figure(fig, [left, right], ncol=4)
     return fig

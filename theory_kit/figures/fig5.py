@@ -10,11 +10,14 @@ D = 64 (the pixels), directions = the F = 50 leading principal components (99.95
 variance).  H = 10 heads, η = 1, brute-force online SGD with key step γ/D, time t = steps/D.
 Full: γ = 0.5, T = 4000 (256,000 steps), 4 runs per activation; quick: γ = 2, T = 100,
 2 runs.  E^σ_∞ is the population error of the final keys, estimated per run by Monte Carlo
-on fresh samples of the exact score law (20,000 draws; 4,000 quick); we show the mean over
-runs ± its standard error.  The keys shown are Σ_f m_{hf} u_f (the part of k_h in the data
-span) for the first run, labelled with the class of the nearest class-mean template and the
-cosine.  The middle panel (ours) is the population error along training, to show that the
-error has levelled off.
+on fresh samples of the exact score law (20,000 draws; 4,000 quick).  E at T is E∞ only if
+training has converged, so each run is checked: E(T) − E(3T/4), on the same draws (paired, so
+its error is far below E's own), must not fall below −0.01 by more than two standard errors
+(:func:`converged_runs`).  We show the mean over the converged runs ± its standard error; a
+run still falling is drawn hollow and left out of the mean.  The keys shown are
+Σ_f m_{hf} u_f (the part of k_h in the data span) for the first run, labelled with the class of
+the nearest class-mean template and the cosine.  The middle panel (ours) is the population
+error along training.
 """
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.gridspec import SubplotSpec
 
-from ..expect.error import population_error_mc
+from ..expect.error import population_error_change_mc, population_error_mc
 from ..model.state import State
 from . import digits
 from .digitsim import DigitSetup, DigitSimPiece, data_fingerprint
@@ -37,7 +40,9 @@ NUMBER = 5
 CAPTION = ("Digit-detection task (UCI 8×8 digits offline, or --data): left, the learned keys "
            "k_h (H = 10, their part in the data span) as images with their nearest class "
            "template and cosine; middle, population error along training; right, the achieved "
-           "error E∞ per activation (mean over runs ± standard error, MC on fresh samples). "
+           "error E∞ per activation (MC on fresh samples): mean ± standard error over the runs "
+           "that have converged, that is whose error fell by at most 0.01 over the last quarter "
+           "of training (paired MC, 2σ); a run still falling is drawn hollow and left out. "
            "ν = 10, L = 5, D = 64, F = 50 principal directions, η = 1, brute-force SGD, "
            "t = steps/64; full: γ = 0.5, T = 4000, 4 runs; quick: γ = 2, T = 100, 2 runs.")
 ACTIVATIONS = ("softmax", "softmax1", "bsoftmax")
@@ -56,6 +61,11 @@ class Plan:
     n_times: int
     mc_samples: int
     error_samples: int = 256
+    # The convergence check: a run has converged when E fell by at most settle_tol over the
+    # last check_fraction of training (paired MC, judged at 2σ).  0.01 is a tenth of the
+    # smallest gap between the activations' E∞ that the figure is about (~0.06).
+    check_fraction: float = 0.25
+    settle_tol: float = 0.01
 
 
 FULL = Plan(gamma=0.5, T=4000.0, runs=4, n_times=41, mc_samples=20_000)
@@ -68,6 +78,7 @@ class KeysPiece(DigitSimPiece):
     nearest class templates."""
 
     mc_samples: int = 20_000
+    check_fraction: float = 0.25
 
     def run(self, path: Path, progress: bool, dtask: digits.DigitTask | None = None) -> dict:
         dtask, cfg, res = self.simulate(path, dtask)
@@ -76,9 +87,17 @@ class KeysPiece(DigitSimPiece):
                   for r in range(self.runs)]
         errors = [population_error_mc(dtask.task, act, st, n=self.mc_samples,
                                       seed=self.seed * 1000 + r) for r, st in enumerate(finals)]
+        # the first record from (1 − check_fraction)·T on: the window is at most that fraction
+        k = int(np.argmax(np.asarray(res.t) >= (1 - self.check_fraction) * self.T * (1 - 1e-12)))
+        # E(T) − E(t_check) on E∞'s own draws: paired, so far more precise than either
+        changes = [population_error_change_mc(
+            dtask.task, act, State(res.M[r, k], res.Q[r, k], res.a[r, k], res.b[r, k]), st,
+            n=self.mc_samples, seed=self.seed * 1000 + r) for r, st in enumerate(finals)]
         keys = dtask.keys_to_pixels(res.M[:, -1])
         out = {"setting": self.params(), "t": res.t, "error_curves": res.error,
                "E_inf": [e.value for e in errors], "E_inf_mc_stderr": [e.abs_err for e in errors],
+               "check_time": float(res.t[k]), "E_change": [c.value for c in changes],
+               "E_change_stderr": [c.abs_err for c in changes],
                "key_images": keys, "key_norms": np.sqrt(np.einsum("rhh->rh", res.Q[:, -1])),
                "b": res.b[:, -1], "matches": None}
         if dtask.data.labels is not None:
@@ -93,7 +112,8 @@ def plan(quick: bool) -> Plan:
 
 def pieces(p: Plan, setup: DigitSetup, fingerprint: str) -> list[KeysPiece]:
     return [KeysPiece(setup, fingerprint, act, p.gamma, p.T, p.runs, p.n_times, seed=i + 1,
-                      error_samples=p.error_samples, mc_samples=p.mc_samples)
+                      error_samples=p.error_samples, mc_samples=p.mc_samples,
+                      check_fraction=p.check_fraction)
             for i, act in enumerate(ACTIVATIONS)]
 
 
@@ -106,14 +126,32 @@ def n_pieces(quick: bool) -> int:
     return len(pieces(plan(quick), DigitSetup(), ""))
 
 
-def summarise(piece: dict) -> dict:
-    """Mean over runs of E∞ with its standard error (the run-to-run spread, which contains
-    each run's MC error), and the mean error curve."""
-    E = np.asarray(piece["E_inf"], dtype=float)
-    sem = float(E.std(ddof=1) / np.sqrt(E.size)) if E.size > 1 else float(
-        piece["E_inf_mc_stderr"][0])
+def converged_runs(piece: dict, settle_tol: float) -> list[bool]:
+    """Which runs have converged: E fell by at most ``settle_tol`` from ``check_time`` to T,
+    judged at two paired standard errors (a run is left out only when it is shown to be still
+    falling).
+
+    >>> converged_runs({"E_change": [-0.002, -0.03, -0.011], "E_change_stderr": [0.001] * 3}, 0.01)
+    [True, False, True]
+    """
+    return [bool(-c - 2 * se <= settle_tol)
+            for c, se in zip(piece["E_change"], piece["E_change_stderr"])]
+
+
+def summarise(piece: dict, settle_tol: float) -> dict:
+    """Which runs have converged (:func:`converged_runs`), the mean over those of E∞ with its
+    standard error (the run-to-run spread, which contains each run's MC error; the run's own
+    MC error when one run is left; None when none is), and the mean error curve."""
+    ok = converged_runs(piece, settle_tol)
+    E = np.asarray(piece["E_inf"], dtype=float)[ok]
+    mean: float | None = float(E.mean()) if E.size else None
+    sem: float | None = None
+    if E.size > 1:
+        sem = float(E.std(ddof=1) / np.sqrt(E.size))
+    elif E.size == 1:
+        sem = float(np.asarray(piece["E_inf_mc_stderr"], dtype=float)[ok][0])
     act = piece["setting"]["activation"]
-    return {**piece, "label": ACT_LABELS.get(act, act), "E_inf_mean": float(E.mean()),
+    return {**piece, "label": ACT_LABELS.get(act, act), "converged": ok, "E_inf_mean": mean,
             "E_inf_sem": sem, "error_curve_mean": np.mean(piece["error_curves"], axis=0)}
 
 
@@ -135,10 +173,13 @@ def compute(quick: bool, workdir: Path, jobs: int = 1, data: str | None = None,
     return {"params": {**setup.params(), **vars(p), "D": dtask.D, "task": dtask.params(),
                        "activations": list(ACTIVATIONS),
                        "error_estimate": "Monte Carlo on fresh samples of the exact score law "
-                                         "given the final (M, Q, a, b); mean over runs ± s.e."},
+                                         "given the final (M, Q, a, b); mean over the converged "
+                                         "runs ± s.e.",
+                       "convergence_check": "E(T) − E(check_time) on E∞'s draws (paired MC); "
+                                            "converged when −change − 2 s.e. <= settle_tol"},
             "image_shape": list(dtask.data.image_shape), "chance_error": 1.0 - 1.0 / setup.L,
             "random_baseline_cosine": baseline, "templates": templates,
-            "rows": [summarise(r) for r in rows]}
+            "rows": [summarise(r, p.settle_tol) for r in rows]}
 
 
 # ----------------------------------------------------------------------------- drawing
@@ -189,21 +230,40 @@ def _draw_curves(ax: plt.Axes, data: dict) -> None:
 
 
 def _draw_einf(ax: plt.Axes, data: dict) -> None:
-    """E∞ per activation: a bar at the mean (the activation's colour and label, so the
-    figure's legend names bar and curve together), its standard error, every run."""
+    """E∞ per activation: a bar at the mean over the converged runs (the activation's colour
+    and label, so the figure's legend names bar and curve together), its standard error,
+    every run (hollow: not converged, left out of the mean)."""
     rows = data["rows"]
     x = np.arange(len(rows))
+    labelled: set[str] = set()
+
+    def once(label: str) -> str | None:
+        if label in labelled:
+            return None
+        labelled.add(label)
+        return label
+
     for i, (row, color) in enumerate(zip(rows, series_colors(len(rows)))):
-        ax.bar(x[i], row["E_inf_mean"], color=color, alpha=0.6, label=row["label"])
-        ax.plot(np.full(len(row["E_inf"]), x[i]), row["E_inf"], "k.", ms=4,
-                label="each run" if i == 0 else None)
-        ax.annotate(f"{row['E_inf_mean']:.3f}", (x[i], row["E_inf_mean"] + row["E_inf_sem"]),
-                    ha="center",
+        ok = np.asarray(row.get("converged", [True] * len(row["E_inf"])), dtype=bool)
+        runs = np.asarray(row["E_inf"], dtype=float)
+        if ok.any():
+            ax.plot(np.full(ok.sum(), x[i]), runs[ok], "k.", ms=4, label=once("each run"))
+        if not ok.all():
+            ax.plot(np.full((~ok).sum(), x[i]), runs[~ok], "o", ms=4, color="k", mfc="none",
+                    label=once("not converged (left out)"))
+        mean, sem = row["E_inf_mean"], row["E_inf_sem"]
+        if mean is None:
+            ax.annotate("no run\nconverged", (x[i], float(runs.max())), ha="center",
+                        va="bottom", fontsize=SMALL, xytext=(0, 6), textcoords="offset points")
+            continue
+        ax.bar(x[i], mean, color=color, alpha=0.6, label=row["label"])
+        ax.errorbar([x[i]], [mean], yerr=[sem], fmt="none", ecolor="k", capsize=4,
+                    label=once("mean ± s.e.m. over converged runs"))
+        ax.annotate(f"{mean:.3f}", (x[i], mean + sem), ha="center",
                     va="bottom", fontsize=SMALL, xytext=(0, 6), textcoords="offset points")
-    ax.errorbar(x, [r["E_inf_mean"] for r in rows], yerr=[r["E_inf_sem"] for r in rows],
-                fmt="none", ecolor="k", capsize=4, label="mean ± s.e.m. over runs")
     ax.axhline(data["chance_error"], color="0.5", ls=":", lw=1, label=CHANCE_LABEL)
     ax.set_xticks(x, [r["label"] for r in rows], fontsize=SMALL)
+    ax.set_xlim(-0.6, len(rows) - 0.4)    # room for every activation, with a bar or without
     lo = min(min(r["E_inf"]) for r in rows)
     ax.set_ylim(max(0.0, lo - 0.1), data["chance_error"] + 0.05)
     label_axes(ax, "activation", r"$E^\sigma_\infty$", "achieved error", legend=False)

@@ -36,6 +36,7 @@ import numpy as np
 from ..io.results import dumps_strict, read_json, restore_non_finite
 from ..model.validation import ValidationError
 from .captions import paper_caption
+from .fig4 import einf_error
 from .paper import summary_path
 from .runner import FIGURE_NUMBERS, output_paths
 
@@ -288,26 +289,6 @@ def _heads_lines(data: dict) -> tuple[list[str], list[str]]:
     return computes, numbers
 
 
-def einf_error(d: dict) -> tuple[float, float | None]:
-    """E∞ of one (point, activation) of Fig. 4 and its error: the largest error of the runs
-    it averages (the certified runs of the lowest fixed point) or their spread, whichever is
-    larger; None when a run has no error bar.
-
-    >>> einf_error({"einf": 0.5, "einf_runs": [0.5, 0.5001], "converged": [True, True],
-    ...             "group": [0, 0], "abs_err": [1e-4, 2e-4]})
-    (0.5, 0.0002)
-    """
-    values = np.asarray(d["einf_runs"], dtype=float)
-    ok, group = d["converged"], d.get("group", [0] * len(values))
-    best = min((g for g, c in zip(group, ok) if c), default=None)
-    chosen = [i for i in range(len(values)) if best is None or (ok[i] and group[i] == best)]
-    errors = [d["abs_err"][i] for i in chosen]
-    if any(e is None or not np.isfinite(e) for e in errors):
-        return float(d["einf"]), None
-    spread = float(np.std(values[chosen])) if len(chosen) > 1 else 0.0
-    return float(d["einf"]), max(max(errors), spread)
-
-
 def ordering_text(row: dict, names: Sequence[str]) -> str:
     """Whether E∞ falls from one activation to the next, and by how many errors.
 
@@ -364,18 +345,41 @@ def _einf_lines(data: dict) -> tuple[list[str], list[str]]:
 
 
 def _digits_einf_lines(data: dict) -> tuple[list[str], list[str]]:
-    """Fig. 5: the digit task, and E∞ per activation (mean over runs ± its standard error)."""
+    """Fig. 5: the digit task, E∞ per activation (mean over the converged runs ± its standard
+    error) and each run's change of E over the convergence check's window."""
     p = data["params"]
     computes = [f"Digit detection on {images_text(p)}: H = {p['H']}, L = {p['L']}, "
                 f"ν = {num(p['nu'])}, D = {p['D']}, F = {p['F']} principal directions; "
                 f"brute-force SGD with γ = {num(p['gamma'])} to T = {num(p['T'])}, "
                 f"{plural(p['runs'], 'run')} per activation; E∞ by Monte Carlo with "
                 f"{p['mc_samples']} samples per run."]
-    numbers = [f"{row['label']}: E∞ = {pm(row['E_inf_mean'], row['E_inf_sem'])} (mean over "
-               f"the runs ± its standard error; runs: {', '.join(num(e) for e in row['E_inf'])})."
-               for row in data["rows"]]
+    if "settle_tol" in p:
+        computes.append(f"Convergence check: a run has converged when its E fell by at most "
+                        f"{num(p['settle_tol'])} over the last {num(100 * p['check_fraction'])} % "
+                        f"of training (E(T) − E(t) on the same draws, 2 standard errors); a "
+                        f"run still falling is left out of the mean.")
+    numbers = [_digits_einf_row(row) for row in data["rows"]]
     numbers.append(f"Chance level (keys = 0): {num(data['chance_error'])}.")
     return computes, numbers
+
+
+def _digits_einf_row(row: dict) -> str:
+    """One activation of Fig. 5: E∞ over its converged runs and what each run did."""
+    runs = ", ".join(num(e) for e in row["E_inf"])
+    if "converged" not in row:
+        return (f"{row['label']}: E∞ = {pm(row['E_inf_mean'], row['E_inf_sem'])} (mean over "
+                f"the runs ± its standard error; runs: {runs}).")
+    ok = row["converged"]
+    head = (f"{row['label']}: no run converged" if row["E_inf_mean"] is None else
+            f"{row['label']}: E∞ = {pm(row['E_inf_mean'], row['E_inf_sem'])} (mean over "
+            f"{sum(ok)} of {len(ok)} runs, the converged ones, ± its standard error")
+    changes = ", ".join(pm(c, se, 2) for c, se in zip(row["E_change"], row["E_change_stderr"]))
+    return (f"{head}; runs: {runs}; change of E since t = {num(row['check_time'])}: {changes}"
+            f"{'' if all(ok) else f'; not converged: run(s) {_not_ok(ok)}'}).")
+
+
+def _not_ok(ok: Sequence[bool]) -> str:
+    return ", ".join(str(i + 1) for i, good in enumerate(ok) if not good)
 
 
 def images_text(params: dict) -> str:
