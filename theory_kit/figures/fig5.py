@@ -235,22 +235,15 @@ def _draw_einf(ax: plt.Axes, data: dict) -> None:
     every run (hollow: not converged, left out of the mean)."""
     rows = data["rows"]
     x = np.arange(len(rows))
-    labelled: set[str] = set()
-
-    def once(label: str) -> str | None:
-        if label in labelled:
-            return None
-        labelled.add(label)
-        return label
-
+    # repeated labels are fine: the figure's legend names each label once (labelled_handles)
     for i, (row, color) in enumerate(zip(rows, series_colors(len(rows)))):
         ok = np.asarray(row.get("converged", [True] * len(row["E_inf"])), dtype=bool)
         runs = np.asarray(row["E_inf"], dtype=float)
         if ok.any():
-            ax.plot(np.full(ok.sum(), x[i]), runs[ok], "k.", ms=4, label=once("each run"))
+            ax.plot(np.full(ok.sum(), x[i]), runs[ok], "k.", ms=4, label="each run")
         if not ok.all():
             ax.plot(np.full((~ok).sum(), x[i]), runs[~ok], "o", ms=4, color="k", mfc="none",
-                    label=once("not converged (left out)"))
+                    label="not converged (left out)")
         mean, sem = row["E_inf_mean"], row["E_inf_sem"]
         if mean is None:
             ax.annotate("no run\nconverged", (x[i], float(runs.max())), ha="center",
@@ -258,7 +251,7 @@ def _draw_einf(ax: plt.Axes, data: dict) -> None:
             continue
         ax.bar(x[i], mean, color=color, alpha=0.6, label=row["label"])
         ax.errorbar([x[i]], [mean], yerr=[sem], fmt="none", ecolor="k", capsize=4,
-                    label=once("mean ± s.e.m. over converged runs"))
+                    label="mean ± s.e.m. over converged runs")
         ax.annotate(f"{mean:.3f}", (x[i], mean + sem), ha="center",
                     va="bottom", fontsize=SMALL, xytext=(0, 6), textcoords="offset points")
     ax.axhline(data["chance_error"], color="0.5", ls=":", lw=1, label=CHANCE_LABEL)
